@@ -73,6 +73,23 @@ def test_two_views_under_jit_matches_eager():
       jitted(jax.random.key(4), images, recipe="digits", out_size=8), eager, atol=1e-6)
 
 
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_two_views_keeps_a_sharded_batch_sharded(axis_type):
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+  images = _images((8, 8, 8, 1))
+  mesh = jax.make_mesh(
+      (8,), ("batch",), axis_types=(AxisType.Auto if axis_type == "auto" else AxisType.Explicit,))
+  sharded = jax.device_put(images, NamedSharding(mesh, PartitionSpec("batch")))
+  jitted = jax.jit(augment.two_views, static_argnames=("recipe", "out_size"))
+  with jax.set_mesh(mesh):
+    views = jitted(jax.random.key(6), sharded, recipe="digits", out_size=8)
+  for view in views:
+    assert view.sharding.spec[0] == "batch"
+  chex.assert_trees_all_close(
+      views, augment.two_views(jax.random.key(6), images, recipe="digits", out_size=8), atol=1e-5)
+
+
 def test_two_views_accepts_raw_keys_and_float_images():
   images = _images(_DIGITS_SHAPE)
   typed = augment.two_views(jax.random.key(5), images, recipe="digits", out_size=8)
