@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -203,3 +205,12 @@ def test_not_prepared_says_how_to_prepare(name, tmp_path):
   assert f"tfds build {info.tfds_name} --data_dir {tmp_path} --file_format array_record" in message
   assert "tensorflow" in message
   assert isinstance(raised.value, ValueError)
+
+
+def test_tfrecord_dataset_is_not_prepared_for_random_access(tmp_path):
+  # A prepared-looking TFRecord variant: only its metadata, which is all TFDS looks at first.
+  builder = tfds.builder("cifar10", data_dir=str(tmp_path), file_format="tfrecord")
+  os.makedirs(builder.data_dir)
+  builder.info.write_to_directory(builder.data_dir)
+  with pytest.raises(data.DatasetNotPreparedError, match=r"found tfrecord files.*remove .*3\.0\.2"):
+    data.load_arrays("cifar10", "test", data_dir=str(tmp_path))
