@@ -4,9 +4,10 @@
     --workdir=DIR [--config.dataset=cifar10 --config.data_dir=DATA_DIR]
 
 Writes `DIR/views.png` (one row per image: the eval view, then pairs of random views),
-`DIR/results.csv` and `DIR/results.md`: per-channel mean and std of the normalised views (near
-0 and 1 when the recipe's statistics fit the data) and the mean pixel distance between the two
-views of one image against that between views of different images.
+`DIR/results.csv` and `DIR/results.md`: over `stats_images` images and all pairs, per-channel
+mean and std of the normalised views (near 0 and 1 when the recipe's statistics fit the data)
+and the mean pixel distance between the two views of one image against that between views of
+different images.
 """
 
 from __future__ import annotations
@@ -51,31 +52,37 @@ def _pixels(views: jax.Array, recipe: str) -> np.ndarray:
   return np.clip(np.asarray(views) * np.asarray(spec.std) + np.asarray(spec.mean), 0.0, 1.0)
 
 
-def _statistics(key, images, recipe: str, view_size: int) -> list[dict]:
-  view1, view2 = augment.two_views(key, images, recipe=recipe, out_size=view_size)
-  center = augment.center_view(images, recipe=recipe, out_size=view_size)
+def _view_pairs(key, images, recipe: str, view_size: int, num_pairs: int) -> list[tuple]:
+  pairs = []
+  for pair_key in tqdm.tqdm(jax.random.split(key, num_pairs), desc="view pairs"):
+    pairs.append(augment.two_views(pair_key, images, recipe=recipe, out_size=view_size))
+  return pairs
+
+
+def _statistics(pairs: list[tuple], center: jax.Array) -> list[dict]:
+  views = np.concatenate([np.asarray(view) for pair in pairs for view in pair])
   rows = []
-  for name, views in (("two_views", np.concatenate([view1, view2])), ("center_view", center)):
-    for channel in range(views.shape[-1]):
+  for name, values in (("two_views", views), ("center_view", np.asarray(center))):
+    for channel in range(values.shape[-1]):
       rows.append({"what": f"{name} channel {channel} mean",
-                   "value": float(views[..., channel].mean())})
+                   "value": float(values[..., channel].mean())})
       rows.append({"what": f"{name} channel {channel} std",
-                   "value": float(views[..., channel].std())})
-  flat1, flat2 = (np.asarray(v).reshape(len(images), -1) for v in (view1, view2))
-  positive = np.abs(flat1 - flat2).mean()
-  negative = np.abs(flat1 - np.roll(flat2, 1, axis=0)).mean()
+                   "value": float(values[..., channel].std())})
+  flat = [(np.asarray(v1).reshape(len(v1), -1), np.asarray(v2).reshape(len(v2), -1))
+          for v1, v2 in pairs]
+  positive = np.mean([np.abs(v1 - v2).mean() for v1, v2 in flat])
+  negative = np.mean([np.abs(v1 - np.roll(v2, 1, axis=0)).mean() for v1, v2 in flat])
   rows.append({"what": "mean |view1 - view2|, same image", "value": float(positive)})
   rows.append({"what": "mean |view1 - view2|, different images", "value": float(negative)})
   rows.append({"what": "same / different", "value": float(positive / negative)})
   return rows
 
 
-def _figure(key, images, recipe: str, view_size: int, num_pairs: int, path: str):
-  columns = [_pixels(augment.center_view(images, recipe=recipe, out_size=view_size), recipe)]
-  for pair_key in tqdm.tqdm(jax.random.split(key, num_pairs), desc="view pairs"):
-    view1, view2 = augment.two_views(pair_key, images, recipe=recipe, out_size=view_size)
-    columns += [_pixels(view1, recipe), _pixels(view2, recipe)]
-  rows, cols = len(images), len(columns)
+def _figure(pairs: list[tuple], center: jax.Array, recipe: str, num_images: int, path: str):
+  columns = [_pixels(center[:num_images], recipe)]
+  for view1, view2 in pairs:
+    columns += [_pixels(view1[:num_images], recipe), _pixels(view2[:num_images], recipe)]
+  rows, cols = num_images, len(columns)
   figure, axes = plt.subplots(rows, cols, figsize=(1.2 * cols, 1.2 * rows), squeeze=False)
   for col, column in enumerate(columns):
     for row in range(rows):
@@ -97,9 +104,10 @@ def run(config, workdir: str) -> list[dict]:
       info.name, split, batch_size=config.stats_images, seed=config.seed,
       data_dir=config.data_dir or None, shard_index=0, shard_count=1)
   images = next(iter(loader))["image"]
-  stats_key, figure_key = jax.random.split(jax.random.key(config.seed))
+  pairs = _view_pairs(jax.random.key(config.seed), images, recipe, view_size, config.num_pairs)
+  center = augment.center_view(images, recipe=recipe, out_size=view_size)
   rows = [{"dataset": info.name, "split": split, "recipe": recipe, "view_size": view_size} | row
-          for row in _statistics(stats_key, images, recipe, view_size)]
+          for row in _statistics(pairs, center)]
   with open(os.path.join(workdir, "results.csv"), "w", newline="") as file:
     writer = csv.DictWriter(file, fieldnames=list(rows[0]))
     writer.writeheader()
@@ -108,8 +116,7 @@ def run(config, workdir: str) -> list[dict]:
     file.write(f"Views of {info.name}:{split}, recipe `{recipe}`, {view_size} px, "
                f"{len(images)} images\n\n| statistic | value |\n|---|---|\n")
     file.writelines(f"| {row['what']} | {row['value']:.4f} |\n" for row in rows)
-  _figure(figure_key, images[:config.num_images], recipe, view_size, config.num_pairs,
-          os.path.join(workdir, "views.png"))
+  _figure(pairs, center, recipe, config.num_images, os.path.join(workdir, "views.png"))
   return rows
 
 

@@ -19,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.split = ""  # "" = the dataset's train split
   config.recipe = ""  # "" = the dataset's recipe (tfcl_jax.data.get_info)
   config.view_size = 0  # 0 = the dataset's view size
-  config.num_images = 8  # images shown, one row each
+  config.num_images = 8  # images shown (the first of the statistics batch), one row each
   config.num_pairs = 3  # view pairs per image (columns: original, then pairs)
   config.stats_images = 512  # images whose views give the pixel statistics
   config.seed = 0
