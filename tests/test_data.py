@@ -63,6 +63,7 @@ def test_unknown_split():
     ({"seed": -1}, "seed"),
     ({"num_epochs": 0}, "num_epochs"),
     ({"start_step": -1}, "start_step"),
+    ({"num_threads": 0}, "num_threads"),
     ({"shard_index": 2, "shard_count": 2}, "shard_index"),
     ({"shard_count": 0}, "shard_count"),
     ({"batch_size": 5000}, "batch_size = 5000 is larger"),
@@ -125,6 +126,14 @@ def test_digits_loader_epochs_and_resume():
   for batch, expected in zip(resumed, batches[5:], strict=True):
     np.testing.assert_array_equal(batch["image"], expected["image"])
     np.testing.assert_array_equal(batch["label"], expected["label"])
+
+
+def test_batches_do_not_depend_on_the_number_of_threads():
+  kwargs = {"batch_size": 64, "seed": 1, "shard_index": 0, "shard_count": 1}
+  one = list(data.make_loader("digits", "test", num_threads=1, **kwargs))
+  many = list(data.make_loader("digits", "test", num_threads=5, **kwargs))
+  for a, b in zip(one, many, strict=True):
+    np.testing.assert_array_equal(a["image"], b["image"])
 
 
 def test_digits_no_shuffle_keeps_order_and_remainder():
