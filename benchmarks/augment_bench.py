@@ -7,7 +7,8 @@ r"""Compile and run time of `augment.two_views`, against per-operation keys and 
 * floor: `center_view` of both copies: uint8 -> float, one fixed resize and the normalisation,
   the least any pipeline that hands out `2B` views pays.
 
-Jitted, warmed up, timed with `block_until_ready`, interleaved repeat by repeat so that machine
+The first call (compile + one run) is timed in process CPU seconds; then the jitted
+functions are timed with `block_until_ready`, interleaved repeat by repeat so that machine
 load hits all alike; medians.
 
 Run: python -m benchmarks.augment_bench            (B = 256, Imagenette 160 -> 128; a minute)
@@ -80,7 +81,7 @@ def run(recipe: str, batch: int, image_size: int, out_size: int, repeats: int):
   median = _median_seconds(fns, repeats)
   print(f"\nrecipe={recipe} B={batch} {image_size}->{out_size} ({2 * batch} views), "
         f"{jax.devices()[0].platform}, median of {repeats}")
-  print(f"{'':12s} {'compile cpu s':>14s} {'run ms':>9s} {'views/s':>9s} {'run / ours':>11s}")
+  print(f"{'':12s} {'1st call cpu s':>14s} {'run ms':>9s} {'views/s':>9s} {'run / ours':>11s}")
   for name in fns:
     print(f"{name:12s} {compile_cpu[name]:14.2f} {1e3 * median[name]:9.1f} "
           f"{2 * batch / median[name]:9.0f} {median[name] / median['ours']:11.2f}")
