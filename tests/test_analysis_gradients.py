@@ -139,14 +139,15 @@ class AutodiffGradientScaleTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_eq4_eq7_eq13(self):
-    def scales(c, taus, n):
-      """Eq. 7 over the tau grid and Eq. 13, in one program per N (compiles dominate the time)."""
-      by_tau = jax.vmap(lambda tau: analysis.gradient_scale(mappings.temperature(tau), c, n))(taus)
-      return by_tau, analysis.gradient_scale(mappings.temperature_free(), c, n)
+    def scales(c, taus):
+      """Eq. 7 over the tau grid and Eq. 13 for every N: one program (compiles dominate)."""
+      return {n: (jax.vmap(lambda tau, n=n: analysis.gradient_scale(
+          mappings.temperature(tau), c, n))(taus),
+                  analysis.gradient_scale(mappings.temperature_free(), c, n)) for n in NS}
 
     with jax.enable_x64(True):
-      for n in NS:
-        by_tau, free = self.variant(scales, static_argnums=2)(jnp.asarray(CS), jnp.asarray(TAUS), n)
+      results = self.variant(scales)(jnp.asarray(CS), jnp.asarray(TAUS))
+      for n, (by_tau, free) in results.items():
         chex.assert_type([by_tau, free], jnp.float64)
         chex.assert_shape(by_tau, (len(TAUS), len(CS)))
         # Eq. 7 (Eq. 4 at N = 2) and Eq. 13, written here.
@@ -160,6 +161,19 @@ class AutodiffGradientScaleTest(chex.TestCase):
         want = 4 * (n - 1) * (1 - CS) / ((1 + CS) * (n * (1 - CS) ** 2 + 4 * CS))
         np.testing.assert_allclose(free, want, rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(free, analysis.eq13(CS, n), rtol=RTOL, atol=ATOL)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_eq10(self):
+    with jax.enable_x64(True):
+      C = np.concatenate([[0.0], CS])
+      got = self.variant(analysis.temperature_gradient_scale)(
+          jnp.asarray(C)[:, None], jnp.asarray(TS)[None, :])
+      chex.assert_shape(got, (len(C), len(TS)))
+      scale = np.exp(TS)[None, :]
+      want = 2 * C[:, None] * scale / (1 + np.exp(2 * C[:, None] * scale))
+      np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+      np.testing.assert_allclose(got, analysis.eq10(C[:, None], TS[None, :]), rtol=RTOL, atol=ATOL)
+      self.assertTrue(np.all(np.asarray(got[0]) == 0.0))  # Eq. 10 is 0 at C = 0 for every t
 
   def test_float32_default(self):
     got = analysis.gradient_scale(mappings.temperature(0.5), jnp.asarray(CS, jnp.float32), 4)
