@@ -40,6 +40,12 @@ def _by_tau(C: np.ndarray, taus: np.ndarray, n: int) -> np.ndarray:
   return np.asarray(fn(jnp.asarray(taus), jnp.asarray(C)))
 
 
+def _by_n(mapping, C: np.ndarray, ns) -> list[np.ndarray]:
+  """Autodiff |dL/dC| for each N (static: a Python loop) in one compiled program."""
+  fn = jax.jit(lambda c: [analysis.gradient_scale(mapping, c, n) for n in ns])
+  return [np.asarray(scale) for scale in fn(jnp.asarray(C))]
+
+
 def figure2(config):
   taus = np.asarray(config.figure2_taus)
   x = _c_grid(config, config.autodiff_points, start=0.025)
@@ -70,9 +76,9 @@ def figure4(config):
   tau = config.figure4_tau
   x = _c_grid(config, config.autodiff_points, start=0.025)
   line_x = np.linspace(0.0, 1.0, config.line_points)
+  auto = _by_n(mappings.temperature(tau), x, config.ns)
   curves = [(f"N={n}", line_x, np.asarray(analysis.eq7(line_x, tau, n)), x,
-             np.asarray(analysis.eq7(x, tau, n)), _by_tau(x, np.array([tau]), n)[0])
-            for n in config.ns]
+             np.asarray(analysis.eq7(x, tau, n)), auto[k]) for k, n in enumerate(config.ns)]
   return dict(name="figure4_eq7", xlabel="C", curves=curves,
               title=f"Figure 4: Eq. 7, |dL/dC| with tau = {tau:g}")
 
@@ -80,10 +86,9 @@ def figure4(config):
 def figure5(config):
   x = _c_grid(config, config.autodiff_points, start=0.025)
   line_x = np.linspace(0.0, 1.0, config.line_points)
-  free = mappings.temperature_free()
+  auto = _by_n(mappings.temperature_free(), x, config.ns)
   curves = [(f"N={n}", line_x, np.asarray(analysis.eq13(line_x, n)), x,
-             np.asarray(analysis.eq13(x, n)), np.asarray(analysis.gradient_scale(free, x, n)))
-            for n in config.ns]
+             np.asarray(analysis.eq13(x, n)), auto[k]) for k, n in enumerate(config.ns)]
   return dict(name="figure5_eq13", xlabel="C", curves=curves,
               title="Figure 5: Eq. 13, |dL/dC| temperature-free")
 
