@@ -164,10 +164,6 @@ def _write_markdown(path, summary, config) -> None:
            f"float64: {config.x64}. `scale_at_largest_x` is the closed form at the last marker "
            f"(C = 1 - {config.c_one_offset:g} on C axes, tau = {config.figure3_tau_range[1]:g} "
            "in Figure 3).", "",
-           "Autodiff reads the positive's pull as `p_positive - 1`; where the scale is far below "
-           "machine epsilon times its peak (tau = 0.02 in Figure 3, tau = 0.1 near C = 1) that "
-           "difference rounds, so the relative difference is large there while the absolute one "
-           "stays at the ulp level (see the max abs diff column).", "",
            "| figure | curve | points | max abs diff | max rel diff | scale at largest x |",
            "|---|---|---|---|---|---|"]
   lines += [f"| {r['figure']} | {r['curve']} | {r['points']} | {r['max_abs_diff']:.2e} | "
