@@ -27,11 +27,24 @@ def _clamped(form):
   return mappings.Mapping("variant", fn)
 
 
+@jax.custom_jvp
+def _free_custom_jvp(c):
+  return jnp.log1p(c) - jnp.log1p(-c)
+
+
+@_free_custom_jvp.defjvp
+def _free_jvp(primals, tangents):
+  # One division for the derivative 2 / (1 - c^2) instead of autodiff's two.
+  (c,), (dc,) = primals, tangents
+  return _free_custom_jvp(c), 2.0 * dc / (1.0 - c * c)
+
+
 FORMS = {
     "log1p(c) - log1p(-c) (library)": None,
     "log((1 + c) / (1 - c))": lambda c: jnp.log((1.0 + c) / (1.0 - c)),
     "log1p(2c / (1 - c))": lambda c: jnp.log1p(2.0 * c / (1.0 - c)),
     "2 arctanh(c)": lambda c: 2.0 * jnp.arctanh(c),
+    "log1p form, custom_jvp 2/(1-c^2)": _free_custom_jvp,
 }
 
 
