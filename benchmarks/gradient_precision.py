@@ -1,10 +1,12 @@
 r"""How accurately autodiff through `info_nce` gets the gradient scale in float32 (not a test).
 
-`info_nce` computes a row loss as `logsumexp(all candidates) - positive logit`; its gradient in
-the positive logit is `p_positive - 1`, which rounds once `1 - p_positive` nears the float
-epsilon, so the positive's pull is lost near the optimum and the scale is off by up to 2x.
-The form `softplus(logsumexp(negatives) - positive logit)` (same value) gets it from
-`sigmoid(...)` instead. This script prints both against the float64 closed forms (Eq. 7, 13).
+A row loss written `logsumexp(all candidates) - positive logit` gives the positive logit the
+gradient `p_positive - 1`, which rounds once `1 - p_positive` nears the float epsilon: the
+positive's pull is lost near the optimum and the scale is off by up to 2x (this script showed
+0.5 relative error from C = 0.9 at tau = 0.1 before `info_nce` changed). The form
+`softplus(logsumexp(negatives) - positive logit)`, which `info_nce` now uses, gets it from
+`sigmoid(...)`. This script prints `info_nce` and a local softplus reference against the
+float64 closed forms (Eq. 7, 13).
 
 Run: python -m benchmarks.gradient_precision
 """

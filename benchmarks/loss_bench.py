@@ -64,7 +64,7 @@ def _floor_args(z1, z2, negatives: str):
   return jax.block_until_ready((u1, u2, dlogits))
 
 
-def _time(fns: dict, repeats: int, few: dict[str, int]) -> dict[str, tuple[float, float]]:
+def time_interleaved(fns: dict, repeats: int, few: dict) -> dict[str, tuple[float, float]]:
   """`fns`: name -> (jitted function, args). (median, min) seconds per call.
 
   Repeats are interleaved: round r times every function once, so load spikes hit all alike.
@@ -115,7 +115,7 @@ def main() -> None:
                    f"temporaries (> --optax_max_gib {args.optax_max_gib:g}).")
     else:
       fns[("all", "optax ntxent tau=0.1")] = (compiled, (z1, z2))
-    timings = _time(fns, repeats, {("all", "optax ntxent tau=0.1"): args.optax_repeats})
+    timings = time_interleaved(fns, repeats, {("all", "optax ntxent tau=0.1"): args.optax_repeats})
     results.update({(n, *name): t for name, t in timings.items()})
 
   print(f"\n{'N':>5} {'negatives':>9} {'loss + grad':>28} {'median ms':>10} {'min ms':>9} "

@@ -25,14 +25,13 @@ if "google.colab" in sys.modules:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q",
                   "tfcl_jax @ git+https://github.com/tfcl-jax/tfcl_jax"], check=True)"""),
     ("code", """import jax
-
-jax.config.update("jax_enable_x64", True)  # float64: closed form and autodiff agree to ~1e-15
-
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
 from tfcl_jax import analysis, mappings
+
+jax.config.update("jax_enable_x64", True)  # float64: closed form and autodiff agree to ~1e-15
 
 C = np.linspace(0.0, 1.0, 300)  # closed-form lines
 C_POINTS = np.linspace(0.025, 0.975, 12)  # autodiff points (autodiff needs |C| < 1)
@@ -46,8 +45,14 @@ def by_tau(c, taus, n):
   return np.asarray(fn(jnp.asarray(taus)))
 
 
+def by_n(mapping, c, ns):
+  \"\"\"|dL/dC| for each N (N fixes shapes, so it is a Python loop), compiled as one program.\"\"\"
+  return [np.asarray(s) for s in jax.jit(
+      lambda c: [analysis.gradient_scale(mapping, c, n) for n in ns])(c)]
+
+
 def plot_curves(ax, x, lines, x_points, points, labels, xlabel, ylabel="gradient scale"):
-  for k, (line, point, label) in enumerate(zip(lines, points, labels)):
+  for k, (line, point, label) in enumerate(zip(lines, points, labels, strict=True)):
     ax.plot(x, line, color=f"C{k}", label=label)
     if point is not None:
       ax.plot(x_points, point, "o", color=f"C{k}", markerfacecolor="none", markersize=4)
@@ -79,7 +84,8 @@ free = mappings.temperature_free()
 print(f"free        : p = {float(analysis.optimum_probability(free)):.10f}"
       f" (largest float64 logit {mappings.max_free_logit('float64'):.1f})")
 for n in NS:
-  print(f"N = {n:2d}, tau = 0.25: p = {float(analysis.optimum_probability(mappings.temperature(0.25), N=n)):.4f}")"""),
+  p = float(analysis.optimum_probability(mappings.temperature(0.25), N=n))
+  print(f"N = {n:2d}, tau = 0.25: p = {p:.4f}")"""),
     ("md", r"""## Example 3.2: vanishing gradients (Eq. 2-4, Figures 2 and 3)
 
 $$L_i = -\log \frac{e^{C/\tau}}{e^{C/\tau} + e^{-C/\tau}} = \log\left(1 + e^{-2C/\tau}\right)
@@ -100,16 +106,18 @@ plot_curves(right, tau_axis, [analysis.eq4(c, tau_axis) for c in cs], None, [Non
 right.set_xscale("log")
 right.set_title("Figure 3: Eq. 4 over tau")
 plt.show()
-print("max |Eq. 4 - autodiff| =", np.max(np.abs(auto - analysis.eq4(C_POINTS[None], np.array(TAUS)[:, None]))))"""),
+closed = analysis.eq4(C_POINTS[None], np.array(TAUS)[:, None])
+print("max |Eq. 4 - autodiff| =", np.max(np.abs(auto - closed)))"""),
     ("md", r"""## Example 3.3: more negatives (Eq. 5-7, Figure 4)
 
 $$L_i = \log\left(1 + (N-1) e^{-2C/\tau}\right) \quad (6), \qquad
-\left|\frac{\partial L_i}{\partial C}\right| = \frac{(N-1)\,2/\tau}{(N-1) + e^{2C/\tau}} \quad (7).$$
+\left|\frac{\partial L_i}{\partial C}\right|
+= \frac{(N-1)\,2/\tau}{(N-1) + e^{2C/\tau}} \quad (7).$$
 
 The $\tau = 0.25$ that looked right for $N = 2$ leaves a nonzero gradient at $C \to 1$ for
 $N = 16$: the valid temperature depends on $N$."""),
     ("code", """fig, ax = plt.subplots(figsize=(5.5, 4))
-auto = [by_tau(C_POINTS, [0.25], n)[0] for n in NS]
+auto = by_n(mappings.temperature(0.25), C_POINTS, NS)
 plot_curves(ax, C, [analysis.eq7(C, 0.25, n) for n in NS], C_POINTS, auto,
             [f"N={n}" for n in NS], "C")
 ax.set_title("Figure 4: Eq. 7, tau = 0.25")
@@ -137,16 +145,18 @@ print("|dL/dt| at C = 0:", np.asarray(analysis.eq10(0.0, np.array(ts))))"""),
 
 $$f(c) = \log\frac{1 + c}{1 - c} = 2\,\mathrm{artanh}(c) \quad (11)$$
 $$L_i = -\log \frac{(1 + C)^2}{(1 + C)^2 + (N - 1)(1 - C)^2} \quad (12), \qquad
-\left|\frac{\partial L_i}{\partial C}\right| = \frac{4(N-1)(1-C)}{(1+C)(N(1-C)^2 + 4C)} \quad (13).$$
+\left|\frac{\partial L_i}{\partial C}\right|
+= \frac{4(N-1)(1-C)}{(1+C)(N(1-C)^2 + 4C)} \quad (13).$$
 
 Zero only at the optimum, for every $N$, and monotonically decreasing: no temperature to tune."""),
     ("code", """free = mappings.temperature_free()
-auto = [np.asarray(analysis.gradient_scale(free, C_POINTS, n)) for n in NS]
+auto = by_n(free, C_POINTS, NS)
 fig, ax = plt.subplots(figsize=(5.5, 4))
 plot_curves(ax, C, [analysis.eq13(C, n) for n in NS], C_POINTS, auto, [f"N={n}" for n in NS], "C")
 ax.set_title("Figure 5: Eq. 13, temperature-free")
 plt.show()
-print("max |Eq. 13 - autodiff| =", max(np.max(np.abs(a - analysis.eq13(C_POINTS, n))) for a, n in zip(auto, NS)))"""),
+diffs = [np.max(np.abs(a - analysis.eq13(C_POINTS, n))) for a, n in zip(auto, NS, strict=True)]
+print("max |Eq. 13 - autodiff| =", max(diffs))"""),
     ("md", r"""## All mappings at N = 16
 
 `gradient_scale` works for any mapping, including those with no closed form: DySTreSS's dynamic
@@ -154,8 +164,10 @@ temperature (Manna et al. 2023) and an annealed temperature at a given step.""")
     ("code", """specs = ("tau=0.1", "tau=0.25", "tau=1", "dynamic=0.1:0.2", "free")
 c_fine = np.linspace(0.01, 0.99, 50)
 fig, ax = plt.subplots(figsize=(5.5, 4))
-for k, spec in enumerate(specs):
-  ax.plot(c_fine, analysis.gradient_scale(mappings.from_spec(spec), c_fine, 16), label=spec)
+scales = jax.jit(lambda c: [analysis.gradient_scale(mappings.from_spec(spec), c, 16)
+                            for spec in specs])(c_fine)
+for spec, scale in zip(specs, scales, strict=True):
+  ax.plot(c_fine, scale, label=spec)
 ax.set_xlabel("C")
 ax.set_ylabel("|dL/dC| (autodiff)")
 ax.set_yscale("log")
@@ -177,7 +189,8 @@ for spec in ("tau=0.1", "tau=0.5", "dynamic=0.1:0.2", "free"):
   mapping = mappings.from_spec(spec)
   weights = np.asarray(analysis.negative_weights(mapping, 0.5, negatives))
   grads = np.asarray(analysis.negative_gradients(mapping, 0.5, negatives))
-  left.plot(negatives, weights, "o-", markersize=3, label=f"{spec} (positive p = {1 - weights.sum():.2f})")
+  label = f"{spec} (positive p = {1 - weights.sum():.2f})"
+  left.plot(negatives, weights, "o-", markersize=3, label=label)
   right.plot(negatives, grads, "o-", markersize=3, label=spec)
 left.set_yscale("log")
 right.set_yscale("log")
