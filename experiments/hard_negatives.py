@@ -133,7 +133,7 @@ def _plot(workdir: str, rows: list[dict]) -> None:
     axes[0].plot(h, [r["positive_pull"] for r in mine], "o-", label=spec)
     axes[1].plot(h, [r["separated"] for r in mine], "o-", label=spec)
     axes[2].plot(h, [r["median_steps"] for r in mine], "o-", label=spec)
-  titles = ("positive pull |dL/ds_pos| at init", "fraction separated at the end",
+  titles = ("positive pull |dL/ds_pos| at init", "fraction separated at some step",
             "median steps to separation")
   for ax, title in zip(axes, titles, strict=True):
     ax.set(title=title, xlabel="fraction of hard negatives")

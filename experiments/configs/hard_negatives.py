@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.s_pos = 0.5  # initial anchor-positive cosine.
   config.hard_gap = 0.1  # hard negatives start at cosine in [s_pos - hard_gap, s_pos].
   config.easy_spread = 0.1  # easy negatives start at cosine in [-easy_spread, easy_spread].
-  config.margin = 0.5  # separated: positive cosine - max negative cosine >= margin.
+  config.margin = 1.0  # separated: positive cosine - max negative cosine >= margin.
   config.steps = 400
   config.lr = 0.05
   config.t_lr = 0.05

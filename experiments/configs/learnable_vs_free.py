@@ -27,7 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.precision.d = 16
   config.precision.mappings = ("free", "tau=0.1")
   config.precision.dtypes = ("float32", "bfloat16")
-  config.precision.steps = 20000
-  config.precision.every = 200
+  config.precision.steps = 5000
+  config.precision.every = 10
   config.precision.lr = 0.05
   return config
