@@ -77,48 +77,65 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
   target = jnp.asarray(simplex(m, d), jnp.float32)
   optimal_uniformity = -4.0 * m / (m - 1)  # -t ||v_i - v_j||^2 with t = 2, ||.||^2 = 2m/(m-1).
 
-  def loss_at(z1, z2, params, step):
+  sigma = config.augment
+
+  def views_of(state, noise):
+    """The two views: the state itself, or one point per instance plus fixed perturbations."""
+    if sigma == 0:
+      return state
+    (u,) = state
+    return tuple(losses.l2_normalize(u + sigma * n) for n in noise)
+
+  def loss_at(state, noise, params, step):
+    z1, z2 = views_of(state, noise)
     return mean_loss(z1, z2, lambda cos: mapping(cos, params=params, step=step), negatives)
 
+  def at_optimum(state):
+    # The geometric target: views (or instance points) on the simplex.
+    return reached(*(state if sigma == 0 else state * 2), tol=config.tol)
+
   def train_step(carry, step):
-    z1, z2, params, key, first_hit, beta0 = carry
+    state, params, key, first_hit, beta0, noise = carry
     key, noise_key = jax.random.split(key)
     # The potential is the summed loss (m x the mean): each point's gradient is O(1) in m.
     # beta(t) = beta0 log(t + 2): logarithmic cooling (Theorem 1 of the annealing paper).
-    _, (z1, z2), params, _ = studies_common.sphere_step(
-        lambda views, params: loss_at(*views, params, step), (z1, z2), params, lr=config.lr,
+    _, state, params, _ = studies_common.sphere_step(
+        lambda state, params: loss_at(state, noise, params, step), state, params, lr=config.lr,
         t_lr=config.t_lr, scale=m, key=noise_key, beta=beta0 * jnp.log(step + 2.0))
-    hit = reached(z1, z2, tol=config.tol)
-    first_hit = jnp.where((first_hit < 0) & hit, step + 1, first_hit)
-    return (z1, z2, params, key, first_hit, beta0), None
+    first_hit = jnp.where((first_hit < 0) & at_optimum(state), step + 1, first_hit)
+    return (state, params, key, first_hit, beta0, noise), None
 
-  def metrics(z1, z2, params, step):
-    loss = loss_at(z1, z2, params, step)
-    optimum = loss_at(target, target, params, step)
-    tau = jnp.exp(-params["t"]) if "t" in params else jnp.nan
+  def metrics(state, noise, params, step):
+    loss = loss_at(state, noise, params, step)
+    optimum = loss_at((target,) * len(state), noise, params, step)
+    z1, z2 = views_of(state, noise)
     return dict(
         loss_gap=loss - optimum,
         optimum=optimum,
         alignment=geometry.alignment(z1, z2),
-        uniformity_gap=geometry.uniformity(z1) - optimal_uniformity,
-        reached=reached(z1, z2, tol=config.tol),
-        tau=tau,
+        uniformity_gap=geometry.uniformity(state[0]) - optimal_uniformity,
+        reached=at_optimum(state),
+        tau=jnp.exp(-params["t"]) if "t" in params else jnp.nan,
     )
 
   def run_one(key, beta0):
     key, key1, key2 = jax.random.split(key, 3)
-    z1 = langevin.random_sphere(key1, (m, d))
-    z2 = langevin.random_sphere(key2, (m, d))
-    carry = (z1, z2, dict(mapping.params), key, jnp.asarray(-1, jnp.int32), beta0)
+    if sigma == 0:
+      state = (langevin.random_sphere(key1, (m, d)), langevin.random_sphere(key2, (m, d)))
+      noise = ()
+    else:
+      state = (langevin.random_sphere(key1, (m, d)),)
+      noise = tuple(jax.random.normal(k, (m, d)) / np.sqrt(d) for k in jax.random.split(key2))
+    carry = (state, dict(mapping.params), key, jnp.asarray(-1, jnp.int32), beta0, noise)
 
     def block(carry, start):
       carry, _ = jax.lax.scan(train_step, carry, start + jnp.arange(every))
-      z1, z2, params = carry[:3]
-      return carry, metrics(z1, z2, params, start + every)
+      state, params = carry[:2]
+      return carry, metrics(state, noise, params, start + every)
 
     carry, curves = jax.lax.scan(block, carry, jnp.arange(0, steps, every))
     final = jax.tree.map(lambda c: c[-1], curves)
-    final["first_hit"] = carry[4]
+    final["first_hit"] = carry[3]
     return final, curves
 
   return jax.jit(jax.vmap(run_one, in_axes=(0, None)))
@@ -187,16 +204,19 @@ def run(config, workdir: str) -> list[dict]:
     for optimizer in config.optimizers:
       final, curves[setting][(mapping.spec, optimizer)] = runner(keys, betas[optimizer])
       row = dict(setting=setting, d=d, M=m, negatives=negatives, mapping=mapping.spec,
-                 optimizer=optimizer, seeds=config.seeds, steps=config.steps)
+                 optimizer=optimizer, augment=config.augment, seeds=config.seeds,
+                 steps=config.steps)
       row.update(summarise(final))
       rows.append(row)
   if config.plots:
     for setting, curves_by_run in curves.items():
       _plot(workdir, setting, curves_by_run, every=config.eval_every)
+  notes = NOTES.format(seeds=config.seeds, steps=config.steps, lr=config.lr,
+                       beta0=config.beta0, tol=config.tol)
+  if config.augment:
+    notes += AUGMENT_NOTES.format(augment=config.augment)
   studies_common.write_results(
-      workdir, rows, title="Annealing on the sphere", columns=COLUMNS, notes=NOTES.format(
-          seeds=config.seeds, steps=config.steps, lr=config.lr, beta0=config.beta0,
-          tol=config.tol),
+      workdir, rows, title="Annealing on the sphere", columns=COLUMNS, notes=notes,
       sections=[(f"d:M:negatives = {s}", [r for r in rows if r["setting"] == s])
                 for s in config.settings])
   return rows
@@ -212,6 +232,13 @@ stands at the end (final tau / learnable t). `loss_gap` = mean final loss - L*
 `reached` = fraction of seeds at the optimum at the end (positive cosines >= 1 - {tol}, negative
 cross cosines <= -1/(M-1) + {tol}); `median_steps` = median first step at the optimum among those.
 `final_tau` = exp(-t) for the learnable temperature.
+"""
+
+AUGMENT_NOTES = """
+Augmented views: one point u_i per instance, views normalize(u_i + {augment} n) with n ~ N(0, I/d)
+fixed per seed, so positives cannot align perfectly. `reached` and `uniformity_gap` are those of
+the u_i; `loss_gap` is measured against the u_i at the simplex with the same perturbations (a
+reference, not a proven optimum: it can be negative).
 """
 
 

@@ -148,6 +148,17 @@ def test_sphere_end_to_end(tmp_path):
     assert 0.0 <= row["reached"] <= 1.0
 
 
+def test_sphere_augmented_views_cannot_align(tmp_path):
+  config = sphere_config.get_config()
+  config.settings, config.mappings, config.optimizers = ("3:4:cross",), ("free",), ("sgd",)
+  config.seeds, config.steps, config.eval_every, config.plots = 2, 20, 20, False
+  config.augment = 0.5
+  (row,) = sphere.run(config, str(tmp_path))
+  assert row["augment"] == 0.5
+  assert row["alignment"] > 1e-3  # fixed perturbations keep the views apart.
+  assert "Augmented views" in (tmp_path / "results.md").read_text()
+
+
 def test_reference_loss_is_float64_info_nce():
   z1 = jax.random.normal(jax.random.key(0), (5, 4))
   z2 = z1 + 0.3 * jax.random.normal(jax.random.key(1), (5, 4))

@@ -3,6 +3,10 @@ r"""Sphere study: annealing, learnable, dynamic and free temperature on free emb
 Run (a few minutes on 2 cores):
   python -m experiments.sphere --config=experiments/configs/sphere.py --workdir=/tmp/sphere
 Smaller: add --config.seeds=8 --config.steps=400
+Views that cannot align (fixed perturbations), as in experiments/results/sphere_augmented.md:
+  python -m experiments.sphere --config=experiments/configs/sphere.py --workdir=/tmp/sphere_aug \
+    --config.augment=0.3 --config.optimizers="('sgd',)" \
+    --config.settings="('8:9:cross','16:8:all','32:16:cross')"
 """
 
 import ml_collections
@@ -32,5 +36,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.t_lr = 0.05  # step size of the learnable log inverse temperature t (on the mean loss).
   config.beta0 = 2000.0  # Langevin inverse temperature beta(t) = beta0 log(t + 2).
   config.tol = 0.05  # cosine tolerance of "reached the optimum".
+  # 0: both views are free points. > 0: one point u_i per instance, views
+  # normalize(u_i + augment * n), n ~ N(0, I/d) fixed per seed ("augmentations"), so the
+  # views cannot align perfectly; the simplex criterion is then applied to the u_i.
+  config.augment = 0.0
   config.plots = True
   return config
