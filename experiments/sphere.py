@@ -94,16 +94,22 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
     # The geometric target: views (or instance points) on the simplex.
     return reached(*(state if sigma == 0 else state * 2), tol=config.tol)
 
+  def draw_perturbations(key):
+    return tuple(jax.random.normal(k, (m, d)) / np.sqrt(d) for k in jax.random.split(key))
+
   def train_step(carry, step):
     state, params, key, first_hit, beta0, noise = carry
     key, noise_key = jax.random.split(key)
+    if sigma > 0:  # fresh perturbations every step, like random augmentations.
+      noise_key, perturbation_key = jax.random.split(noise_key)
+      noise = draw_perturbations(perturbation_key)
     # The potential is the summed loss (m x the mean): each point's gradient is O(1) in m.
     # beta(t) = beta0 log(t + 2): logarithmic cooling (Theorem 1 of the annealing paper).
     _, state, params, _ = studies_common.sphere_step(
         lambda state, params: loss_at(state, noise, params, step), state, params, lr=config.lr,
         t_lr=config.t_lr, scale=m, key=noise_key, beta=beta0 * jnp.log(step + 2.0))
     first_hit = jnp.where((first_hit < 0) & at_optimum(state), step + 1, first_hit)
-    return (state, params, key, first_hit, beta0, noise), None
+    return (state, params, key, first_hit, beta0, carry[-1]), None
 
   def metrics(state, noise, params, step):
     loss = loss_at(state, noise, params, step)
@@ -125,7 +131,7 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
       noise = ()
     else:
       state = (langevin.random_sphere(key1, (m, d)),)
-      noise = tuple(jax.random.normal(k, (m, d)) / np.sqrt(d) for k in jax.random.split(key2))
+      noise = draw_perturbations(key2)  # fixed ones for the metrics.
     carry = (state, dict(mapping.params), key, jnp.asarray(-1, jnp.int32), beta0, noise)
 
     def block(carry, start):
@@ -236,9 +242,9 @@ cross cosines <= -1/(M-1) + {tol}); `median_steps` = median first step at the op
 
 AUGMENT_NOTES = """
 Augmented views: one point u_i per instance, views normalize(u_i + {augment} n) with n ~ N(0, I/d)
-fixed per seed, so positives cannot align perfectly. `reached` and `uniformity_gap` are those of
-the u_i; `loss_gap` is measured against the u_i at the simplex with the same perturbations (a
-reference, not a proven optimum: it can be negative).
+drawn afresh at every step, so positives cannot align perfectly. `reached` and `uniformity_gap`
+are those of the u_i; `alignment` and `loss_gap` use one fixed draw of n per seed, the gap against
+the u_i at the simplex with that draw (a reference, not a proven optimum: it can be negative).
 """
 
 

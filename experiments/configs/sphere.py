@@ -37,8 +37,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.beta0 = 2000.0  # Langevin inverse temperature beta(t) = beta0 log(t + 2).
   config.tol = 0.05  # cosine tolerance of "reached the optimum".
   # 0: both views are free points. > 0: one point u_i per instance, views
-  # normalize(u_i + augment * n), n ~ N(0, I/d) fixed per seed ("augmentations"), so the
-  # views cannot align perfectly; the simplex criterion is then applied to the u_i.
+  # normalize(u_i + augment * n), n ~ N(0, I/d) drawn afresh every step (random
+  # "augmentations"), so the views cannot align perfectly; metrics use the u_i.
   config.augment = 0.0
   config.plots = True
   return config
