@@ -44,9 +44,11 @@ def correlated_pairs(key, m: int, d: int, *, cos: float) -> tuple[jax.Array, jax
   return z1, cos * z1 + math.sqrt(1.0 - cos**2) * away
 
 
-def stuck_t_run(mapping: mappings.Mapping, z1, z2, *, steps: int, lr: float, t_lr: float):
-  """Trains `(z1, z2, t)` jointly; returns per-step t, |dL/dt|, mean positive cosine C, loss."""
-  m = z1.shape[0]
+def stuck_t_runner(mapping: mappings.Mapping, *, steps: int, lr: float, t_lr: float):
+  """A jitted `(z1 [S, M, d], z2 [S, M, d]) -> records [S, steps]` over S starts.
+
+  Trains `(z1, z2, t)` jointly; records per step t, |dL/dt|, mean positive cosine C, loss.
+  """
 
   def loss_fn(views, params):
     return sphere.mean_loss(*views, lambda cos: mapping(cos, params=params), "cross")
@@ -54,7 +56,7 @@ def stuck_t_run(mapping: mappings.Mapping, z1, z2, *, steps: int, lr: float, t_l
   def step(carry, _):
     views, params = carry
     loss, new_views, new_params, (_, param_grads) = studies_common.sphere_step(
-        loss_fn, views, params, lr=lr, t_lr=t_lr, scale=m)
+        loss_fn, views, params, lr=lr, t_lr=t_lr, scale=views[0].shape[0])
     record = dict(
         t=params.get("t", jnp.nan),
         dt=jnp.abs(param_grads["t"]) if "t" in param_grads else jnp.nan,
@@ -62,8 +64,10 @@ def stuck_t_run(mapping: mappings.Mapping, z1, z2, *, steps: int, lr: float, t_l
         loss=loss)
     return (new_views, new_params), record
 
-  _, records = jax.lax.scan(step, ((z1, z2), dict(mapping.params)), None, length=steps)
-  return jax.tree.map(np.asarray, records)
+  def run(z1, z2):
+    return jax.lax.scan(step, ((z1, z2), dict(mapping.params)), None, length=steps)[1]
+
+  return jax.jit(jax.vmap(run))
 
 
 def _steps_until(values: np.ndarray, condition) -> float:
@@ -76,24 +80,35 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
   m, d = config.stuck.m, config.stuck.d
   starts = {"orthogonal": orthogonal_pairs(m, d),
             "random C=0.5": correlated_pairs(jax.random.key(config.seed), m, d, cos=0.5)}
-  jobs = [(s, spec) for s in starts for spec in config.stuck.mappings]
-  for start, spec in tqdm.tqdm(jobs, desc="stuck t"):
+  z1s, z2s = (jnp.stack(views) for views in zip(*starts.values(), strict=True))
+  for spec in tqdm.tqdm(config.stuck.mappings, desc="stuck t"):
     mapping = mappings.from_spec(spec)
-    records = stuck_t_run(mapping, *starts[start], steps=config.stuck.steps, lr=config.stuck.lr,
-                          t_lr=config.stuck.t_lr)
-    curves[(spec, start)] = records
-    t0 = records["t"][0]
-    row = dict(part="stuck_t", start=start, mapping=spec, C0=float(records["C"][0]),
-               t0=float(t0), dLdt_step0=float(records["dt"][0]))
-    for k in config.stuck.report_steps:
-      row[f"t@{k}"] = float(records["t"][k])
-      row[f"C@{k}"] = float(records["C"][k])
-    moved = np.abs(records["t"] - t0) > 0.1
-    row["steps_until_t_moves_0.1"] = _steps_until(moved, lambda m: m)
-    row["steps_until_C_0.9"] = _steps_until(records["C"], lambda c: c > 0.9)
-    row["final_loss"] = float(records["loss"][-1])
-    rows.append(row)
+    runner = stuck_t_runner(mapping, steps=config.stuck.steps, lr=config.stuck.lr,
+                            t_lr=config.stuck.t_lr)
+    batch = runner(z1s, z2s)
+    for index, start in enumerate(starts):
+      records = jax.tree.map(lambda x, i=index: np.asarray(x[i]), batch)
+      curves[(spec, start)] = records
+      rows.append(_stuck_row(records, spec, start, config))
+  order = list(starts)
+  rows.sort(key=lambda row: order.index(row["start"]))  # table grouped by start
   return rows, curves
+
+
+def _stuck_row(records, spec: str, start: str, config) -> dict:
+  t0 = records["t"][0]
+  row = dict(part="stuck_t", start=start, mapping=spec, C0=float(records["C"][0]),
+             t0=float(t0), dLdt_step0=float(records["dt"][0]))
+  for k in config.stuck.report_steps:
+    row[f"t@{k}"] = float(records["t"][k])
+    row[f"C@{k}"] = float(records["C"][k])
+  moved = np.abs(records["t"] - t0) > 0.1
+  row["steps_until_t_moves_0.1"] = _steps_until(moved, lambda m: m)
+  row["steps_until_C_0.9"] = _steps_until(records["C"], lambda c: c > 0.9)
+  row["final_loss"] = float(records["loss"][-1])
+  return row
+
+
 
 
 def free_logits_f64(cos: np.ndarray) -> np.ndarray:
