@@ -161,10 +161,10 @@ def run(config, workdir: str) -> list[dict]:
                  instances=config.instances, negatives=config.negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)
-  if config.plots:
-    _plot(workdir, rows)
   studies_common.write_results(
       workdir, rows, title="Hard negatives", columns=COLUMNS, notes=NOTES.format(config=config))
+  if config.plots:  # after the table, so that a plotting error loses no result.
+    _plot(workdir, rows)
   return rows
 
 

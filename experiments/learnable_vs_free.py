@@ -247,8 +247,6 @@ def run(config, workdir: str) -> list[dict]:
   os.makedirs(workdir, exist_ok=True)
   stuck_rows, stuck_curves = stuck_t_study(config)
   precision_rows, precision_curves = precision_study(config)
-  if config.plots:
-    _plot(workdir, stuck_curves, precision_curves, config)
   # One CSV for both parts: the union of their columns, blanks where a part has none.
   columns = list(dict.fromkeys([*stuck_rows[0], *precision_rows[0]]))
   rows = [{c: row.get(c, "") for c in columns} for row in stuck_rows + precision_rows]
@@ -258,6 +256,8 @@ def run(config, workdir: str) -> list[dict]:
           ("Eq. 10: learnable t from an orthogonal start", stuck_rows),
           ("Precision as C -> 1", precision_rows)],
       columns=None)
+  if config.plots:  # after the tables, so that a plotting error loses no result.
+    _plot(workdir, stuck_curves, precision_curves, config)
   return rows
 
 

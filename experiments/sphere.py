@@ -214,9 +214,6 @@ def run(config, workdir: str) -> list[dict]:
                  steps=config.steps)
       row.update(summarise(final))
       rows.append(row)
-  if config.plots:
-    for setting, curves_by_run in curves.items():
-      _plot(workdir, setting, curves_by_run, every=config.eval_every)
   notes = NOTES.format(seeds=config.seeds, steps=config.steps, lr=config.lr,
                        beta0=config.beta0, tol=config.tol)
   if config.augment:
@@ -225,6 +222,9 @@ def run(config, workdir: str) -> list[dict]:
       workdir, rows, title="Annealing on the sphere", columns=COLUMNS, notes=notes,
       sections=[(f"d:M:negatives = {s}", [r for r in rows if r["setting"] == s])
                 for s in config.settings])
+  if config.plots:  # after the tables, so that a plotting error loses no result.
+    for setting, curves_by_run in curves.items():
+      _plot(workdir, setting, curves_by_run, every=config.eval_every)
   return rows
 
 

@@ -22,8 +22,8 @@ is pushed in proportion to its softmax weight, so harder (more similar) negative
 and the temperature sets how much more. This notebook draws that push per negative for fixed
 `tau`, DySTreSS's dynamic `tau(s)` and the temperature-free map of Kim & Kim (arXiv 2501.17683,
 Eq. 11), works out both limits `tau -> 0` and `tau -> inf`, and places the free map between them.
-Everything is computed with `tfcl_jax.analysis.negative_gradients`, i.e. by autodiff through the
-library's own `info_nce`."""),
+The pushes are computed with `tfcl_jax.analysis.negative_gradients` (autodiff through the
+library's own `info_nce`) or, for `cos/tau`, `negative_weights / tau`."""),
     ("code", """import subprocess
 import sys
 
@@ -33,21 +33,24 @@ if "google.colab" in sys.modules:
     ("code", """import os
 
 import jax
-
-jax.config.update("jax_enable_x64", True)  # float64: the limits below are checked to high order
-
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
 from tfcl_jax import analysis, mappings
 
+jax.config.update("jax_enable_x64", True)  # float64: the limits below are checked to high order
+
 SMALL = os.environ.get("TFCL_NOTEBOOK_SMALL") == "1"  # the test suite runs a coarse grid
 S = np.linspace(-0.95, 0.95, 39 if SMALL else 191)  # similarities of the negatives
 S_POS = 0.8  # similarity of the positive
 MAPS = {f"tau={tau}": mappings.temperature(tau) for tau in (0.05, 0.1, 0.5, 1.0)}
 MAPS["dynamic 0.1:0.2"] = mappings.dynamic_temperature(0.1, 0.2)
-MAPS["free"] = mappings.temperature_free()"""),
+MAPS["free"] = mappings.temperature_free()
+# Similarity levels for the equivalent temperatures of Section 4: their pushes come from the
+# same call as Section 1's (ratios between negatives do not depend on who else is there).
+LEVELS = [(-0.5, 0.0), (0.0, 0.5), (0.5, 0.9), (0.9, 0.99)]
+ENDS = np.asarray([s for level in LEVELS for s in level])"""),
     ("md", r"""## 1. The push each negative receives
 
 One anchor, its positive at `s_+ = 0.8`, and one negative at every similarity of the grid `S`
@@ -56,8 +59,10 @@ One anchor, its positive at `s_+ = 0.8`, and one negative at every similarity of
 `g_k / sum_j g_j`: the *hardness profile* of the mapping. For `cos/tau` it is
 `exp(s/tau)` up to a constant; for the free map, `w_k f'(s_k) ~ (1+s)/(1-s) * 2/(1-s^2)
 = 2/(1-s)^2`."""),
-    ("code", """push = {name: np.asarray(analysis.negative_gradients(m, S_POS, jnp.asarray(S)))
-        for name, m in MAPS.items()}
+    ("code", """push, level_push = {}, {}
+for name, m in MAPS.items():  # one compiled gradient per mapping
+  g = np.asarray(analysis.negative_gradients(m, S_POS, jnp.asarray(np.concatenate([S, ENDS]))))
+  push[name], level_push[name] = g[:S.size], g[S.size:]
 fig, ax = plt.subplots(figsize=(7, 4.5))
 for name, g in push.items():
   ax.plot(S, g / g.sum(), label=name)
@@ -77,15 +82,16 @@ print("free map: max relative deviation of the push from 2/(1-s)^2 (up to a cons
 
 `L = log(1 + sum_k exp((s_k - s_+)/tau))`. As `tau -> 0` every term with `s_k < s_+` vanishes
 and the largest one dominates: `tau L -> max(max_k s_k - s_+, 0)`, and the push goes to the
-hardest negative alone (share -> 1). Checked below on random similarities."""),
+hardest negative alone (share -> 1). Checked below on random similarities; for `cos/tau` the push
+is the softmax weight over `tau`, so shares are read from `analysis.negative_weights`."""),
     ("code", """rng = np.random.default_rng(0)
 negatives = rng.uniform(-0.9, 0.9, size=16)
 positive = 0.5
 hardest = np.argmax(negatives)
 print(f"hardest negative s = {negatives[hardest]:.3f}, positive s = {positive}")
 for tau in (0.5, 0.1, 0.02, 0.005):
-  g = np.asarray(analysis.negative_gradients(mappings.temperature(tau), positive,
-                                             jnp.asarray(negatives)))
+  g = np.asarray(analysis.negative_weights(mappings.temperature(tau), positive,
+                                           jnp.asarray(negatives))) / tau
   cos = jnp.asarray(np.concatenate([[positive], negatives]))
   logits = mappings.temperature(tau)(cos)
   loss = float(jax.nn.logsumexp(logits) - logits[0])
@@ -116,12 +122,12 @@ for tau in (10.0, 100.0, 1000.0):
   loss = float(jax.nn.logsumexp(logits) - logits[0])
   first = np.log(K) - (positive - m) / tau
   second = first + v / (2 * tau**2)
-  g = np.asarray(analysis.negative_gradients(mappings.temperature(tau), positive,
-                                             jnp.asarray(negatives)))
+  g = np.asarray(analysis.negative_weights(mappings.temperature(tau), positive,
+                                           jnp.asarray(negatives))) / tau
   errors.append(abs(loss - first))
   print(f"tau={tau:<7} L={loss:.8f}  first order err={abs(loss - first):.2e}  "
         f"second order err={abs(loss - second):.2e}  push spread max/min={g.max() / g.min():.4f}")
-ratios = [f"{a / b:.1f}" for a, b in zip(errors, errors[1:])]
+ratios = [f"{a / b:.1f}" for a, b in zip(errors, errors[1:], strict=False)]
 print("first-order error ratio per decade of tau:", ratios)"""),
     ("md", r"""## 4. Where the free map sits
 
@@ -132,17 +138,13 @@ the sphere. Locally, `1/f'(s) = (1 - s^2)/2`: about 0.5 around `s = 0` (the high
 near-equal-weight regime of Section 3), falling to 0 as `s -> 1` (the hardest-only regime of
 Section 2). DySTreSS's `tau(s)` is the opposite shape: smallest at `s = 0`, largest at
 `s = +-1`."""),
-    ("code", """LEVELS = [(-0.5, 0.0), (0.0, 0.5), (0.5, 0.9), (0.9, 0.99)]
-ENDS = jnp.asarray([s for level in LEVELS for s in level])
+    ("code", """def equivalent_taus(g):
+  \"\"\"tau_eq = (s2 - s1) / log(g2 / g1) per level, from the pushes at the level ends.\"\"\"
+  pairs = zip(LEVELS, g.reshape(-1, 2), strict=True)
+  return [(s2 - s1) / np.log(g2 / g1) for (s1, s2), (g1, g2) in pairs]
 
 
-def equivalent_taus(mapping):
-  \"\"\"tau_eq = (s2 - s1) / log(g2 / g1) per level, all from one call.\"\"\"
-  g = np.asarray(analysis.negative_gradients(mapping, 0.999, ENDS)).reshape(-1, 2)
-  return [(s2 - s1) / np.log(g2 / g1) for (s1, s2), (g1, g2) in zip(LEVELS, g)]
-
-
-table = {name: equivalent_taus(m) for name, m in MAPS.items()}
+table = {name: equivalent_taus(level_push[name]) for name in MAPS}
 print("interval          " + "  ".join(f"{name:>15}" for name in MAPS))
 for i, (s1, s2) in enumerate(LEVELS):
   row = "  ".join(f"{taus[i]:15.4f}" for taus in table.values())
@@ -160,7 +162,7 @@ ax.legend(fontsize=8)
 plt.show()
 free_tau = table["free"]
 print("free map equivalent tau falls with hardness:",
-      all(a > b for a, b in zip(free_tau, free_tau[1:])))"""),
+      all(a > b for a, b in zip(free_tau, free_tau[1:], strict=False)))"""),
     ("md", r"""## Reading
 
 * Fixed `tau` interpolates between the two limits with one knob: small `tau` pushes only the
