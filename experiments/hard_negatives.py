@@ -71,17 +71,28 @@ def make_runner(mapping: mappings.Mapping, *, config):
   def run_one(key, n_hard):
     anchor, positive, negatives, hard = instances(key, n=n, k=k, d=d, n_hard=n_hard, config=config)
     params = dict(mapping.params)
+    augment_key = jax.random.fold_in(key, 1)  # separate stream: the clean runs stay as they were
     cos0 = cosines(anchor, positive, negatives)
     # dL_i/ds for each cosine at initialisation (n x the mean's gradient = per-instance loss).
     grad0 = n * jax.grad(lambda c: instance_loss(c, lambda x: mapping(x, params=params)))(cos0)
     repulsion = grad0[:, 1:]
     hard_share = jnp.sum(jnp.where(hard, repulsion, 0.0)) / jnp.sum(repulsion)
 
-    def loss_fn(views, params):
-      return instance_loss(cosines(*views), lambda x: mapping(x, params=params))
+    def perturbed(views, key):
+      """Fresh random perturbations of every vector (augmented views), or the views themselves."""
+      if config.augment == 0:
+        return views
+      keys = jax.random.split(key, len(views))
+      return tuple(losses.l2_normalize(v + config.augment * jax.random.normal(k, v.shape) / d**0.5)
+                   for v, k in zip(views, keys, strict=True))
 
     def step(carry, index):
       views, params, first = carry
+
+      def loss_fn(views, params):
+        views = perturbed(views, jax.random.fold_in(augment_key, index))
+        return instance_loss(cosines(*views), lambda x: mapping(x, params=params))
+
       _, views, params, _ = studies_common.sphere_step(
           loss_fn, views, params, lr=config.lr, t_lr=config.t_lr, scale=n)
       cos = cosines(*views)
@@ -162,7 +173,8 @@ def run(config, workdir: str) -> list[dict]:
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)
   studies_common.write_results(
-      workdir, rows, title="Hard negatives", columns=COLUMNS, notes=NOTES.format(config=config))
+      workdir, rows, title="Hard negatives", columns=COLUMNS, notes=NOTES.format(
+          config=config, augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
   if config.plots:  # after the table, so that a plotting error loses no result.
     _plot(workdir, rows)
   return rows
@@ -176,8 +188,14 @@ NOTES = """\
 steps. `positive_pull` = mean |dL/ds_pos| at the start (the gradient scale of Eq. 4/7/13),
 `hard_share` = share of the total repulsion sum_j dL/ds_j that goes to hard negatives, `separated`
 = fraction of instances whose positive cosine exceeds every negative's by {config.margin} at some
-step, `median_steps` the median first such step.
+step, `median_steps` the median first such step.{augment_note}
 """
+
+
+AUGMENT_NOTE = """
+Augmented views: at every step the loss sees each vector v perturbed,
+normalize(v + {config.augment} n), n ~ N(0, I/d) drawn afresh, so positives cannot align perfectly;
+the cosines reported (and the separation) are those of the unperturbed vectors."""
 
 
 if __name__ == "__main__":

@@ -218,8 +218,10 @@ def test_hard_negatives_end_to_end(tmp_path):
   config.hard_fractions = (0.0, 1.0)
   config.seeds, config.instances, config.negatives, config.steps = 2, 4, 4, 10
   config.plots = False  # the sphere test covers the figures.
+  config.augment = 0.3  # the perturbed path (it contains the plain one).
   rows = hard_negatives.run(config, str(tmp_path))
   assert len(rows) == 2
   by = {(r["mapping"], r["hard_fraction"]): r for r in rows}
   assert by[("free", 0.0)]["hard_share"] == 0.0
   assert by[("free", 1.0)]["hard_share"] == pytest.approx(1.0)
+  assert "Augmented views" in (tmp_path / "results.md").read_text()

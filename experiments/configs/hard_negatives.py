@@ -24,5 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.steps = 400
   config.lr = 0.05
   config.t_lr = 0.05
+  # > 0: the loss sees every vector perturbed afresh each step (augmented views), as in
+  # experiments/results/hard_negatives_augmented.md (--config.augment=0.3).
+  config.augment = 0.0
   config.plots = True
   return config
