@@ -174,7 +174,9 @@ print("free map equivalent tau falls with hardness:",
 * Its push per negative grows as `2/(1-s)^2`, without bound as `s -> 1`; a fixed `tau`
   caps it at `e^{1/tau}/tau`. The flip side, measured in `experiments/hard_negatives.py`: the
   push is also multiplied by the softmax weight, which collapses once the positive reaches
-  `s_+ -> 1` (its logit goes to infinity), so hard negatives left at that point stop moving."""),
+  `s_+ -> 1` (its logit goes to infinity), so hard negatives left at that point stop moving.
+  That happens when positives can align exactly; with augmented views, which cannot, the free
+  loss separated every instance (`experiments/results/hard_negatives_augmented.md`)."""),
 ]
 
 
