@@ -1,0 +1,52 @@
+"""Shared notebook plumbing: build a notebook from (kind, source) cells; execute one headless.
+
+The generators (`notebooks/make_*.py`) and the notebook tests use these two functions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+from nbformat import v4
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write(cells, path: str) -> None:
+  """Writes `cells` (`("md" | "code", source)` pairs) as an output-free notebook at `path`."""
+  notebook = v4.new_notebook()
+  notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+  notebook.metadata["colab"] = {"provenance": []}
+  notebook.cells = [v4.new_markdown_cell(source) if kind == "md" else v4.new_code_cell(source)
+                    for kind, source in cells]
+  nbformat.write(notebook, path)
+
+
+def execute(path: str, workdir: str, env: dict[str, str], *, timeout: int = 120) -> str:
+  """Runs the notebook at `path` headless with this checkout on the path; returns its stdout.
+
+  Raises `nbclient.exceptions.CellExecutionError` on the first failing cell, and
+  `ValueError` if the committed notebook holds outputs.
+  """
+  import nbclient
+
+  notebook = nbformat.read(path, as_version=4)
+  if any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"):
+    raise ValueError(f"{path} holds outputs: regenerate it: python -m notebooks.make_NAME.")
+  saved = {key: os.environ.get(key) for key in [*env, "PYTHONPATH", "MPLBACKEND", "JAX_PLATFORMS"]}
+  os.environ.update({"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                     "MPLBACKEND": "Agg", "JAX_PLATFORMS": "cpu", **env})
+  try:
+    client = nbclient.NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": workdir}})
+    client.execute()
+  finally:
+    for key, value in saved.items():
+      if value is None:
+        os.environ.pop(key, None)
+      else:
+        os.environ[key] = value
+  return "".join(output.get("text", "") for cell in notebook.cells
+                 for output in cell.get("outputs", []) if output.get("output_type") == "stream")
