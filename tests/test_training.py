@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -30,7 +31,9 @@ def _images(n=BATCH, seed=0):
   return np.random.default_rng(seed).integers(0, 256, (n, 8, 8, 1), dtype=np.uint8)
 
 
-def _setup(mapping_spec="free", total_steps=8):
+@functools.cache
+def _setup(mapping_spec="learnable=0.2", total_steps=8):
+  """Model, state factory, loss and per-mesh-size compiled steps, built once per test session."""
   model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=8)
   mapping = mappings.from_spec(mapping_spec)
   variables = jax.jit(lambda: model.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1)),
@@ -47,13 +50,19 @@ def _setup(mapping_spec="free", total_steps=8):
   return fresh_state, loss_fn
 
 
+@functools.cache
+def _train_step(num_devices, total_steps=8):
+  """One compiled step per mesh size, shared by the tests (compiling dominates their time)."""
+  mesh = sharding.make_mesh(jax.devices()[:num_devices])
+  return mesh, step.make_train_step(_setup(total_steps=total_steps)[1], mesh=mesh)
+
+
 def test_sharded_step_equals_single_device_step():
   assert jax.device_count() >= 8, "conftest.py sets 8 host devices"
-  fresh_state, loss_fn = _setup("learnable=0.2")
+  fresh_state, _ = _setup()
   results = []
-  for devices in (jax.devices()[:8], jax.devices()[:1]):
-    mesh = sharding.make_mesh(devices)
-    train_step = step.make_train_step(loss_fn, mesh=mesh)
+  for num_devices in (8, 1):
+    mesh, train_step = _train_step(num_devices)
     s = jax.device_put(fresh_state(), sharding.replicated(mesh))
     for index in range(2):
       batch = sharding.shard_batch({"image": _images(seed=index)}, mesh)
@@ -93,15 +102,13 @@ def test_replicated_batch_step_matches_plain_optax():
 
 
 def test_learnable_temperature_receives_gradient_and_changes():
-  fresh_state, loss_fn = _setup("learnable=0.2")
+  fresh_state, _ = _setup()
   s = fresh_state()
-  batch = {"image": jnp.asarray(_images())}
-  grads = jax.grad(lambda p: loss_fn(p, s.model_state, batch, jax.random.key(0), 0)[0])(s.params)
-  assert abs(float(grads["mapping"]["t"])) > 1e-6
-  mesh = sharding.make_mesh(jax.devices()[:1])
+  _, train_step = _train_step(1)
   t_before = float(s.params["mapping"]["t"])
-  s, metrics = step.make_train_step(loss_fn, mesh=mesh)(s, batch, jax.random.key(0))
-  assert float(s.params["mapping"]["t"]) != pytest.approx(t_before, abs=1e-7)
+  s, metrics = train_step(s, {"image": jnp.asarray(_images())}, jax.random.key(0))
+  # First SGD step, no weight decay on t: t moves by -lr * dL/dt (lr = 0.1 at step 0).
+  assert abs(float(s.params["mapping"]["t"]) - t_before) > 1e-6
   assert float(metrics["mapping/t"]) == pytest.approx(t_before)
 
 
@@ -119,8 +126,9 @@ class _Interrupted(Exception):
   pass
 
 
-def _run(workdir, *, fresh_state, loss_fn, resume=False, stop_after=None, num_steps=8):
-  mesh = sharding.make_mesh(jax.devices()[:2])
+def _run(workdir, *, resume=False, stop_after=None, num_steps=8):
+  fresh_state, _ = _setup(total_steps=num_steps)
+  mesh, train_step = _train_step(2, total_steps=num_steps)
   all_images = _images(n=BATCH * num_steps, seed=7)
 
   def batches(start):
@@ -130,20 +138,19 @@ def _run(workdir, *, fresh_state, loss_fn, resume=False, stop_after=None, num_st
       yield {"image": all_images[index * BATCH:(index + 1) * BATCH]}
 
   return loop.train(
-      fresh_state(), train_step=step.make_train_step(loss_fn, mesh=mesh), batches=batches,
+      fresh_state(), train_step=train_step, batches=batches,
       num_steps=num_steps, workdir=str(workdir), key=jax.random.key(11), mesh=mesh,
       config={"mapping": "learnable=0.2", "steps": num_steps}, resume=resume,
       checkpoint_every=3, log_every=2, progress=False)
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):
-  fresh_state, loss_fn = _setup("learnable=0.2")
-  reference = _run(tmp_path / "a", fresh_state=fresh_state, loss_fn=loss_fn)
+  reference = _run(tmp_path / "a")
   with pytest.raises(_Interrupted):
-    _run(tmp_path / "b", fresh_state=fresh_state, loss_fn=loss_fn, stop_after=5)
+    _run(tmp_path / "b", stop_after=5)
   rows_before = loop.read_csv(str(tmp_path / "b" / loop.METRICS_FILE))
   assert rows_before["step"].max() == 4  # logged every 2 steps; steps 5 was never fetched
-  resumed = _run(tmp_path / "b", fresh_state=fresh_state, loss_fn=loss_fn, resume=True)
+  resumed = _run(tmp_path / "b", resume=True)
   assert int(resumed.step) == 8
   chex.assert_trees_all_close(jax.device_get(resumed.params), jax.device_get(reference.params),
                               atol=1e-6, rtol=1e-6)
@@ -157,15 +164,14 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 
 def test_existing_run_is_not_overwritten_and_resume_checks_config(tmp_path):
-  fresh_state, loss_fn = _setup("learnable=0.2", total_steps=2)
-  _run(tmp_path, fresh_state=fresh_state, loss_fn=loss_fn, num_steps=2)
+  _run(tmp_path, num_steps=8)
   snapshot = {name: open(tmp_path / name).read() for name in ("config.json", "metrics.csv")}
   with pytest.raises(ValueError, match="already holds a run"):
-    _run(tmp_path, fresh_state=fresh_state, loss_fn=loss_fn, num_steps=2)
-  with pytest.raises(ValueError, match="config differs.*steps: recorded 2, now 3"):
-    _run(tmp_path, fresh_state=fresh_state, loss_fn=loss_fn, num_steps=3, resume=True)
+    _run(tmp_path, num_steps=8)
+  with pytest.raises(ValueError, match="config differs.*steps: recorded 8, now 3"):
+    _run(tmp_path, num_steps=3, resume=True)
   assert snapshot == {name: open(tmp_path / name).read() for name in snapshot}
-  assert json.load(open(tmp_path / "config.json"))["steps"] == 2
+  assert json.load(open(tmp_path / "config.json"))["steps"] == 8
 
 
 def test_unwritable_workdir_raises_before_training(tmp_path):
