@@ -244,7 +244,8 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
     results.append(result)
     if jax.process_index() == 0:
       simclr_report.write_results(results, workdir, mode=config.mode)
-  if jax.process_index() == 0:
+  if jax.process_index() == 0:  # also rewrites the tables when a resumed sweep trained nothing
+    simclr_report.write_results(results, workdir, mode=config.mode)
     simclr_report.write_plots(results, workdir, mode=config.mode,
                               run_dirs=[run.directory(workdir) for run in runs])
   return results

@@ -45,16 +45,30 @@ def _mean_std(values) -> str:
   return f"{values.mean():.2f} ± {std:.2f}"
 
 
+def _against(values, reference) -> str:
+  difference = 100 * (np.mean(values) - np.mean(reference))
+  if len(values) < 2 or len(reference) < 2:
+    return f"{difference:+.2f}"
+  return f"{difference:+.2f} (p = {stats.ttest_ind(values, reference, equal_var=False).pvalue:.2g})"
+
+
 def table2(results: list[dict]) -> str:
   """A Markdown table shaped like the paper's Table 2, plus best-against-worst Welch t-test."""
   groups = _groups(results, lambda row: row["mapping"])
   has_probe = all("linear_top1" in row for row in results)
-  header = "| mapping | kNN top-1 (%) | " + ("linear top-1 (%) | " if has_probe else "") + "seeds |"
-  lines = [header, "|---|---|" + ("---|" if has_probe else "") + "---|"]
+  against_free = "free" in groups and len(groups) > 1
+  header = ("| mapping | kNN top-1 (%) | " + ("linear top-1 (%) | " if has_probe else "")
+            + ("kNN − free (Welch p) | " if against_free else "") + "seeds |")
+  lines = [header, "|---|---|" + ("---|" if has_probe else "") + ("---|" if against_free else "")
+           + "---|"]
   for mapping, rows in groups.items():
-    cells = [mapping, _mean_std([r["knn_top1"] for r in rows])]
+    knn_values = [r["knn_top1"] for r in rows]
+    cells = [mapping, _mean_std(knn_values)]
     if has_probe:
       cells.append(_mean_std([r["linear_top1"] for r in rows]))
+    if against_free:
+      cells.append(_against(knn_values, [r["knn_top1"] for r in groups["free"]])
+                   if mapping != "free" else "")
     lines.append("| " + " | ".join(cells + [str(len(rows))]) + " |")
   lines.append("")
   lines.append("Mean ± sample std over seeds; kNN: k = 200, τ_kNN = 0.1 on backbone features.")
