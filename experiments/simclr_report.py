@@ -127,6 +127,7 @@ def write_plots(results: list[dict], workdir: str, *, mode: str, run_dirs: list[
       ax.errorbar(sizes, [np.mean(v) for v in values], [np.std(v) for v in values], marker="o",
                   capsize=3, label=mapping)
     ax.set(xscale="log", xlabel="batch size N", ylabel="kNN top-1 (%)")
+    ax.minorticks_off()
     ax.set_xticks(sorted({n for _, n in dirs_by_key}), labels=sorted({n for _, n in dirs_by_key}))
     ax.legend()
     fig.tight_layout()
