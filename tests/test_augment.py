@@ -65,12 +65,21 @@ def test_views_are_deterministic_for_a_key(recipe, shape, out_size):
   assert not np.allclose(first[0], other[0])
 
 
-def test_two_views_under_jit_matches_eager():
-  images = jnp.asarray(_images(_DIGITS_SHAPE))
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_two_views_keeps_a_sharded_batch_sharded(axis_type):
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+  images = _images((8, 8, 8, 1))
+  mesh = jax.make_mesh(
+      (8,), ("batch",), axis_types=(AxisType.Auto if axis_type == "auto" else AxisType.Explicit,))
+  sharded = jax.device_put(images, NamedSharding(mesh, PartitionSpec("batch")))
   jitted = jax.jit(augment.two_views, static_argnames=("recipe", "out_size"))
-  eager = augment.two_views(jax.random.key(4), images, recipe="digits", out_size=8)
+  with jax.set_mesh(mesh):
+    views = jitted(jax.random.key(6), sharded, recipe="digits", out_size=8)
+  for view in views:
+    assert view.sharding.spec[0] == "batch"
   chex.assert_trees_all_close(
-      jitted(jax.random.key(4), images, recipe="digits", out_size=8), eager, atol=1e-6)
+      views, augment.two_views(jax.random.key(6), images, recipe="digits", out_size=8), atol=1e-5)
 
 
 def test_two_views_accepts_raw_keys_and_float_images():
@@ -128,9 +137,9 @@ def test_digits_statistics_match_the_data():
 
 def test_flip_is_an_exact_mirror():
   image = np.random.default_rng(0).random((5, 7, 3)).astype(np.float32)
-  flipped = geometry.random_horizontal_flip(jax.random.key(0), image, probability=1.0)
+  flipped = geometry.flip_from_uniforms(np.array([0.3]), image, probability=0.5)
   np.testing.assert_array_equal(flipped, image[:, ::-1])
-  kept = geometry.random_horizontal_flip(jax.random.key(0), image, probability=0.0)
+  kept = geometry.flip_from_uniforms(np.array([0.7]), image, probability=0.5)
   np.testing.assert_array_equal(kept, image)
   keys = jax.random.split(jax.random.key(1), 64)
   flip = jax.jit(jax.vmap(lambda k: geometry.random_horizontal_flip(k, image)))
@@ -142,12 +151,12 @@ def test_flip_is_an_exact_mirror():
 
 def test_grayscale_matches_luma_and_has_equal_channels():
   image = np.random.default_rng(0).random((6, 6, 3)).astype(np.float32)
-  gray = np.asarray(colour.random_grayscale(jax.random.key(0), image, probability=1.0))
+  gray = np.asarray(colour.grayscale_from_uniforms(np.array([0.1]), image, probability=0.2))
   luma = 0.299 * image[..., 0] + 0.587 * image[..., 1] + 0.114 * image[..., 2]
   for channel in range(3):
     np.testing.assert_allclose(gray[..., channel], luma, rtol=1e-6)
   np.testing.assert_array_equal(
-      colour.random_grayscale(jax.random.key(0), image, probability=0.0), image)
+      colour.grayscale_from_uniforms(np.array([0.3]), image, probability=0.2), image)
 
 
 def test_hsv_round_trip_matches_colorsys():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -61,6 +63,7 @@ def test_unknown_split():
     ({"seed": -1}, "seed"),
     ({"num_epochs": 0}, "num_epochs"),
     ({"start_step": -1}, "start_step"),
+    ({"num_threads": 0}, "num_threads"),
     ({"shard_index": 2, "shard_count": 2}, "shard_index"),
     ({"shard_count": 0}, "shard_count"),
     ({"batch_size": 5000}, "batch_size = 5000 is larger"),
@@ -123,6 +126,14 @@ def test_digits_loader_epochs_and_resume():
   for batch, expected in zip(resumed, batches[5:], strict=True):
     np.testing.assert_array_equal(batch["image"], expected["image"])
     np.testing.assert_array_equal(batch["label"], expected["label"])
+
+
+def test_batches_do_not_depend_on_the_number_of_threads():
+  kwargs = {"batch_size": 64, "seed": 1, "shard_index": 0, "shard_count": 1}
+  one = list(data.make_loader("digits", "test", num_threads=1, **kwargs))
+  many = list(data.make_loader("digits", "test", num_threads=5, **kwargs))
+  for a, b in zip(one, many, strict=True):
+    np.testing.assert_array_equal(a["image"], b["image"])
 
 
 def test_digits_no_shuffle_keeps_order_and_remainder():
@@ -203,3 +214,12 @@ def test_not_prepared_says_how_to_prepare(name, tmp_path):
   assert f"tfds build {info.tfds_name} --data_dir {tmp_path} --file_format array_record" in message
   assert "tensorflow" in message
   assert isinstance(raised.value, ValueError)
+
+
+def test_tfrecord_dataset_is_not_prepared_for_random_access(tmp_path):
+  # A prepared-looking TFRecord variant: only its metadata, which is all TFDS looks at first.
+  builder = tfds.builder("cifar10", data_dir=str(tmp_path), file_format="tfrecord")
+  os.makedirs(builder.data_dir)
+  builder.info.write_to_directory(builder.data_dir)
+  with pytest.raises(data.DatasetNotPreparedError, match=r"found tfrecord files.*remove .*3\.0\.2"):
+    data.load_arrays("cifar10", "test", data_dir=str(tmp_path))

@@ -145,18 +145,31 @@ def _normalize(views: jax.Array, recipe: Recipe) -> jax.Array:
   return (views - mean) / std
 
 
+def _shard_like_batch(x: jax.Array, images: jax.Array) -> jax.Array:
+  """Under an explicit-sharding mesh, splits `x`'s leading axis as `images`' batch axis.
+
+  `vmap` over both needs their mapped axes sharded alike; with automatic sharding (or none)
+  the compiler propagates the batch sharding itself and `x` is returned as is.
+  """
+  spec = getattr(jax.typeof(images).sharding, "spec", None)
+  if spec and spec[0] is not None:
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec(spec[0]))
+  return x
+
+
 @functools.partial(jax.jit, static_argnames=("recipe_name", "out_size"))
 def _two_views(key, images, recipe_name: str, out_size: int):
   recipe = RECIPES[recipe_name]
-  batch = images.shape[0]
   # Per-view keys, then one vector of uniforms per view: a single random-bit generator to compile.
-  keys = jax.random.split(key, 2 * batch)
+  keys = jax.random.split(key, (images.shape[0], 2))
   count = recipe.num_uniforms(out_size, images.shape[-1])
-  uniforms = jax.vmap(lambda view_key: jax.random.uniform(view_key, (count,)))(keys)
-  doubled = jnp.concatenate([images, images])
+  uniforms = jax.vmap(jax.vmap(lambda view_key: jax.random.uniform(view_key, (count,))))(keys)
+  uniforms = _shard_like_batch(uniforms, images)
   view = functools.partial(recipe.view, out_size=out_size)
-  views = _normalize(jax.vmap(view)(uniforms, _to_unit_float(doubled)), recipe)
-  return views[:batch], views[batch:]
+  # Batch outermost: a batch sharded over devices stays sharded, with no communication.
+  pair = lambda image_uniforms, image: jax.vmap(view, in_axes=(0, None))(image_uniforms, image)
+  views = _normalize(jax.vmap(pair)(uniforms, _to_unit_float(images)), recipe)
+  return views[:, 0], views[:, 1]
 
 
 def two_views(
@@ -168,7 +181,7 @@ def two_views(
 ) -> tuple[jax.Array, jax.Array]:
   r"""Two independent random views of every image, normalised: the positive pairs of Eq. 1.
 
-  Every view of every image gets its own key (`jax.random.split(key, 2B)`, then `vmap`).
+  Every view of every image gets its own key (`jax.random.split(key, (B, 2))`, then `vmap`).
   Recipes (float images in [0, 1], then `(x - mean) / std` per channel):
 
   * `"simclr"`: random resized crop (area scale (0.08, 1), aspect (3/4, 4/3)) to `out_size`,

@@ -13,9 +13,9 @@ import numpy as np
 from tfcl_jax.data import digits as digits_lib
 from tfcl_jax.data import registry, tfds_source
 
-# Batches are fetched by worker threads; each thread reads and decodes one whole batch.
+# Batches are fetched by worker threads; each thread reads and decodes one whole batch, and as
+# many batches are kept ready.
 _NUM_THREADS = 8
-_PREFETCH_BATCHES = 8
 
 
 def _import_grain():
@@ -162,6 +162,7 @@ def make_loader(
     shard_index: int | None = None,
     shard_count: int | None = None,
     start_step: int = 0,
+    num_threads: int = _NUM_THREADS,
 ) -> Loader:
   """Shuffled, batched numpy batches of one split, this host's shard only.
 
@@ -191,6 +192,7 @@ def make_loader(
     shard_index: this host's shard (`None`: `jax.process_index()`).
     shard_count: number of shards (`None`: `jax.process_count()`).
     start_step: batches to skip (resume); random access makes this free.
+    num_threads: host threads reading (and decoding) batches ahead, one batch per thread.
 
   Returns:
     A `Loader`: iterable of `{"image": uint8 [B, H, W, C], "label": int32 [B]}`.
@@ -204,6 +206,7 @@ def make_loader(
   if num_epochs is not None:
     num_epochs = _positive_int(num_epochs, name="num_epochs")
   start_step = _non_negative_int(start_step, name="start_step")
+  num_threads = _positive_int(num_threads, name="num_threads")
   shard_index, shard_count = _resolve_shard(shard_index, shard_count)
   grain = _import_grain()
 
@@ -222,7 +225,7 @@ def make_loader(
     raise ValueError(
         f"start_step = {start_step} is past the end: {num_epochs} epochs x {steps} steps.")
   dataset = dataset[start_step:]
-  read_options = grain.ReadOptions(num_threads=_NUM_THREADS, prefetch_buffer_size=_PREFETCH_BATCHES)
+  read_options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=num_threads)
   return Loader(dataset, steps_per_epoch=steps, read_options=read_options)
 
 
@@ -251,7 +254,7 @@ def load_arrays(name: str, split: str, *, data_dir=None) -> tuple[np.ndarray, np
   images = np.empty((len(source), info.image_size, info.image_size, info.channels), np.uint8)
   labels = np.empty((len(source),), np.int32)
   batches = grain.MapDataset.source(source).batch(256).to_iter_dataset(
-      grain.ReadOptions(num_threads=_NUM_THREADS, prefetch_buffer_size=_PREFETCH_BATCHES))
+      grain.ReadOptions(num_threads=_NUM_THREADS, prefetch_buffer_size=_NUM_THREADS))
   start = 0
   for batch in batches:
     stop = start + len(batch["label"])

@@ -61,7 +61,8 @@ def open_data_source(info: registry.DatasetInfo, split: str, *, data_dir=None):
     file_format = getattr(builder.info.file_format, "value", builder.info.file_format)
     if file_format != "array_record":
       raise DatasetNotPreparedError(not_prepared_message(
-          info, resolved, f"found {file_format} files, which have no random access")) from error
+          info, resolved, f"found {file_format} files, which have no random access: remove "
+          f"{builder.data_dir} first")) from error
     raise
 
 
