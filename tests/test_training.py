@@ -110,6 +110,9 @@ def test_learnable_temperature_receives_gradient_and_changes():
   # First SGD step, no weight decay on t: t moves by -lr * dL/dt (lr = 0.1 at step 0).
   assert abs(float(s.params["mapping"]["t"]) - t_before) > 1e-6
   assert float(metrics["mapping/t"]) == pytest.approx(t_before)
+  # A fresh (unplaced) state and the step's own output share one compiled program.
+  train_step(s, {"image": jnp.asarray(_images())}, jax.random.key(0))
+  assert train_step.jitted._cache_size() == 1
 
 
 @pytest.mark.parametrize("name,expected_w_update", [("sgd", -0.5), ("adam", -1.0)])

@@ -6,6 +6,7 @@ gradient, the optimiser update, the gradient norm and the placement on devices.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -93,8 +94,19 @@ def make_train_step(
 
   replicated = sharding.replicated(mesh)
   batch_placement = sharding.data_sharded(mesh) if batch_sharded else replicated
-  return jax.jit(
+  jitted = jax.jit(
       train_step,
       in_shardings=(replicated, batch_placement, replicated),
       out_shardings=(replicated, replicated),
       donate_argnums=(0,) if donate else ())
+
+  @functools.wraps(train_step)
+  def placed_step(state: TrainState, batch: Any, key: jax.Array):
+    # A fresh state (host step counter, single-device arrays) would compile a second program,
+    # for an input placement that differs from the replicated states the step returns.
+    if getattr(state.step, "sharding", None) != replicated:
+      state = jax.device_put(state, replicated)
+    return jitted(state, batch, key)
+
+  placed_step.jitted = jitted
+  return placed_step
