@@ -104,15 +104,17 @@ def test_replicated_batch_step_matches_plain_optax():
 def test_learnable_temperature_receives_gradient_and_changes():
   fresh_state, _ = _setup()
   s = fresh_state()
-  _, train_step = _train_step(1)
+  mesh, train_step = _train_step(1)
   t_before = float(s.params["mapping"]["t"])
-  s, metrics = train_step(s, {"image": jnp.asarray(_images())}, jax.random.key(0))
+  batch = sharding.shard_batch({"image": _images()}, mesh)  # placed as in the sharded test
+  s, metrics = train_step(s, batch, jax.random.key(0))
   # First SGD step, no weight decay on t: t moves by -lr * dL/dt (lr = 0.1 at step 0).
   assert abs(float(s.params["mapping"]["t"]) - t_before) > 1e-6
   assert float(metrics["mapping/t"]) == pytest.approx(t_before)
-  # A fresh (unplaced) state and the step's own output share one compiled program.
-  train_step(s, {"image": jnp.asarray(_images())}, jax.random.key(0))
-  assert train_step.jitted._cache_size() == 1
+  # The fresh (unplaced) state above and the step's own output share one compiled program.
+  compiled = train_step.jitted._cache_size()
+  train_step(s, batch, jax.random.key(0))
+  assert train_step.jitted._cache_size() == compiled
 
 
 @pytest.mark.parametrize("name,expected_w_update", [("sgd", -0.5), ("adam", -1.0)])
