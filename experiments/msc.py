@@ -154,9 +154,8 @@ class Experiment:
 
   def load(self, path: str) -> None:
     """The pretrained encoder variables (`CheckpointMismatchError` when they do not fit)."""
-    submodule = "backbone" if self.config.init_submodule == "auto" else (
-        self.config.init_submodule or None)
-    if submodule == "backbone":
+    submodule = self.config.init_submodule or None
+    if self.config.init_submodule == "auto":
       try:
         self.variables = weights.load_variables(path, self.template, submodule="backbone")
         return
@@ -165,8 +164,10 @@ class Experiment:
       try:
         self.variables = weights.load_variables(path, self.template)
         return
-      except weights.CheckpointMismatchError:
-        raise backbone_error from None
+      except weights.CheckpointMismatchError as error:
+        raise weights.CheckpointMismatchError(
+            f"as a SimCLR run's backbone: {backbone_error} || as a bare encoder: {error}"
+        ) from None
     self.variables = weights.load_variables(path, self.template, submodule=submodule)
 
   # -- pieces of a run ------------------------------------------------------------------------
