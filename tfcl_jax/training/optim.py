@@ -62,7 +62,9 @@ def make_optimizer(
   * `sgd`: SGD with (heavy-ball) momentum, L2 weight decay added to the
     gradient (as `torch.optim.SGD(weight_decay=...)`): the paper's recipe, Section 5.1.
   * `lars`: `optax.lars` (trust ratios on model parameters only).
-  * `adamw`: `optax.adamw`; `adam`: `optax.adam` (weight decay ignored).
+  * `adamw`: `optax.adamw` (decoupled weight decay).
+  * `adam`: `optax.adam` with L2 weight decay added to the gradient, as
+    `torch.optim.Adam(weight_decay=...)` (GRACE's optimiser).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -101,4 +103,4 @@ def make_optimizer(
         trust_ratio_mask=model_mask, momentum=momentum)
   if name == "adamw":
     return optax.adamw(lr, weight_decay=weight_decay, mask=model_mask)
-  return optax.adam(lr)
+  return optax.chain(optax.add_decayed_weights(weight_decay, mask=model_mask), optax.adam(lr))

@@ -1,0 +1,73 @@
+"""experiments/simclr.py: checks before training, an end-to-end run, resume of a finished sweep."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import jax
+import pytest
+
+from experiments import simclr as experiment
+from experiments.configs import simclr_digits
+from tfcl_jax.training import sharding
+
+
+def _tiny_config(**overrides):
+  config = simclr_digits.get_config()
+  config.update(dict(mappings="learnable=0.2", seeds=2, epochs=1, batch_size=128, width=4,
+                     proj_hidden_dim=8, proj_dim=8, probe_epochs=20, eval_every_epochs=0,
+                     knn_k=20, devices=2, progress=False))
+  config.update(overrides)
+  return config
+
+
+@pytest.fixture(scope="module")
+def mesh8():
+  return sharding.make_mesh(jax.devices()[:8])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"mappings": "tau=0.1,warm"}, "Invalid mapping spec 'warm'"),
+    ({"mappings": "tau=-1"}, "tau must be a finite number > 0"),
+    ({"dataset": "mnist"}, "Unknown dataset 'mnist'"),
+    ({"batch_size": 100}, "config.batch_size = 100 must be a positive multiple.*8"),
+    ({"mode": "n_sensitivity", "n_batch_sizes": "64,100"}, "= 100 must be a positive multiple"),
+    ({"mode": "grid"}, "config.mode must be one of"),
+    ({"backbone": "vgg"}, "backbone must be one of"),
+])
+def test_bad_config_raises_before_anything_is_written(tmp_path, mesh8, overrides, message):
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=message):
+    experiment.check_config(_tiny_config(**overrides), str(workdir), mesh8)
+  assert not workdir.exists()
+
+
+def test_unwritable_workdir_raises(tmp_path, mesh8):
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(ValueError, match="cannot be written"):
+    experiment.check_config(_tiny_config(), str(tmp_path / "file" / "run"), mesh8)
+
+
+def test_run_writes_results_and_resume_is_checked(tmp_path):
+  workdir = str(tmp_path)
+  results = experiment.run_experiment(_tiny_config(), workdir)
+  assert [r["seed"] for r in results] == [0, 1]
+  with open(os.path.join(workdir, "results.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert {"mapping", "seed", "knn_top1", "linear_top1", "final_t"} <= set(rows[0])
+  assert all(0.0 <= float(row["knn_top1"]) <= 1.0 for row in rows)
+  assert rows[0]["mapping"] == "learnable=0.2"
+  table = open(os.path.join(workdir, "results.md")).read()
+  assert "| learnable=0.2 |" in table and "± " in table
+  for name in ("accuracy.png", "curves.png", "geometry.png"):
+    assert os.path.getsize(os.path.join(workdir, name)) > 0
+  before = open(os.path.join(workdir, "results.csv")).read()
+  with pytest.raises(experiment.ConfigError, match="already holds"):
+    experiment.run_experiment(_tiny_config(), workdir)
+  with pytest.raises(experiment.ConfigError, match="config differs.*epochs: recorded 1, now 2"):
+    experiment.run_experiment(_tiny_config(epochs=2, resume=True), workdir)
+  assert open(os.path.join(workdir, "results.csv")).read() == before
+  # Resuming a finished sweep trains nothing and reproduces the results.
+  resumed = experiment.run_experiment(_tiny_config(resume=True), workdir)
+  assert resumed == results
