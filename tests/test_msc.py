@@ -87,6 +87,8 @@ def test_center_is_normalised_mean_of_unit_features_and_scale_invariant():
   np.testing.assert_allclose(msc.center(scaled), expected, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="M = 0"):
     msc.center(np.zeros((0, 6), np.float32))
+  with pytest.raises(ValueError, match="NaN"):
+    msc.center(np.array([[np.nan, 1.0], [0.0, 1.0]], np.float32))
   with pytest.raises(ValueError, match="no direction"):
     msc.center(np.array([[1.0, 0.0], [-1.0, 0.0]], np.float32))
 
@@ -188,7 +190,13 @@ def _small_cnn_variables(width, *, contrastive=False):
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)), train=False))
   rng = np.random.default_rng(width)
-  return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), shapes), shapes
+
+  def draw(path, leaf):
+    values = rng.normal(size=leaf.shape).astype(leaf.dtype)
+    # BatchNorm variances must be positive.
+    return np.abs(values) + 0.5 if jax.tree_util.keystr(path).endswith("['var']") else values
+
+  return jax.tree_util.tree_map_with_path(draw, shapes), shapes
 
 
 def test_load_variables_roundtrip_and_mismatch(tmp_path):
@@ -311,3 +319,24 @@ def test_experiment_rejects_mismatched_checkpoint_before_training(tmp_path):
   with pytest.raises(msc_experiment.ConfigError, match="does not match the model"):
     msc_experiment.run_experiment(_config(init_checkpoint=path, width=16), str(workdir))
   assert not os.path.exists(workdir / "runs") and not os.path.exists(workdir / "pretrain")
+
+
+def test_experiment_end_to_end_from_a_checkpoint_and_resume(tmp_path):
+  variables, _ = _small_cnn_variables(4)
+  path = weights.save_variables(str(tmp_path / "encoder4"), variables)
+  config = _config(init_checkpoint=path, width=4, classes="0", mappings="free", seeds=1,
+                   epochs=1)
+  workdir = str(tmp_path / "work")
+  results = msc_experiment.run_experiment(config, workdir)
+  assert [(r["mapping"], r["seed"], r["class"]) for r in results] == [("free", 0, 0)]
+  assert 0.0 <= results[0]["roc_auc"] <= 1.0 and results[0]["steps"] == 142 // 32
+  with open(os.path.join(workdir, "results.csv")) as f:
+    header = f.readline().strip().split(",")
+  assert header[:4] == ["mapping", "seed", "class", "roc_auc"]
+  table = open(os.path.join(workdir, "results.md")).read()
+  assert "| free |" in table and "| pretrained (no MSC) |" in table
+  assert os.path.getsize(os.path.join(workdir, "roc_auc.png")) > 0
+  with pytest.raises(msc_experiment.ConfigError, match="already holds"):
+    msc_experiment.run_experiment(config, workdir)
+  config.resume = True
+  assert msc_experiment.run_experiment(config, workdir) == results  # nothing retrained

@@ -45,14 +45,17 @@ def center(features: jax.typing.ArrayLike) -> jax.Array:
     `[D]` float32 unit vector.
 
   Raises:
-    ValueError: no features, or a zero mean direction (no center is defined).
+    ValueError: no features, non-finite features, or a zero mean direction (no center).
   """
   features = _checks.float_matrix(features, name="features")
   if features.shape[0] == 0:
     raise ValueError("features must hold at least one normal training example, got M = 0.")
   mean = jnp.mean(losses.l2_normalize(features.astype(_checks.compute_dtype(features.dtype))), 0)
-  if _checks.is_concrete(mean) and not float(jnp.linalg.norm(mean)) > 1e-6:
-    raise ValueError("the mean of the normalised features is ~0: the center has no direction.")
+  if _checks.is_concrete(mean):
+    if not bool(jnp.all(jnp.isfinite(mean))):
+      raise ValueError("features contain NaN or inf: no center (check the encoder's weights).")
+    if not float(jnp.linalg.norm(mean)) > 1e-6:
+      raise ValueError("the mean of the normalised features is ~0: the center has no direction.")
   return losses.l2_normalize(mean)
 
 
