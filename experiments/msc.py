@@ -224,10 +224,12 @@ class Experiment:
     c = self.config
     mapping = mappings.from_spec(run.mapping)
     normal = self.train_images[self.train_labels == run.normal_class]
+    model_state = {k: v for k, v in self.variables.items() if k != "params"}
+    # The center of the whole normal class (every host the same); batches from this host's part.
+    center = msc.center(self.features(self.variables["params"], model_state, normal))
+    num_normal = len(normal)
     if jax.process_count() > 1:
       normal = normal[jax.process_index()::jax.process_count()]
-    model_state = {k: v for k, v in self.variables.items() if k != "params"}
-    center = msc.center(self.features(self.variables["params"], model_state, normal))
     initial = state.create_train_state(
         model_params=self.variables["params"],
         model_state={**model_state, msc.CENTER_KEY: center},
@@ -257,7 +259,7 @@ class Experiment:
             "roc_auc_pretrained": self.pretrained_auc(run.normal_class),
             "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])),
             "final_center_cos": float(np.mean(metrics["center_cos"][-steps_per_epoch:])),
-            "num_normal_train": len(normal), "steps": num_steps}
+            "num_normal_train": num_normal, "steps": num_steps}
 
 
 def pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
