@@ -17,7 +17,7 @@ from experiments import msc as msc_experiment
 from experiments.configs import msc_digits
 from tfcl_jax import mappings, models
 from tfcl_jax.anomaly import msc, scores, torchvision_resnet, weights
-from tfcl_jax.training import checkpoint, sharding, state, step
+from tfcl_jax.training import checkpoint, optim, sharding, state, step
 
 # -- ROC-AUC and the kNN score --------------------------------------------------------------------
 
@@ -158,7 +158,10 @@ def test_msc_train_step_keeps_batchnorm_statistics_and_frozen_modules():
   loss_fn = msc.make_msc_loss(encoder, mapping=mapping, augment=_noise)
   model_state = {"batch_stats": variables["batch_stats"], msc.CENTER_KEY: center}
   params = {"model": variables["params"], "mapping": {}}
-  tx = msc.freeze(optax.sgd(0.1), params, frozen=["first", "norm"])
+  # The experiment's optimiser: weight decay must not reach the frozen modules either.
+  tx = msc.freeze(optim.make_optimizer(name="sgd", learning_rate=0.1, total_steps=10,
+                                       weight_decay=0.1, momentum=0.0),
+                  params, frozen=["first", "norm"])
   initial = state.create_train_state(model_params=variables["params"], model_state=model_state,
                                      tx=tx)
   mesh = sharding.make_mesh(jax.devices()[:1])
