@@ -16,8 +16,9 @@ class ProjectionHead(nn.Module):
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax.models import heads
     >>> head = heads.ProjectionHead(hidden_dim=16, out_dim=4)
-    >>> variables = head.init(jax.random.key(0), jnp.zeros((2, 8)), train=False)
-    >>> head.apply(variables, jnp.zeros((2, 8)), train=False).shape
+    >>> x = jnp.zeros((2, 8))
+    >>> variables = jax.eval_shape(lambda: head.init(jax.random.key(0), x, train=False))
+    >>> jax.eval_shape(lambda v: head.apply(v, x, train=False), variables).shape
     (2, 4)
   """
 
@@ -42,8 +43,8 @@ class ContrastiveModel(nn.Module):
     >>> model = heads.ContrastiveModel(small_cnn.SmallCNN(widths=(8,)),
     ...                                heads.ProjectionHead(hidden_dim=8, out_dim=4))
     >>> x = jnp.zeros((2, 8, 8, 1))
-    >>> variables = jax.jit(lambda: model.init(jax.random.key(0), x, train=False))()
-    >>> [a.shape for a in jax.jit(lambda v: model.apply(v, x, train=False))(variables)]
+    >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+    >>> [a.shape for a in jax.eval_shape(lambda v: model.apply(v, x, train=False), variables)]
     [(2, 8), (2, 4)]
   """
 

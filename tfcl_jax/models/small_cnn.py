@@ -18,8 +18,9 @@ class SmallCNN(nn.Module):
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax.models import small_cnn
     >>> model = small_cnn.SmallCNN(widths=(8, 16))
-    >>> variables = model.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1)), train=False)
-    >>> model.apply(variables, jnp.zeros((2, 8, 8, 1)), train=False).shape
+    >>> x = jnp.zeros((2, 8, 8, 1))
+    >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+    >>> jax.eval_shape(lambda v: model.apply(v, x, train=False), variables).shape
     (2, 16)
 
   Attributes:

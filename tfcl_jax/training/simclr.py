@@ -63,10 +63,10 @@ def make_simclr_loss(
     >>> loss_fn = simclr.make_simclr_loss(model, mapping=mappings.temperature_free(),
     ...                                   augment=noise)
     >>> images = jnp.zeros((4, 8, 8, 1))
-    >>> variables = jax.jit(lambda: model.init(jax.random.key(0), images, train=False))()
+    >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))
     >>> params = {"model": variables["params"], "mapping": {}}
-    >>> loss, (model_state, metrics) = jax.jit(loss_fn)(
-    ...     params, {"batch_stats": variables["batch_stats"]}, {"image": images},
+    >>> loss, (model_state, metrics) = jax.eval_shape(  # shapes only; jit it to run it
+    ...     loss_fn, params, {"batch_stats": variables["batch_stats"]}, {"image": images},
     ...     jax.random.key(1), 0)
     >>> loss.shape, sorted(metrics)
     ((), ['neg_cos', 'pos_cos'])
@@ -108,9 +108,10 @@ def make_feature_fn(model: nn.Module) -> Callable[[Any, Any, jax.Array], jax.Arr
     >>> from tfcl_jax.training import simclr
     >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
     >>> images = jnp.zeros((3, 8, 8, 1))
-    >>> variables = jax.jit(lambda: model.init(jax.random.key(0), images, train=False))()
+    >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))
     >>> features = simclr.make_feature_fn(model)
-    >>> features(variables["params"], {"batch_stats": variables["batch_stats"]}, images).shape
+    >>> jax.eval_shape(features, variables["params"], {"batch_stats": variables["batch_stats"]},
+    ...                images).shape
     (3, 16)
   """
 
