@@ -173,14 +173,14 @@ def make_msc_loss(
     >>> from tfcl_jax.anomaly import msc
     >>> encoder = models.make_backbone("small_cnn", width=4)
     >>> images = jnp.ones((4, 8, 8, 1))
-    >>> variables = jax.jit(lambda: encoder.init(jax.random.key(0), images, train=False))()
+    >>> variables = jax.eval_shape(lambda: encoder.init(jax.random.key(0), images, train=False))
     >>> noise = lambda key, x: tuple(x + 0.1 * jax.random.normal(k, x.shape)
     ...                              for k in jax.random.split(key))
     >>> loss_fn = msc.make_msc_loss(encoder, mapping=mappings.temperature(0.25), augment=noise)
     >>> model_state = {"batch_stats": variables["batch_stats"], msc.CENTER_KEY: jnp.ones(16) / 4}
     >>> params = {"model": variables["params"], "mapping": {}}
-    >>> loss, (new_state, metrics) = jax.jit(loss_fn)(params, model_state, {"image": images},
-    ...                                               jax.random.key(1), 0)
+    >>> loss, (new_state, metrics) = jax.eval_shape(  # traced, not compiled
+    ...     loss_fn, params, model_state, {"image": images}, jax.random.key(1), 0)
     >>> sorted(metrics)
     ['angular', 'center_cos', 'contrastive', 'neg_cos', 'pos_cos']
 
