@@ -1,0 +1,361 @@
+"""Mean-Shifted Contrastive anomaly detection with fixed or temperature-free InfoNCE: Table 4.
+
+  python -m experiments.msc --config=experiments/configs/msc_digits.py --workdir=DIR \
+    [--config.mappings=tau=0.25,free --config.seeds=3 --config.classes=0,1,2]
+
+One normal class at a time (MSC's protocol; the others are the anomalies). Without
+`--config.init_checkpoint`, first pretrains the encoder without labels with the SimCLR experiment
+(`experiments/simclr.py`, in `DIR/pretrain`). Then per (mapping, seed, normal class): the center
+of the normal training features, MSC fine-tuning with `tfcl_jax.training` (BatchNorm in inference
+mode, optional frozen modules), and the ROC-AUC of the kNN score on the test split. Writes
+`DIR/results.csv`, `DIR/results.md` (Table 4 layout) and `DIR/roc_auc.png`
+(`experiments/msc_report.py`). Every check that can fail runs before the first step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm.auto as tqdm
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments import msc_report
+from experiments import simclr as simclr_experiment
+from tfcl_jax import augment, data, mappings, models
+from tfcl_jax.anomaly import msc, scores, weights
+from tfcl_jax.training import loop, optim, sharding, simclr, state, step
+
+RESULT_FILE = "result.json"
+PRETRAIN_DIR = "pretrain"
+_IGNORED_ON_RESUME = ("resume", "progress")
+_PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size", "devices",
+                    "progress")
+
+
+class ConfigError(ValueError):
+  """A config, dataset, checkpoint or workdir problem found before training."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  mapping: str
+  seed: int
+  normal_class: int
+
+  def directory(self, workdir: str) -> str:
+    name = self.mapping.replace("=", "_").replace(":", "_")
+    return os.path.join(workdir, "runs", name, f"class{self.normal_class}", f"seed{self.seed}")
+
+
+_split_list = simclr_experiment._split_list  # comma lists of config fields, as in SimCLR
+
+
+def parse_classes(text, num_classes: int) -> list[int]:
+  """`"all"` or a comma list of class indices in `[0, num_classes)`."""
+  if str(text).strip() == "all":
+    return list(range(num_classes))
+  classes = []
+  for item in _split_list(text, name="classes"):
+    try:
+      index = int(item)
+    except ValueError:
+      raise ValueError(f"config.classes must be 'all' or class indices, got {item!r}.") from None
+    if not 0 <= index < num_classes:
+      raise ValueError(
+          f"config.classes: class {index} is out of range; the dataset has classes 0.."
+          f"{num_classes - 1}.")
+    classes.append(index)
+  return list(dict.fromkeys(classes))
+
+
+def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
+  """The (mapping, seed, class) runs, after checking mapping specs, seeds and classes."""
+  if config.seeds < 1:
+    raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+  specs = [mappings.from_spec(spec).spec for spec in _split_list(config.mappings, name="mappings")]
+  classes = parse_classes(config.classes, data.get_info(config.dataset).num_classes)
+  return [Run(spec, seed, c) for spec in specs for c in classes for seed in range(config.seeds)]
+
+
+def _frozen(config) -> list[str]:
+  return [name.strip() for name in str(config.frozen).split(",") if name.strip()]
+
+
+class Experiment:
+  """What the runs share: data, encoder, pretrained variables, optimiser, compiled steps."""
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh):
+    self.config, self.mesh = config, mesh
+    self.info = data.get_info(config.dataset)
+    self.recipe = config.recipe or self.info.recipe
+    self.view_size = config.view_size or self.info.view_size or self.info.image_size
+    data_dir = config.data_dir or None
+    self.encoder = models.make_backbone(config.backbone, width=config.width or None)
+    dummy = jnp.zeros((2, self.view_size, self.view_size, self.info.channels), jnp.float32)
+    self.template = jax.eval_shape(
+        lambda: self.encoder.init(jax.random.key(0), dummy, train=False))
+    self.train_images, self.train_labels = data.load_arrays(
+        self.info.name, self.info.train_split, data_dir=data_dir)
+    self.test_images, self.test_labels = data.load_arrays(
+        self.info.name, self.info.test_split, data_dir=data_dir)
+    self.augment = functools.partial(augment.two_views, recipe=self.recipe,
+                                     out_size=self.view_size)
+    self.center_view = jax.jit(functools.partial(augment.center_view, recipe=self.recipe,
+                                                 out_size=self.view_size))
+    self.feature_fn = jax.jit(
+        lambda params, model_state, images: self.encoder.apply(
+            {"params": params, **model_state}, images, train=False))
+    self.variables = None
+    self._steps: dict = {}
+    self._tx = None
+    self._pretrained_auc: dict[int, float] = {}
+    self.max_steps = 1
+
+  # -- checks ---------------------------------------------------------------------------------
+
+  def check(self, runs: list[Run]) -> None:
+    """Class sizes, batch size, frozen names: everything the data and model decide."""
+    c = self.config
+    sharding.check_batch_size(c.batch_size, self.mesh, name="config.batch_size")
+    if c.epochs < 1:
+      raise ValueError(f"config.epochs must be >= 1, got {c.epochs}.")
+    if c.knn_k < 1:
+      raise ValueError(f"config.knn_k must be >= 1, got {c.knn_k}.")
+    host_batch = c.batch_size // jax.process_count()
+    for normal_class in sorted({run.normal_class for run in runs}):
+      count = int(np.sum(self.train_labels == normal_class))
+      # A cosine schedule spans the largest class's run (MSC's own schedule is constant).
+      self.max_steps = max(self.max_steps, c.epochs * (count // jax.process_count() // host_batch))
+      if count == 0:
+        raise ValueError(f"normal class {normal_class} has no examples in "
+                         f"{self.info.name}:{self.info.train_split}; nothing to fine-tune on.")
+      if count < max(c.batch_size, c.knn_k):
+        raise ValueError(
+            f"normal class {normal_class} has {count} training examples, fewer than "
+            f"config.batch_size = {c.batch_size} or config.knn_k = {c.knn_k}.")
+      test_normal = int(np.sum(self.test_labels == normal_class))
+      if test_normal in (0, len(self.test_labels)):
+        raise ValueError(
+            f"the test split {self.info.name}:{self.info.test_split} needs normal and anomalous "
+            f"examples for ROC-AUC; class {normal_class} has {test_normal} of "
+            f"{len(self.test_labels)}.")
+    params = {"model": self.template["params"], "mapping": {}}
+    msc.freeze(optim.make_optimizer(name="sgd", learning_rate=1.0, total_steps=1), params,
+               frozen=_frozen(c))
+
+  def load(self, path: str) -> None:
+    """The pretrained encoder variables (`CheckpointMismatchError` when they do not fit)."""
+    submodule = self.config.init_submodule or None
+    if self.config.init_submodule == "auto":
+      try:
+        self.variables = weights.load_variables(path, self.template, submodule="backbone")
+        return
+      except weights.CheckpointMismatchError as error:
+        backbone_error = error  # maybe a bare-encoder checkpoint; try it whole below
+      try:
+        self.variables = weights.load_variables(path, self.template)
+        return
+      except weights.CheckpointMismatchError as error:
+        raise weights.CheckpointMismatchError(
+            f"as a SimCLR run's backbone: {backbone_error} || as a bare encoder: {error}"
+        ) from None
+    self.variables = weights.load_variables(path, self.template, submodule=submodule)
+
+  # -- pieces of a run ------------------------------------------------------------------------
+
+  def features(self, params, model_state, images) -> jax.Array:
+    model_state = {k: v for k, v in model_state.items() if k != msc.CENTER_KEY}
+    return simclr.embed(self.feature_fn, params, model_state, images,
+                        preprocess=self.center_view)
+
+  def roc_auc(self, params, model_state, normal_class: int) -> float:
+    """ROC-AUC of the kNN score, anomalies (every other class) positive, MSC's evaluation."""
+    normal = self.train_images[self.train_labels == normal_class]
+    bank = self.features(params, model_state, normal)
+    query = self.features(params, model_state, self.test_images)
+    distance = scores.knn_score(bank, query, k=self.config.knn_k, squared=self.config.squared)
+    return float(scores.roc_auc(self.test_labels != normal_class, distance))
+
+  def pretrained_auc(self, normal_class: int) -> float:
+    if normal_class not in self._pretrained_auc:
+      model_state = {k: v for k, v in self.variables.items() if k != "params"}
+      self._pretrained_auc[normal_class] = self.roc_auc(
+          self.variables["params"], model_state, normal_class)
+    return self._pretrained_auc[normal_class]
+
+  def optimizer(self, params):
+    # One optax object for every run: the compiled step is reused only for the same (static) tx.
+    if self._tx is None:
+      c = self.config
+      tx = optim.make_optimizer(
+          name=c.optimizer, learning_rate=c.learning_rate, total_steps=self.max_steps,
+          schedule=c.schedule, momentum=c.momentum, weight_decay=c.weight_decay)
+      self._tx = msc.freeze(tx, params, frozen=_frozen(c))
+    return self._tx
+
+  def train_step(self, mapping: mappings.Mapping):
+    if mapping.spec not in self._steps:
+      loss_fn = msc.make_msc_loss(self.encoder, mapping=mapping, augment=self.augment,
+                                  angular=self.config.angular)
+      self._steps[mapping.spec] = step.make_train_step(loss_fn, mesh=self.mesh)
+    return self._steps[mapping.spec]
+
+  def batches(self, images: np.ndarray, *, seed: int, start_step: int):
+    """Shuffled batches of the normal class through grain, as `data.make_loader` makes them."""
+    import grain  # noqa: PLC0415  (the `data` extra, as in tfcl_jax.data)
+
+    seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
+    dataset = grain.MapDataset.source(images).shuffle(seed=seed).batch(
+        self.config.batch_size // jax.process_count(), drop_remainder=True)
+    dataset = dataset.repeat(self.config.epochs)[start_step:]
+    return ({"image": batch} for batch in dataset)
+
+  def run(self, run: Run, workdir: str) -> dict:
+    """Fine-tunes one (mapping, seed, normal class) run in its own directory; its results."""
+    c = self.config
+    mapping = mappings.from_spec(run.mapping)
+    normal = self.train_images[self.train_labels == run.normal_class]
+    model_state = {k: v for k, v in self.variables.items() if k != "params"}
+    # The center of the whole normal class (every host the same); batches from this host's part.
+    center = msc.center(self.features(self.variables["params"], model_state, normal))
+    num_normal = len(normal)
+    if jax.process_count() > 1:
+      normal = normal[jax.process_index()::jax.process_count()]
+    initial = state.create_train_state(
+        model_params=self.variables["params"],
+        model_state={**model_state, msc.CENTER_KEY: center},
+        mapping_params=mapping.params, tx=self.optimizer(
+            {"model": self.variables["params"], "mapping": mapping.params}))
+    steps_per_epoch = len(normal) // (c.batch_size // jax.process_count())
+    num_steps = c.epochs * steps_per_epoch
+    record = {k: v for k, v in c.to_dict().items() if k not in _IGNORED_ON_RESUME}
+    record.update(dataclasses.asdict(run))
+
+    def evaluate(train_state):
+      return {"roc_auc": self.roc_auc(train_state.params["model"], train_state.model_state,
+                                      run.normal_class)}
+
+    loop.train(
+        initial, train_step=self.train_step(mapping),
+        batches=lambda start: self.batches(normal, seed=run.seed, start_step=start),
+        num_steps=num_steps,
+        workdir=run.directory(workdir), key=jax.random.key(run.seed), mesh=self.mesh,
+        config=record, resume=c.resume, eval_every=c.eval_every_epochs * steps_per_epoch,
+        eval_fn=evaluate, log_every=c.log_every, examples_per_step=c.batch_size,
+        progress=c.progress, desc=f"{run.mapping} class {run.normal_class} seed {run.seed}")
+    evaluation = loop.read_csv(os.path.join(run.directory(workdir), loop.EVAL_FILE))
+    metrics = loop.read_csv(os.path.join(run.directory(workdir), loop.METRICS_FILE))
+    return {"mapping": run.mapping, "seed": run.seed, "class": run.normal_class,
+            "roc_auc": float(evaluation["roc_auc"][-1]),
+            "roc_auc_pretrained": self.pretrained_auc(run.normal_class),
+            "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])),
+            "final_center_cos": float(np.mean(metrics["center_cos"][-steps_per_epoch:])),
+            "num_normal_train": num_normal, "steps": num_steps}
+
+
+def pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config.pretrain` (a SimCLR config) with the encoder and data fields of `config`."""
+  pretrain = ml_collections.ConfigDict(config.pretrain.to_dict())
+  for field in _PRETRAIN_FIELDS:
+    pretrain[field] = config[field]
+  pretrain.resume = config.resume
+  if len(_split_list(pretrain.mappings, name="pretrain.mappings")) != 1 or pretrain.seeds != 1:
+    raise ValueError("config.pretrain must train one encoder: one mapping and seeds = 1, got "
+                     f"mappings={pretrain.mappings!r}, seeds={pretrain.seeds}.")
+  pretrain.mode = "sweep"
+  return pretrain
+
+
+def pretrain(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """Pretrains the encoder without labels (SimCLR experiment) unless done; its run directory."""
+  pretrain_cfg = pretrain_config(config)
+  directory = os.path.join(workdir, PRETRAIN_DIR)
+  (run,) = simclr_experiment.plan_runs(pretrain_cfg)
+  if not os.path.exists(os.path.join(run.directory(directory), simclr_experiment.RESULT_FILE)):
+    try:
+      simclr_experiment.run_experiment(pretrain_cfg, directory)
+    except simclr_experiment.ConfigError as error:
+      raise ConfigError(f"pretraining: {error}") from error
+  return run.directory(directory)
+
+
+def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> tuple[list, Experiment]:
+  """Every check that can fail before training: specs, classes, data, checkpoint, workdir."""
+  runs = plan_runs(config)
+  models.make_backbone(config.backbone)
+  if not config.init_checkpoint:
+    pretrain_config(config)
+  experiment = Experiment(config, mesh)
+  experiment.check(runs)
+  if config.init_checkpoint:
+    experiment.load(config.init_checkpoint)
+  record = {k: v for k, v in config.to_dict().items() if k not in _IGNORED_ON_RESUME}
+  if not config.resume:
+    existing = [n for n in ("results.csv", "runs", PRETRAIN_DIR)
+                if os.path.exists(os.path.join(workdir, n))]
+    if existing:
+      raise ValueError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
+                       f"--config.resume=True or choose a new workdir. Nothing was overwritten.")
+  loop.prepare_workdir(workdir, record, resume=config.resume)
+  return runs, experiment
+
+
+def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+  """Checks everything, pretrains if needed, fine-tunes every run not yet done, writes results."""
+  mesh = sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
+  try:
+    runs, experiment = check_config(config, workdir, mesh)
+  except (ValueError, TypeError, FileNotFoundError) as error:
+    raise ConfigError(str(error)) from error
+  if experiment.variables is None:
+    experiment.load(pretrain(config, workdir))
+  results = []
+  for run in tqdm.tqdm(runs, desc="MSC runs", disable=not config.progress):
+    result_path = os.path.join(run.directory(workdir), RESULT_FILE)
+    if config.resume and os.path.exists(result_path):
+      with open(result_path) as f:
+        results.append(json.load(f))
+      continue
+    result = experiment.run(run, workdir)
+    if jax.process_index() == 0:
+      with open(result_path, "w") as f:
+        json.dump(result, f, indent=2)
+    results.append(result)
+    if jax.process_index() == 0:
+      msc_report.write_results(results, workdir, dataset=config.dataset)
+  if jax.process_index() == 0:
+    msc_report.write_plot(results, workdir, dataset=config.dataset)
+  return results
+
+
+# experiments.simclr (imported for the pretraining) defines the same two flags at import time.
+if "config" not in flags.FLAGS:
+  config_flags.DEFINE_config_file("config", None, "experiments/configs/msc_*.py")
+if "workdir" not in flags.FLAGS:
+  flags.DEFINE_string("workdir", None, "output directory")
+
+
+def main(argv):
+  del argv
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  if config is None or not workdir:
+    raise app.UsageError("pass --config=experiments/configs/msc_digits.py --workdir=DIR")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  try:
+    run_experiment(config, workdir)
+  except ConfigError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)
