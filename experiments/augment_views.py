@@ -19,17 +19,12 @@ import jax
 import matplotlib
 import numpy as np
 import tqdm.auto as tqdm
-from absl import app, flags
-from ml_collections import config_flags
 
+from experiments import cli
 from tfcl_jax import augment, data
 
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402  (after choosing the Agg backend)
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "experiments/configs/augment_views_*.py")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
 
 
 def _settings(config):
@@ -120,13 +115,5 @@ def run(config, workdir: str) -> list[dict]:
   return rows
 
 
-def main(argv):
-  del argv
-  if _CONFIG.value is None or not _WORKDIR.value:
-    raise app.UsageError(
-        "pass --config=experiments/configs/augment_views_digits.py --workdir=DIR")
-  run(_CONFIG.value, _WORKDIR.value)
-
-
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(run, usage="pass --config=experiments/configs/augment_views_digits.py --workdir=DIR")

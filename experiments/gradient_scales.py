@@ -20,6 +20,7 @@ import tqdm
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402
 
+from experiments import cli  # noqa: E402
 from tfcl_jax import analysis, mappings  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "gradient_scales_paper.py")
@@ -172,26 +173,15 @@ def _write_markdown(path, summary, config) -> None:
     f.write("\n".join(lines) + "\n")
 
 
-def main() -> None:
-  from absl import app, flags
-  from ml_collections import config_flags
-
-  config = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Figure configuration.")
-  workdir = flags.DEFINE_string("workdir", None, "Output directory (PNGs, CSV, results.md).")
-  flags.DEFINE_alias("out", "workdir")
-  flags.mark_flags_as_required(["workdir"])
-
-  def _main(argv):
-    del argv
-    result = run(config.value, workdir.value)
-    print(f"Wrote {len(result['pngs'])} figures and {result['rows']} CSV rows to "
-          f"{os.path.abspath(workdir.value)}:")
-    for name in result["pngs"] + ["gradient_scales.csv", "results.csv", "results.md"]:
-      print("  " + os.path.join(os.path.abspath(workdir.value), os.path.basename(name)))
-    print(f"max |closed form - autodiff| = {result['max_abs_diff']:.3e}")
-
-  app.run(_main)
+def _run_and_report(config, workdir: str) -> None:
+  result = run(config, workdir)
+  print(f"Wrote {len(result['pngs'])} figures and {result['rows']} CSV rows to "
+        f"{os.path.abspath(workdir)}:")
+  for name in result["pngs"] + ["gradient_scales.csv", "results.csv", "results.md"]:
+    print("  " + os.path.join(os.path.abspath(workdir), os.path.basename(name)))
+  print(f"max |closed form - autodiff| = {result['max_abs_diff']:.3e}")
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_main(_run_and_report, default_config=_DEFAULT_CONFIG, workdir_aliases=("out",),
+               usage="pass --out DIR (or --workdir DIR)")

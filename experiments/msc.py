@@ -18,17 +18,14 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm.auto as tqdm
-from absl import app, flags, logging
-from ml_collections import config_flags
 
-from experiments import msc_report
+from experiments import cli, msc_report
 from experiments import simclr as simclr_experiment
 from tfcl_jax import augment, data, mappings, models
 from tfcl_jax.anomaly import msc, scores, weights
@@ -337,25 +334,6 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
   return results
 
 
-# experiments.simclr (imported for the pretraining) defines the same two flags at import time.
-if "config" not in flags.FLAGS:
-  config_flags.DEFINE_config_file("config", None, "experiments/configs/msc_*.py")
-if "workdir" not in flags.FLAGS:
-  flags.DEFINE_string("workdir", None, "output directory")
-
-
-def main(argv):
-  del argv
-  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-  if config is None or not workdir:
-    raise app.UsageError("pass --config=experiments/configs/msc_digits.py --workdir=DIR")
-  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  try:
-    run_experiment(config, workdir)
-  except ConfigError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(run_experiment, user_errors=(ConfigError,),
+               usage="pass --config=experiments/configs/msc_digits.py --workdir=DIR")

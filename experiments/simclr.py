@@ -15,17 +15,14 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm.auto as tqdm
-from absl import app, flags, logging
-from ml_collections import config_flags
 
-from experiments import simclr_report
+from experiments import cli, simclr_report
 from tfcl_jax import augment, data, mappings, models
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
@@ -251,21 +248,6 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
   return results
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/simclr_*.py")
-_WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
-
-
-def main(argv):
-  del argv
-  if _CONFIG.value is None or not _WORKDIR.value:
-    raise app.UsageError("pass --config=experiments/configs/simclr_digits.py --workdir=DIR")
-  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  try:
-    run_experiment(_CONFIG.value, _WORKDIR.value)
-  except ConfigError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(run_experiment, user_errors=(ConfigError,),
+               usage="pass --config=experiments/configs/simclr_digits.py --workdir=DIR")

@@ -12,9 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 import jax
-from absl import app, flags
-from ml_collections import config_flags
 
+from experiments import cli
 from tfcl_jax import langevin
 
 Row = dict
@@ -81,16 +80,8 @@ def command_line() -> str:
 
 def main_for(run: Callable, default_config: str) -> None:
   """Runs `run(config, workdir)` from `--config=FILE --workdir=DIR [--config.field=value]`."""
-  config = config_flags.DEFINE_config_file("config", default_config, "Study configuration file.")
-  workdir = flags.DEFINE_string("workdir", None, "Directory for results.csv, results.md, *.png.")
-  flags.mark_flags_as_required(["workdir"])
-
-  def main(argv):
-    if len(argv) > 1:
-      raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    run(config.value, workdir.value)
-
-  app.run(main)
+  cli.run_main(run, default_config=default_config, quiet_logs=False,
+               usage="pass --workdir=DIR [--config=FILE]")
 
 
 def sphere_step(loss_fn: Callable, views, params, *, lr: float, t_lr: float, scale: float = 1.0,
