@@ -35,15 +35,20 @@ def _ring_permutation(size: int):
 def _ring_lse(fn, axis_name, block_rows, block_cols, anchors, anchor_ids, columns, params, step,
               consts):
   pure = blockwise.PureMapping(fn, params, step, consts)
-  size = jax.lax.axis_size(axis_name)
-  permutation = _ring_permutation(size)
-  stats = blockwise.init_stats(anchors)
-  for hop in range(size):
-    # Send the block on before using it, so the transfer can overlap the compute.
-    following = jax.lax.ppermute(columns, axis_name, permutation) if hop < size - 1 else None
+  permutation = _ring_permutation(jax.lax.axis_size(axis_name))
+
+  def hop(_, carry):
+    columns, stats = carry
+    # Send the block on before using it, so the transfer can overlap the compute. (The
+    # last hop's send is not needed; a loop of identical hops keeps the program small.)
+    following = jax.lax.ppermute(columns, axis_name, permutation)
     stats = blockwise.accumulate_stats(pure, anchors, anchor_ids, columns, stats,
                                        block_rows=block_rows, block_cols=block_cols)
-    columns = following
+    return following, stats
+
+  stats = blockwise.init_stats(anchors)
+  columns = blockwise.match_varying(columns, anchors)
+  _, stats = jax.lax.fori_loop(0, jax.lax.axis_size(axis_name), hop, (columns, stats))
   return blockwise.finish_logsumexp(stats)
 
 
@@ -57,20 +62,22 @@ def _ring_lse_fwd(fn, axis_name, block_rows, block_cols, anchors, anchor_ids, co
 def _ring_lse_bwd(fn, axis_name, block_rows, block_cols, residuals, g):
   anchors, anchor_ids, columns, params, step, consts, lse = residuals
   pure = blockwise.PureMapping(fn, params, step, consts)
-  size = jax.lax.axis_size(axis_name)
-  permutation = _ring_permutation(size)
-  danchors = jnp.zeros_like(anchors)
-  grads = blockwise.zero_grads(pure, anchors, columns)
-  for hop in range(size):
-    following = jax.lax.ppermute(columns, axis_name, permutation) if hop < size - 1 else None
-    da, grads = blockwise.accumulate_grads(pure, anchors, anchor_ids, lse, g, columns, grads,
-                                           block_rows=block_rows, block_cols=block_cols)
-    danchors = danchors + da
-    columns = following
-    # The column gradient travels with its block; after `size` hops it is back home.
-    dcolumns, dparams, dconsts = grads
-    grads = (jax.lax.ppermute(dcolumns, axis_name, permutation), dparams, dconsts)
-  dcolumns, dparams, dconsts = grads
+  permutation = _ring_permutation(jax.lax.axis_size(axis_name))
+
+  def hop(_, carry):
+    columns, danchors, grads = carry
+    following = jax.lax.ppermute(columns, axis_name, permutation)
+    da, (dcolumns, dparams, dconsts) = blockwise.accumulate_grads(
+        pure, anchors, anchor_ids, lse, g, columns, grads, block_rows=block_rows,
+        block_cols=block_cols)
+    # The column gradient travels with its block; after a full round it is back home.
+    dcolumns = jax.lax.ppermute(dcolumns, axis_name, permutation)
+    return following, danchors + da, (dcolumns, dparams, dconsts)
+
+  carry = (blockwise.match_varying(columns, anchors), jnp.zeros_like(anchors),
+           blockwise.zero_grads(pure, anchors, columns))
+  _, danchors, (dcolumns, dparams, dconsts) = jax.lax.fori_loop(
+      0, jax.lax.axis_size(axis_name), hop, carry)
   return (danchors, None, blockwise.Candidates(dcolumns, None, None), dparams, None, dconsts)
 
 
