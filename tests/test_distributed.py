@@ -103,3 +103,21 @@ def test_bad_strategy_and_block_size_raise():
     distributed.info_nce_on_mesh(z, z, mesh=_mesh(), strategy="tree")
   with pytest.raises(ValueError, match="block_size"):
     distributed.info_nce_on_mesh(z, z, mesh=_mesh(), block_size=0)
+
+
+def test_gradient_taken_inside_shard_map_is_the_global_gradient():
+  # A data-parallel train step differentiates per device; the psum'd loss's gradient must
+  # still be each device's slice of the single-device gradient.
+  z1, z2, _ = _views()
+  batch = PartitionSpec("data")
+
+  def local_step(a, b):
+    loss = lambda a, b: distributed.sharded_info_nce(a, b, negatives="all", strategy="ring",
+                                                     block_size=3)
+    return jax.value_and_grad(loss, argnums=(0, 1))(a, b)
+
+  step = jax.jit(jax.shard_map(local_step, mesh=_mesh(), in_specs=(batch, batch),
+                               out_specs=(PartitionSpec(), (batch, batch))))
+  expected = jax.value_and_grad(lambda a, b: losses.info_nce(a, b, negatives="all"),
+                                argnums=(0, 1))(z1, z2)
+  chex.assert_trees_all_close(step(z1, z2), expected, atol=1e-5, rtol=1e-5)
