@@ -105,19 +105,25 @@ def dense_bytes(*, n, d, dtype, negatives, mapping="tau") -> int:
 
 
 def time_group(entries, *, reps, **config):
-  """Best-of-`reps` seconds per (method, mapping), round robin in this process."""
+  """Best-of-`reps` wall and CPU seconds per (method, mapping), round robin in this process.
+
+  CPU seconds (all threads of this process) measure the work done; on a shared machine
+  they are much less noisy than wall time, which counts the time other processes ran.
+  """
   runs = {}
   for method, mapping in entries:
     run = build(method, mapping=mapping, **config)
     run()  # compile and warm up
     runs[method, mapping] = run
-  best = dict.fromkeys(runs, float("inf"))
+  wall = dict.fromkeys(runs, float("inf"))
+  cpu = dict.fromkeys(runs, float("inf"))
   for _ in range(reps):
     for key, run in runs.items():
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       run()
-      best[key] = min(best[key], time.perf_counter() - start)
-  return best
+      wall[key] = min(wall[key], time.perf_counter() - start)
+      cpu[key] = min(cpu[key], time.process_time() - start_cpu)
+  return wall, cpu
 
 
 def measure_memory(method, mapping, **config) -> dict:
@@ -135,19 +141,24 @@ def _worker(job: dict) -> dict:
   method, mapping = job.pop("method"), job.pop("mapping")
   before = _peak_rss_bytes()
   run = build(method, mapping=mapping, **job)
-  start = time.perf_counter()
+  start, start_cpu = time.perf_counter(), time.process_time()
   run()
-  first = time.perf_counter() - start
-  seconds = first  # a long first call: compile time is noise, do not run it twice
+  first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+  seconds, cpu = first, first_cpu  # a long first call: compile time is noise, run it once
   if first < 60:
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     run()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
   return {"baseline_rss": before, "peak_rss": _peak_rss_bytes(), "first_call_s": first,
-          "seconds": seconds}
+          "seconds": seconds, "cpu_seconds": cpu}
 
 
-def _entries(n, d, dtype, mapping_names, negatives, has_torch, dense_fits):
+def _entries(n, d, dtype, mapping_names, negatives, has_torch, dense_fits, methods):
+  entries = _all_entries(n, d, dtype, mapping_names, negatives, has_torch, dense_fits)
+  return [entry for entry in entries if methods is None or entry[0] in methods]
+
+
+def _all_entries(n, d, dtype, mapping_names, negatives, has_torch, dense_fits):
   entries = [("blockwise", m) for m in mapping_names] + [("floor", "-")]
   if dense_fits:
     entries += [("dense", m) for m in mapping_names]
@@ -158,11 +169,15 @@ def _entries(n, d, dtype, mapping_names, negatives, has_torch, dense_fits):
   return entries
 
 
+def _gib(value):
+  return "" if value is None or not np.isfinite(value) else f"{value:.2f}"
+
+
 def _ratio(a, b):
   return f"{a / b:.2f}" if a and b and np.isfinite(a) and np.isfinite(b) else ""
 
 
-def run_grid(grid, *, negatives, block_size, reps, memory, workdir):
+def run_grid(grid, *, negatives, block_size, reps, memory, workdir, methods=None):
   from benchmarks import torch_ntxent
   has_torch = torch_ntxent.available()
   rows = []
@@ -170,12 +185,12 @@ def run_grid(grid, *, negatives, block_size, reps, memory, workdir):
     config = dict(n=n, d=d, dtype=dtype, negatives=negatives, block_size=block_size)
     need = dense_bytes(n=n, d=d, dtype=dtype, negatives=negatives)
     entries = _entries(n, d, dtype, grid["mapping"], negatives, has_torch,
-                       need <= DENSE_BUDGET_BYTES)
-    seconds = time_group(entries, reps=reps, **config)
+                       need <= DENSE_BUDGET_BYTES, methods)
+    wall, cpu = time_group(entries, reps=reps, **config)
     for method, mapping in entries:
       row = dict(n=n, d=d, dtype=dtype, negatives=negatives, block_size=block_size,
-                 method=method, mapping=mapping, seconds=seconds[method, mapping],
-                 dense_need_gib=need / 2**30)
+                 method=method, mapping=mapping, seconds=wall[method, mapping],
+                 cpu_seconds=cpu[method, mapping], dense_need_gib=need / 2**30)
       if memory:
         stats = measure_memory(method, mapping, **config)
         row["peak_rss_gib"] = stats.get("peak_rss", float("nan")) / 2**30
@@ -186,10 +201,30 @@ def run_grid(grid, *, negatives, block_size, reps, memory, workdir):
 
 
 def _report(rows, mapping_names, workdir):
-  by_key = {(r["n"], r["d"], r["dtype"], r["method"], r["mapping"]): r["seconds"] for r in rows}
-  lines = ["| N | D | dtype | mapping | blockwise s | dense s | blockwise/dense | "
+  tables = [_table(rows, mapping_names, clock) for clock in ("cpu_seconds", "seconds")]
+  text = "\n\n".join(tables)
+  print(text)
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "results.md"), "w") as out:
+      out.write(text + "\n")
+    with open(os.path.join(workdir, "results.csv"), "w", newline="") as out:
+      fields = sorted({key for row in rows for key in row})
+      writer = csv.DictWriter(out, fieldnames=fields)
+      writer.writeheader()
+      writer.writerows(rows)
+
+
+def _table(rows, mapping_names, clock):
+  by_key = {(r["n"], r["d"], r["dtype"], r["method"], r["mapping"]): r[clock] for r in rows}
+  peak = {(r["n"], r["d"], r["dtype"], r["method"], r["mapping"]): r.get("peak_rss_gib")
+          for r in rows}
+  title = "CPU seconds (all threads)" if clock == "cpu_seconds" else "wall seconds"
+  lines = [f"Loss + gradient, best of the repetitions, {title}; ratios are ours / baseline.", "",
+           "| N | D | dtype | mapping | blockwise s | dense s | blockwise/dense | "
            "blockwise/floor | blockwise/torch | blockwise/optax | free/tau (blockwise) | "
-           "dense would need GiB |", "|" + "---|" * 12]
+           "dense would need GiB | blockwise peak RSS GiB | dense peak RSS GiB |",
+           "|" + "---|" * 14]
   for n, d, dtype in sorted({(r["n"], r["d"], r["dtype"]) for r in rows}):
     need = next(r["dense_need_gib"] for r in rows if (r["n"], r["d"], r["dtype"]) == (n, d, dtype))
     for mapping in mapping_names:
@@ -205,18 +240,9 @@ def _report(rows, mapping_names, workdir):
           f"| {n} | {d} | {dtype} | {mapping} | {ours:.3f} | "
           f"{'' if dense is None else f'{dense:.3f}'} | {_ratio(ours, dense)} | "
           f"{_ratio(ours, floor)} | {_ratio(ours, torch)} | {_ratio(ours, optax)} | "
-          f"{free_over_tau} | {need:.1f} |")
-  table = "\n".join(lines)
-  print(table)
-  if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "results.md"), "w") as out:
-      out.write(table + "\n")
-    with open(os.path.join(workdir, "results.csv"), "w", newline="") as out:
-      fields = sorted({key for row in rows for key in row})
-      writer = csv.DictWriter(out, fieldnames=fields)
-      writer.writeheader()
-      writer.writerows(rows)
+          f"{free_over_tau} | {need:.1f} | {_gib(peak.get((n, d, dtype, 'blockwise', mapping)))} | "
+          f"{_gib(peak.get((n, d, dtype, 'dense', mapping)))} |")
+  return "\n".join(lines)
 
 
 def largest(*, n, d, negatives, block_size):
@@ -229,7 +255,8 @@ def largest(*, n, d, negatives, block_size):
   if "peak_rss" in stats:
     print(f"blockwise loss+grad: peak RSS {stats['peak_rss'] / 2**30:.2f} GiB "
           f"(process before building: {stats['baseline_rss'] / 2**30:.2f} GiB), "
-          f"{stats['seconds']:.0f} s per call ({stats['first_call_s']:.0f} s with compile); "
+          f"{stats['seconds']:.0f} s wall, {stats['cpu_seconds']:.0f} CPU s per call "
+          f"({stats['first_call_s']:.0f} s wall with compile); "
           f"dense would need {need / 2**30:.0f} GiB ({need / stats['peak_rss']:.0f}x)")
 
 
@@ -244,6 +271,8 @@ def main(argv=None):
   parser.add_argument("--block_size", type=int, default=512)
   parser.add_argument("--reps", type=int, default=3)
   parser.add_argument("--no_memory", action="store_true", help="skip the per-method RSS runs")
+  parser.add_argument("--methods", default=None,
+                      help="comma-separated subset of blockwise,dense,floor,optax,torch")
   parser.add_argument("--workdir", default=None, help="write results.csv / results.md here")
   parser.add_argument("--n", type=int, default=2**17, help="pairs for --largest")
   parser.add_argument("--d", type=int, default=256, help="dimension for --largest")
@@ -256,7 +285,8 @@ def main(argv=None):
     return
   grid = GRIDS["full" if args.full else "quick"]
   run_grid(grid, negatives=args.negatives, block_size=args.block_size, reps=args.reps,
-           memory=not args.no_memory, workdir=args.workdir)
+           memory=not args.no_memory, workdir=args.workdir,
+           methods=None if args.methods is None else set(args.methods.split(",")))
 
 
 if __name__ == "__main__":
