@@ -3,14 +3,9 @@
 Kim & Kim, "Temperature-Free Loss Function for Contrastive Learning" (arXiv 2501.17683).
 """
 
-from tfcl_jax import losses
-from tfcl_jax import mappings
-from tfcl_jax import schedules
-from tfcl_jax.losses import info_nce
-from tfcl_jax.losses import supervised_info_nce
-from tfcl_jax.mappings import from_spec
-from tfcl_jax.mappings import temperature
-from tfcl_jax.mappings import temperature_free
+from tfcl_jax import losses, mappings, schedules
+from tfcl_jax.losses import info_nce, supervised_info_nce
+from tfcl_jax.mappings import from_spec, temperature, temperature_free
 
 __version__ = "0.1.0"
 

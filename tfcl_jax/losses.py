@@ -6,7 +6,7 @@ Every loss takes `mapping=`: `temperature(tau)` gives the usual NT-Xent,
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +16,21 @@ from tfcl_jax import blockwise as blockwise_lib
 from tfcl_jax import mappings as mappings_lib
 
 # Squared-norm floor of the L2 normalisation: a zero vector maps to zero
-# (cosine 0 with everything) with finite gradients instead of 0/0.
+# (cosine 0 with everything) with finite gradients (at most 1/sqrt(floor)) instead of 0/0.
 _NORM_EPS = 1e-12
 
 
-def l2_normalize(z: jax.typing.ArrayLike, *, axis: int = -1) -> jax.Array:
-  r"""`z / max(||z||, 1e-6)` along `axis`: finite values and gradients at z = 0.
+def norm_floor(dtype) -> float:
+  """Squared-norm floor for inputs of `dtype`: 1e-12, or float16's smallest normal (6e-5).
+
+  The gradient at a zero vector is `1/sqrt(floor)`: 1e6, or 128 for float16, whose
+  largest finite value is 65504.
+  """
+  return max(_NORM_EPS, float(jnp.finfo(dtype).tiny))
+
+
+def l2_normalize(z: jax.typing.ArrayLike, *, axis: int = -1, eps: float = _NORM_EPS) -> jax.Array:
+  r"""`z / sqrt(max(||z||^2, eps))` along `axis`: finite values and gradients at z = 0.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -31,11 +40,11 @@ def l2_normalize(z: jax.typing.ArrayLike, *, axis: int = -1) -> jax.Array:
   """
   z = jnp.asarray(z)
   squared_norm = jnp.sum(z * z, axis=axis, keepdims=True)
-  return z * jax.lax.rsqrt(jnp.maximum(squared_norm, _NORM_EPS))
+  return z * jax.lax.rsqrt(jnp.maximum(squared_norm, eps))
 
 
 def _masked_logsumexp(logits: jax.Array, mask: jax.Array) -> jax.Array:
-  """Row-wise `log sum_{j: mask} exp(logits)`; `-inf` (with zero, not NaN, gradient) for empty rows."""
+  """Row-wise `log sum_{j: mask} exp(logits)`; `-inf` (zero, not NaN, gradient) for empty rows."""
   masked = jnp.where(mask, logits, -jnp.inf)
   row_max = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
@@ -45,9 +54,15 @@ def _masked_logsumexp(logits: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def _row_losses(logits: jax.Array, positive: jax.Array, candidates: jax.Array) -> jax.Array:
-  """`logsumexp_{j in candidates} logits[i, j] - logits[i, positive[i]]` per row."""
+  """`logsumexp_{j in candidates} logits[i, j] - logits[i, positive[i]]` per row.
+
+  Computed as `softplus(logsumexp_{negatives} - positive)`: `lse - positive` cancels to 0 in
+  float32 once the loss drops below ~1e-7, exactly where Eq. 12 says L -> 0 matters.
+  """
+  columns = jnp.arange(logits.shape[1])
+  negatives = candidates & (columns[None, :] != positive[:, None])
   positive_logit = jnp.take_along_axis(logits, positive[:, None], axis=-1)[:, 0]
-  return _masked_logsumexp(logits, candidates) - positive_logit
+  return jax.nn.softplus(_masked_logsumexp(logits, negatives) - positive_logit)
 
 
 def _reduce(per_row: jax.Array, valid: jax.Array | None, reduction: str) -> jax.Array:
@@ -157,8 +172,8 @@ def info_nce(
   block_size = blockwise_lib.check_block_size(block_size)
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1 = l2_normalize(z1.astype(dtype))
-  u2 = l2_normalize(z2.astype(dtype))
+  u1 = l2_normalize(z1.astype(dtype), eps=norm_floor(z1.dtype))
+  u2 = l2_normalize(z2.astype(dtype), eps=norm_floor(z2.dtype))
 
   if block_size is not None:
     per_row, anchors = blockwise_lib.info_nce_rows(
@@ -167,7 +182,7 @@ def info_nce(
   if negatives == "cross":
     logits = mapping(u1 @ u2.T)
     positive = jnp.arange(n)
-    candidates = jnp.ones((n, n), bool) if valid is None else jnp.broadcast_to(valid[None, :], (n, n))
+    candidates = jnp.broadcast_to(True if valid is None else valid[None, :], (n, n))
     anchors = valid
   else:
     u = jnp.concatenate([u1, u2], axis=0)
@@ -193,7 +208,8 @@ def supervised_info_nce(
 
   For every ordered positive pair `(i, p)`, `p != i`, `labels[p] == labels[i]`:
 
-  .. math:: L_{ip} = -\log \frac{\exp(f(c_{ip}))}{\exp(f(c_{ip})) + \sum_{k: y_k \ne y_i} \exp(f(c_{ik}))}
+  .. math:: L_{ip} = -\log \frac{\exp(f(c_{ip}))}
+            {\exp(f(c_{ip})) + \sum_{k: y_k \ne y_i} \exp(f(c_{ik}))}
 
   averaged over all positive pairs; other positives are not in the
   denominator. With `mapping=temperature(tau)` this equals
@@ -229,7 +245,7 @@ def supervised_info_nce(
   if _checks.is_concrete(labels) and not bool(jnp.any(positives)):
     raise ValueError("labels must contain at least one positive pair (two equal labels).")
 
-  u = l2_normalize(z.astype(_checks.compute_dtype(z.dtype)))
+  u = l2_normalize(z.astype(_checks.compute_dtype(z.dtype)), eps=norm_floor(z.dtype))
   logits = mapping(u @ u.T)
   negative_lse = _masked_logsumexp(logits, ~same)[:, None]
   # -log(e^a / (e^a + e^b)) = softplus(b - a); b = -inf (no negatives) gives 0.

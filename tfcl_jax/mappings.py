@@ -9,14 +9,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable, Mapping as MappingType
+from collections.abc import Callable
+from collections.abc import Mapping as MappingType
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import _checks
-from tfcl_jax import schedules
+from tfcl_jax import _checks, schedules
 
 LogitFn = Callable[[jax.Array, MappingType[str, jax.Array], jax.Array], jax.Array]
 
@@ -101,7 +102,8 @@ def max_free_logit(dtype) -> float:
     15.25
   """
   dtype = np.dtype(dtype)
-  margin = _FREE_MARGIN_ULPS * float(np.finfo(np.float64 if dtype.itemsize > 4 else np.float32).epsneg)
+  compute = np.float64 if dtype.itemsize > 4 else np.float32
+  margin = _FREE_MARGIN_ULPS * float(np.finfo(compute).epsneg)
   return math.log((2.0 - margin) / margin)
 
 
@@ -176,7 +178,7 @@ def learnable_temperature(t: jax.typing.ArrayLike) -> Mapping:
     return jnp.exp(jnp.asarray(params["t"], cos.dtype)) * cos
 
   spec = f"learnable={_format(math.exp(-float(t)))}" if _checks.is_concrete(t) else "learnable"
-  return Mapping(spec, fn, params={"t": jnp.asarray(t, jnp.float32) if _checks.is_concrete(t) else t})
+  return Mapping(spec, fn, params={"t": jnp.asarray(t, float) if _checks.is_concrete(t) else t})
 
 
 def dynamic_tau(cos: jax.typing.ArrayLike, *, tau_min: float, tau_max: float) -> jax.Array:
@@ -233,7 +235,8 @@ def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") 
 
   Examples:
     >>> from tfcl_jax import mappings, schedules
-    >>> mapping = mappings.annealed_temperature(schedules.linear(tau_start=1.0, tau_end=0.5, steps=10))
+    >>> schedule = schedules.linear(tau_start=1.0, tau_end=0.5, steps=10)
+    >>> mapping = mappings.annealed_temperature(schedule)
     >>> mapping(0.5, step=10).item()
     1.0
   """
@@ -286,7 +289,8 @@ def from_spec(text: str) -> Mapping:
     return _parse(spec)
   except ValueError as error:
     forms = "\n  ".join(SPEC_FORMS)
-    raise ValueError(f"Invalid mapping spec {text!r}: {error}\nAccepted forms:\n  {forms}") from None
+    message = f"Invalid mapping spec {text!r}: {error}\nAccepted forms:\n  {forms}"
+    raise ValueError(message) from None
 
 
 def _parse(spec: str) -> Mapping:
@@ -303,7 +307,8 @@ def _parse(spec: str) -> Mapping:
     return dynamic_temperature(float(match[1]), float(match[2]))
   if match := re.fullmatch(rf"anneal=log:{_NUMBER}", spec):
     tau0 = float(match[1])
-    return annealed_temperature(schedules.logarithmic(tau0=tau0), spec=f"anneal=log:{_format(tau0)}")
+    schedule = schedules.logarithmic(tau0=tau0)
+    return annealed_temperature(schedule, spec=f"anneal=log:{_format(tau0)}")
   if match := re.fullmatch(rf"anneal=(linear|exp|cosine):{_NUMBER}:{_NUMBER}:([0-9]+)", spec):
     kind, start, end, steps = match[1], float(match[2]), float(match[3]), int(match[4])
     schedule = schedules.SCHEDULES[kind](tau_start=start, tau_end=end, steps=steps)

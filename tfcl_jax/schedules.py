@@ -6,7 +6,7 @@ Use them inside `jit` as `mappings.temperature(schedule(step))`, or through
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

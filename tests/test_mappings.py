@@ -1,0 +1,203 @@
+"""Mappings and schedules against NumPy formulas, edge cases in every float dtype, spec parsing."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from tfcl_jax import mappings, schedules
+
+DTYPES = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+class TemperatureTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_divides_by_tau(self):
+    cos = np.linspace(-1.0, 1.0, 11, dtype=np.float32)
+    out = self.variant(lambda c: mappings.temperature(0.25)(c))(cos)
+    np.testing.assert_allclose(out, cos / 0.25, rtol=1e-6)
+
+  @parameterized.parameters(0.0, -0.1, float("nan"), float("inf"))
+  def test_bad_tau_raises(self, tau):
+    with pytest.raises(ValueError, match="tau"):
+      mappings.temperature(tau)
+
+  def test_bool_tau_raises(self):
+    with pytest.raises(TypeError, match="tau"):
+      mappings.temperature(True)
+
+  def test_traced_tau_gets_gradient(self):
+    # d(c / tau)/d tau = -c / tau^2
+    grad = jax.jit(jax.grad(lambda tau: mappings.temperature(tau)(0.5)))(0.25)
+    np.testing.assert_allclose(grad, -0.5 / 0.25**2, rtol=1e-6)
+
+
+class TemperatureFreeTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_equals_twice_artanh_float64(self):
+    with jax.enable_x64(True):
+      cos = np.linspace(-0.999999, 0.999999, 2001)
+      out = self.variant(mappings.temperature_free())(cos)
+      assert out.dtype == jnp.float64
+      np.testing.assert_allclose(out, 2 * np.arctanh(cos), rtol=1e-12, atol=1e-14)
+      np.testing.assert_allclose(out, np.log((1 + cos) / (1 - cos)), rtol=1e-9, atol=1e-12)
+
+  def test_gradient_is_two_over_one_minus_c_squared(self):
+    with jax.enable_x64(True):
+      cos = np.linspace(-0.99, 0.99, 199)
+      grad = jax.vmap(jax.grad(lambda c: mappings.temperature_free()(c)))(cos)
+      np.testing.assert_allclose(grad, 2 / (1 - cos**2), rtol=1e-12)
+
+  @parameterized.parameters(*DTYPES)
+  def test_finite_values_and_gradients_on_closed_interval(self, dtype):
+    with jax.enable_x64(True):
+      cos = jnp.array([-1.0, -0.999, -0.5, 0.0, 0.5, 0.999, 1.0], dtype)
+      free = mappings.temperature_free()
+      chex.assert_tree_all_finite(free(cos))
+      chex.assert_tree_all_finite(jax.vmap(jax.grad(lambda c: free(c).astype(jnp.float32)))(cos))
+
+  @parameterized.parameters(*DTYPES)
+  def test_saturates_at_documented_bound_not_at_clamp_0_9999(self, dtype):
+    with jax.enable_x64(True):
+      free = mappings.temperature_free()
+      top = float(free(jnp.asarray(1.0, dtype)))
+      bottom = float(free(jnp.asarray(-1.0, dtype)))
+      assert top == pytest.approx(mappings.max_free_logit(dtype), rel=1e-6)
+      assert bottom == -top
+      # A 0.9999 clamp caps logits at log(1.9999 / 0.0001) = 9.9: the tau = 0.1 bound.
+      assert top > math.log(1.9999 / 0.0001) + 5
+
+  def test_documented_bounds(self):
+    assert mappings.max_free_logit("float64") == pytest.approx(35.35, abs=0.01)
+    assert mappings.max_free_logit("float32") == pytest.approx(15.25, abs=0.01)
+    assert mappings.max_free_logit("bfloat16") == mappings.max_free_logit("float32")
+
+  def test_odd_and_monotone(self):
+    half = np.linspace(0.0, 1.0, 2001, dtype=np.float32)
+    cos = np.concatenate([-half[::-1], half[1:]])
+    out = np.asarray(mappings.temperature_free()(cos))
+    np.testing.assert_allclose(out, -out[::-1], atol=1e-6)
+    assert np.all(np.diff(out) > 0)
+
+  def test_rejects_integer_input(self):
+    with pytest.raises(TypeError, match="cos"):
+      mappings.temperature_free()(jnp.array([0, 1]))
+
+
+class LearnableTemperatureTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_value_and_gradient_in_t(self):
+    # Eq. 8: logits = exp(t) cos, so d logits / dt = exp(t) cos.
+    def logit(t, c):
+      return mappings.learnable_temperature(t)(c)
+
+    t, c = 1.3, 0.4
+    np.testing.assert_allclose(self.variant(logit)(t, c), math.exp(t) * c, rtol=1e-6)
+    np.testing.assert_allclose(self.variant(jax.grad(logit))(t, c), math.exp(t) * c, rtol=1e-6)
+
+  def test_params_override(self):
+    mapping = mappings.learnable_temperature(0.0)
+    assert float(mapping(0.5, params={"t": jnp.log(4.0)})) == pytest.approx(2.0)
+    assert set(mapping.params) == {"t"} and mapping.learnable
+
+  def test_bad_t(self):
+    with pytest.raises(ValueError, match="t must"):
+      mappings.learnable_temperature(float("nan"))
+
+
+class DynamicTemperatureTest(chex.TestCase):
+
+  def test_tau_formula_and_stop_gradient(self):
+    with jax.enable_x64(True):
+      s = np.linspace(-1, 1, 101)
+      tau = 0.1 + 0.5 * (0.3 - 0.1) * (1 + np.cos(np.pi * (1 + s)))
+      mapping = mappings.dynamic_temperature(0.1, 0.3)
+      np.testing.assert_allclose(mapping(s), s / tau, rtol=1e-12)
+      # tau(s) is detached, so the gradient of s / tau(s) is 1 / tau(s).
+      grad = jax.vmap(jax.grad(lambda x: mapping(x)))(s)
+      np.testing.assert_allclose(grad, 1 / tau, rtol=1e-12)
+
+  def test_bad_range(self):
+    with pytest.raises(ValueError, match="tau_max"):
+      mappings.dynamic_temperature(0.3, 0.1)
+    with pytest.raises(ValueError, match="tau_min"):
+      mappings.dynamic_temperature(0.0, 0.1)
+
+
+class ScheduleTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_against_numpy(self):
+    steps = np.array([0, 1, 10, 50, 100, 200])
+    frac = np.minimum(steps / 100, 1.0)
+    expected = {
+        "log": np.maximum(0.5 / np.log(steps + 2.0), 1e-3),
+        "linear": 1.0 + (0.1 - 1.0) * frac,
+        "exp": 1.0 * (0.1 / 1.0) ** frac,
+        "cosine": 0.1 + 0.5 * (1.0 - 0.1) * (1 + np.cos(np.pi * frac)),
+    }
+    built = {
+        "log": schedules.logarithmic(tau0=0.5),
+        "linear": schedules.linear(tau_start=1.0, tau_end=0.1, steps=100),
+        "exp": schedules.exponential(tau_start=1.0, tau_end=0.1, steps=100),
+        "cosine": schedules.cosine(tau_start=1.0, tau_end=0.1, steps=100),
+    }
+    for name, schedule in built.items():
+      got = self.variant(jax.vmap(schedule))(steps)
+      np.testing.assert_allclose(got, expected[name], rtol=1e-5, err_msg=name)
+
+  def test_temperature_of_schedule_inside_jit(self):
+    schedule = schedules.linear(tau_start=1.0, tau_end=0.5, steps=10)
+    out = jax.jit(lambda step: mappings.temperature(schedule(step))(0.5))(10)
+    assert float(out) == pytest.approx(1.0)
+
+  def test_bad_arguments(self):
+    with pytest.raises(ValueError, match="steps"):
+      schedules.linear(tau_start=1.0, tau_end=0.1, steps=0)
+    with pytest.raises(ValueError, match="tau_end"):
+      schedules.cosine(tau_start=1.0, tau_end=-0.1, steps=10)
+    with pytest.raises(ValueError, match="tau0"):
+      schedules.logarithmic(tau0=0.0)
+
+
+class FromSpecTest(chex.TestCase):
+
+  @parameterized.parameters(
+      ("tau=0.25", 0.5, 2.0),
+      ("free", 0.5, math.log(3.0)),
+      ("learnable", 0.5, 0.5 / 0.07),
+      ("learnable=0.2", 0.5, 2.5),
+      ("dynamic=0.1:0.2", 0.0, 0.0),
+      ("anneal=log:0.5", 0.5, 0.5 * math.log(2.0) / 0.5),
+      ("anneal=linear:1:0.5:10", 0.5, 0.5),
+      ("anneal=exp:1:0.5:10", 0.5, 0.5),
+      ("anneal=cosine:1:0.5:10", 0.5, 0.5),
+  )
+  def test_forms(self, spec, cos, expected):
+    mapping = mappings.from_spec(spec)
+    assert float(mapping(cos)) == pytest.approx(expected, rel=1e-5)
+    assert mappings.from_spec(mapping.spec).spec == mapping.spec
+
+  def test_schedule_reads_step(self):
+    mapping = mappings.from_spec("anneal=linear:1:0.5:10")
+    assert mapping.scheduled
+    assert float(mapping(0.5, step=10)) == pytest.approx(1.0)
+
+  @parameterized.parameters(
+      "", "tau", "tau=", "tau=abc", "tau=0", "tau=-1", "temperature=0.1", "dynamic=0.1",
+      "dynamic=0.2:0.1", "anneal=foo:1", "anneal=linear:1:0.1", "learnable=0", "free=1")
+  def test_bad_specs_list_accepted_forms(self, spec):
+    with pytest.raises(ValueError, match="Accepted forms") as error:
+      mappings.from_spec(spec)
+    assert repr(spec) in str(error.value)
+
+  def test_non_string(self):
+    with pytest.raises(TypeError, match="spec"):
+      mappings.from_spec(0.1)
