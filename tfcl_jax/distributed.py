@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from tfcl_jax import _checks, blockwise, losses
+from tfcl_jax import _checks, blockwise, losses, tiles
 from tfcl_jax import mappings as mappings_lib
 
 STRATEGIES = ("all_gather", "ring")
@@ -32,9 +32,9 @@ def _ring_permutation(size: int):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _ring_lse(fn, axis_name, block_rows, block_cols, anchors, anchor_ids, columns, params, step,
+def _ring_lse(fn, axis_name, block_rows, block_cols, anchors, excluded_ids, columns, params, step,
               consts):
-  pure = blockwise.PureMapping(fn, params, step, consts)
+  pure = tiles.PureMapping(fn, params, step, consts)
   permutation = _ring_permutation(jax.lax.axis_size(axis_name))
 
   def hop(_, carry):
@@ -42,40 +42,40 @@ def _ring_lse(fn, axis_name, block_rows, block_cols, anchors, anchor_ids, column
     # Send the block on before using it, so the transfer can overlap the compute. (The
     # last hop's send is not needed; a loop of identical hops keeps the program small.)
     following = jax.lax.ppermute(columns, axis_name, permutation)
-    stats = blockwise.accumulate_stats(pure, anchors, anchor_ids, columns, stats,
+    stats = tiles.accumulate_stats(pure, anchors, excluded_ids, columns, stats,
                                        block_rows=block_rows, block_cols=block_cols)
     return following, stats
 
-  stats = blockwise.init_stats(anchors)
-  columns = blockwise.match_varying(columns, anchors)
+  stats = tiles.init_stats(anchors)
+  columns = tiles.match_varying(columns, anchors)
   _, stats = jax.lax.fori_loop(0, jax.lax.axis_size(axis_name), hop, (columns, stats))
-  return blockwise.finish_logsumexp(stats)
+  return tiles.finish_logsumexp(stats)
 
 
-def _ring_lse_fwd(fn, axis_name, block_rows, block_cols, anchors, anchor_ids, columns, params,
+def _ring_lse_fwd(fn, axis_name, block_rows, block_cols, anchors, excluded_ids, columns, params,
                   step, consts):
-  lse = _ring_lse(fn, axis_name, block_rows, block_cols, anchors, anchor_ids, columns, params,
+  lse = _ring_lse(fn, axis_name, block_rows, block_cols, anchors, excluded_ids, columns, params,
                   step, consts)
-  return lse, (anchors, anchor_ids, columns, params, step, consts, lse)
+  return lse, (anchors, excluded_ids, columns, params, step, consts, lse)
 
 
 def _ring_lse_bwd(fn, axis_name, block_rows, block_cols, residuals, g):
-  anchors, anchor_ids, columns, params, step, consts, lse = residuals
-  pure = blockwise.PureMapping(fn, params, step, consts)
+  anchors, excluded_ids, columns, params, step, consts, lse = residuals
+  pure = tiles.PureMapping(fn, params, step, consts)
   permutation = _ring_permutation(jax.lax.axis_size(axis_name))
 
   def hop(_, carry):
     columns, danchors, grads = carry
     following = jax.lax.ppermute(columns, axis_name, permutation)
-    da, (dcolumns, dparams, dconsts) = blockwise.accumulate_grads(
-        pure, anchors, anchor_ids, lse, g, columns, grads, block_rows=block_rows,
+    da, (dcolumns, dparams, dconsts) = tiles.accumulate_grads(
+        pure, anchors, excluded_ids, lse, g, columns, grads, block_rows=block_rows,
         block_cols=block_cols)
     # The column gradient travels with its block; after a full round it is back home.
     dcolumns = jax.lax.ppermute(dcolumns, axis_name, permutation)
     return following, danchors + da, (dcolumns, dparams, dconsts)
 
-  carry = (blockwise.match_varying(columns, anchors), jnp.zeros_like(anchors),
-           blockwise.zero_grads(pure, anchors, columns))
+  carry = (tiles.match_varying(columns, anchors), jnp.zeros_like(anchors),
+           tiles.zero_grads(pure, anchors, columns))
   _, danchors, (dcolumns, dparams, dconsts) = jax.lax.fori_loop(
       0, jax.lax.axis_size(axis_name), hop, carry)
   return (danchors, None, blockwise.Candidates(dcolumns, None, None), dparams, None, dconsts)
@@ -89,18 +89,17 @@ def _gathered_lse(rows: blockwise.Layout, mapping, axis_name, block_size):
       *(jax.lax.all_gather(x, axis_name, tiled=True) for x in rows.columns))
   if block_size is not None:
     return blockwise.logsumexp_of_mapped(
-        rows.anchors, columns, anchor_ids=rows.anchor_ids, mapping=mapping,
+        rows.anchors, columns, excluded_ids=rows.excluded_ids, mapping=mapping,
         block_size=block_size)
   logits = mapping(rows.anchors @ columns.vectors.T)
-  mask = columns.valid[None, :] & (rows.anchor_ids[:, None] != columns.ids[None, :])
-  return losses._masked_logsumexp(logits, mask)
+  return losses._masked_logsumexp(logits, tiles.candidate_mask(rows.excluded_ids, columns))
 
 
 def _ring_logsumexp(rows: blockwise.Layout, mapping, axis_name, block_size):
-  tile, anchors, anchor_ids, columns = blockwise.padded_blocks(
-      rows.anchors, rows.anchor_ids, rows.columns, block_size)
-  pure = blockwise.pure_mapping(mapping, tile_shape=tile, like=rows.anchors)
-  lse = _ring_lse(pure.fn, axis_name, *tile, anchors, anchor_ids, columns, pure.params,
+  tile, anchors, excluded_ids, columns = blockwise.padded_blocks(
+      rows.anchors, rows.excluded_ids, rows.columns, block_size)
+  pure = tiles.pure_mapping(mapping, tile_shape=tile, like=rows.anchors)
+  lse = _ring_lse(pure.fn, axis_name, *tile, anchors, excluded_ids, columns, pure.params,
                   pure.step, pure.consts)
   return lse[:rows.anchors.shape[0]]
 
@@ -177,8 +176,8 @@ def sharded_info_nce(
   valid = losses._check_where(where, n)
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1 = losses.l2_normalize(z1.astype(dtype))
-  u2 = losses.l2_normalize(z2.astype(dtype))
+  u1 = losses.l2_normalize(z1.astype(dtype), eps=losses.norm_floor(z1.dtype))
+  u2 = losses.l2_normalize(z2.astype(dtype), eps=losses.norm_floor(z2.dtype))
   rows_per_device = n if negatives == "cross" else 2 * n
   offset = jax.lax.axis_index(axis_name) * rows_per_device
   rows = blockwise.layout(u1, u2, negatives=negatives, valid=valid, offset=offset)
@@ -186,7 +185,9 @@ def sharded_info_nce(
     lse = _ring_logsumexp(rows, mapping, axis_name, block_size)
   else:
     lse = _gathered_lse(rows, mapping, axis_name, block_size)
-  per_row = lse - blockwise.positive_logits(mapping, rows.anchors, rows.positives)
+  # lse runs over the negatives only: softplus keeps small losses exact (as losses.info_nce).
+  positive = blockwise.positive_logits(mapping, rows.anchors, rows.positives)
+  per_row = jax.nn.softplus(lse - positive)
   if rows.anchor_valid is not None:
     per_row = jnp.where(rows.anchor_valid, per_row, 0.0)
   if reduction == "none":
