@@ -17,7 +17,8 @@ from tfcl_jax import blockwise, losses, mappings
 # gradient reaching a learnable parameter (`t`) and a closed-over traced value (`tau`).
 MAPPINGS = {
     "tau": lambda p: mappings.temperature(0.2),
-    "free": lambda p: mappings.temperature_free(),
+    "free": lambda p: mappings.temperature_free(),  # the kernels' Eq. 11 fast path
+    "free_generic": lambda p: (lambda cos: mappings.temperature_free()(cos)),  # via jax.vjp
     "learnable": lambda p: mappings.learnable_temperature(p),
     "traced_tau": lambda p: mappings.temperature(p),
     "dynamic": lambda p: mappings.dynamic_temperature(0.1, 0.3),
@@ -77,7 +78,8 @@ def test_both_negative_modes_and_masks_match_dense_float32():
 def test_matches_dense_float64():
   with jax.enable_x64(True):
     z1, z2, where = _views(9, 4, dtype=jnp.float64, seed=2)
-    names, cases = ["free", "learnable", "dynamic"], [("cross", True), ("all", False)]
+    names = ["free", "free_generic", "learnable", "dynamic"]
+    cases = [("cross", True), ("all", False)]
     dense = _loss_and_grads(names, cases, None)(z1, z2, 1.0, where)
     blocked = _loss_and_grads(names, cases, 4)(z1, z2, 1.0, where)
     assert blocked["free", "all", False][0].dtype == jnp.float64
