@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
+from tfcl_jax import blockwise as blockwise_lib
 from tfcl_jax import mappings as mappings_lib
 
 # Squared-norm floor of the L2 normalisation: a zero vector maps to zero
@@ -102,6 +103,7 @@ def info_nce(
     negatives: str = "cross",
     reduction: str = "mean",
     where: jax.typing.ArrayLike | None = None,
+    block_size: int | None = None,
 ) -> jax.Array:
   r"""InfoNCE of two views with a pluggable similarity-to-logit map (Eq. 1, 11).
 
@@ -121,7 +123,9 @@ def info_nce(
   Embeddings are L2-normalised inside (`l2_normalize`: a zero vector gives
   cosine 0 and finite gradients). Half-precision inputs are computed in float32
   and the result is float32. Cost: one `[N, D] x [D, N]` (cross) or
-  `[2N, D] x [D, 2N]` (all) matmul; memory O(N^2) for the logits.
+  `[2N, D] x [D, 2N]` (all) matmul; memory O(N^2) for the logits. With `block_size`,
+  the logits are computed tile by tile (`tfcl_jax.blockwise`): memory
+  O(N * block_size + N * D), the same loss and gradients, for every mapping.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -145,6 +149,7 @@ def info_nce(
     where: optional `[N]` bool mask of valid pairs (padded batches). Masked
       pairs are neither anchors nor candidates, so the loss equals the loss on
       the valid subset; their per-row losses are 0. With no valid pair the mean is 0.
+    block_size: `None` (dense logits) or an int > 0: tile side of the blockwise path.
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or `[N]` / `[2N]` per-row losses.
@@ -164,11 +169,16 @@ def info_nce(
   _checks.one_of(reduction, ("mean", "sum", "none"), name="reduction")
   mapping = _check_mapping(mappings_lib.temperature_free() if mapping is None else mapping)
   valid = _check_where(where, n)
+  block_size = blockwise_lib.check_block_size(block_size)
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   u1 = l2_normalize(z1.astype(dtype), eps=norm_floor(z1.dtype))
   u2 = l2_normalize(z2.astype(dtype), eps=norm_floor(z2.dtype))
 
+  if block_size is not None:
+    per_row, anchors = blockwise_lib.info_nce_rows(
+        u1, u2, mapping=mapping, negatives=negatives, valid=valid, block_size=block_size)
+    return _reduce(per_row, anchors, reduction)
   if negatives == "cross":
     logits = mapping(u1 @ u2.T)
     positive = jnp.arange(n)
