@@ -10,6 +10,9 @@ from tfcl_jax.mappings import from_spec, temperature, temperature_free
 __version__ = "0.1.0"
 
 __all__ = [
+    "analysis",
+    "blockwise",
+    "distributed",
     "from_spec",
     "info_nce",
     "losses",
