@@ -1,0 +1,152 @@
+"""Tables and plots of `experiments/simclr.py`: Table 2 (kNN top-1 mean +- std per mapping),
+the N-sensitivity table, training curves and geometry (alignment/uniformity) per mapping.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from tfcl_jax.training import loop  # noqa: E402
+
+COLUMNS = ("mapping", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss", "final_t",
+           "steps")
+
+
+def write_results(results: list[dict], workdir: str, *, mode: str) -> None:
+  """`results.csv` (one row per run) and `results.md` (mean and std per mapping)."""
+  with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(results)
+  table = n_table(results) if mode == "n_sensitivity" else table2(results)
+  with open(os.path.join(workdir, "results.md"), "w") as f:
+    f.write(table)
+
+
+def _groups(results, key):
+  groups = collections.defaultdict(list)
+  for row in results:
+    groups[key(row)].append(row)
+  return groups
+
+
+def _mean_std(values) -> str:
+  values = 100 * np.asarray(values, float)
+  std = values.std(ddof=1) if len(values) > 1 else float("nan")
+  return f"{values.mean():.2f} ± {std:.2f}"
+
+
+def table2(results: list[dict]) -> str:
+  """A Markdown table shaped like the paper's Table 2, plus best-against-worst Welch t-test."""
+  groups = _groups(results, lambda row: row["mapping"])
+  has_probe = all("linear_top1" in row for row in results)
+  header = "| mapping | kNN top-1 (%) | " + ("linear top-1 (%) | " if has_probe else "") + "seeds |"
+  lines = [header, "|---|---|" + ("---|" if has_probe else "") + "---|"]
+  for mapping, rows in groups.items():
+    cells = [mapping, _mean_std([r["knn_top1"] for r in rows])]
+    if has_probe:
+      cells.append(_mean_std([r["linear_top1"] for r in rows]))
+    lines.append("| " + " | ".join(cells + [str(len(rows))]) + " |")
+  lines.append("")
+  lines.append("Mean ± sample std over seeds; kNN: k = 200, τ_kNN = 0.1 on backbone features.")
+  means = {m: np.mean([r["knn_top1"] for r in rows]) for m, rows in groups.items()}
+  if len(means) >= 2 and all(len(rows) >= 2 for rows in groups.values()):
+    best, worst = max(means, key=means.get), min(means, key=means.get)
+    best_values = [r["knn_top1"] for r in groups[best]]
+    worst_values = [r["knn_top1"] for r in groups[worst]]
+    test = stats.ttest_ind(best_values, worst_values, equal_var=False)
+    lines.append(
+        f"Best `{best}` against worst `{worst}`: {100 * (means[best] - means[worst]):.2f} points, "
+        f"Welch t-test p = {test.pvalue:.3g} ({'beyond' if test.pvalue < 0.05 else 'within'} "
+        f"seed noise at 5%).")
+  return "\n".join(lines) + "\n"
+
+
+def n_table(results: list[dict]) -> str:
+  """kNN top-1 per mapping (rows) and batch size N (columns)."""
+  sizes = sorted({row["batch_size"] for row in results})
+  groups = _groups(results, lambda row: (row["mapping"], row["batch_size"]))
+  mapping_names = list(dict.fromkeys(row["mapping"] for row in results))
+  lines = ["| mapping | " + " | ".join(f"N = {n}" for n in sizes) + " | spread (max - min) |",
+           "|---|" + "---|" * (len(sizes) + 1)]
+  for mapping in mapping_names:
+    means = [np.mean([r["knn_top1"] for r in groups[(mapping, n)]]) for n in sizes
+             if (mapping, n) in groups]
+    cells = [_mean_std([r["knn_top1"] for r in groups[(mapping, n)]]) if (mapping, n) in groups
+             else "-" for n in sizes]
+    spread = 100 * (max(means) - min(means)) if means else float("nan")
+    lines.append(f"| {mapping} | " + " | ".join(cells) + f" | {spread:.2f} |")
+  lines.append("")
+  lines.append("kNN top-1 (%), mean ± std over seeds; same epochs at every N, lr scaled by N/256.")
+  return "\n".join(lines) + "\n"
+
+
+def _mean_curve(run_dirs, file_name, column):
+  curves = [loop.read_csv(os.path.join(d, file_name)) for d in run_dirs]
+  curves = [c for c in curves if column in c]
+  if not curves:
+    return None, None
+  length = min(len(c[column]) for c in curves)
+  return curves[0]["step"][:length], np.mean([c[column][:length] for c in curves], axis=0)
+
+
+def write_plots(results: list[dict], workdir: str, *, mode: str, run_dirs: list[str]) -> None:
+  """accuracy.png (or n_sensitivity.png), curves.png, geometry.png in `workdir`."""
+  dirs_by_key = _groups(
+      [{"dir": d, **r} for d, r in zip(run_dirs, results, strict=True)],
+      lambda row: (row["mapping"], row["batch_size"]))
+  mapping_names = list(dict.fromkeys(row["mapping"] for row in results))
+  if mode == "n_sensitivity":
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for mapping in mapping_names:
+      sizes = sorted(n for m, n in dirs_by_key if m == mapping)
+      values = [[r["knn_top1"] * 100 for r in dirs_by_key[(mapping, n)]] for n in sizes]
+      ax.errorbar(sizes, [np.mean(v) for v in values], [np.std(v) for v in values], marker="o",
+                  capsize=3, label=mapping)
+    ax.set(xscale="log", xlabel="batch size N", ylabel="kNN top-1 (%)")
+    ax.set_xticks(sorted({n for _, n in dirs_by_key}), labels=sorted({n for _, n in dirs_by_key}))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(workdir, "n_sensitivity.png"), dpi=120)
+    plt.close(fig)
+  else:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for index, mapping in enumerate(mapping_names):
+      values = [r["knn_top1"] * 100 for r in results if r["mapping"] == mapping]
+      ax.bar(index, np.mean(values), yerr=np.std(values), capsize=4, color=f"C{index}", alpha=0.6)
+      ax.plot([index] * len(values), values, "k.", ms=4)
+    ax.set_xticks(range(len(mapping_names)), labels=mapping_names, rotation=20)
+    ax.set_ylabel("kNN top-1 (%)")
+    lows = [r["knn_top1"] * 100 for r in results]
+    ax.set_ylim(max(0, min(lows) - 5), min(100, max(lows) + 3))
+    fig.tight_layout()
+    fig.savefig(os.path.join(workdir, "accuracy.png"), dpi=120)
+    plt.close(fig)
+  panels = [(loop.METRICS_FILE, "loss"), (loop.METRICS_FILE, "grad_norm"),
+            (loop.METRICS_FILE, "pos_cos"), (loop.METRICS_FILE, "neg_cos")]
+  geometry_panels = [(loop.EVAL_FILE, "knn_top1"), (loop.EVAL_FILE, "alignment"),
+                     (loop.EVAL_FILE, "uniformity")]
+  for name, chosen in (("curves.png", panels), ("geometry.png", geometry_panels)):
+    fig, axes = plt.subplots(1, len(chosen), figsize=(4 * len(chosen), 3.2))
+    for ax, (file_name, column) in zip(axes, chosen, strict=True):
+      for (mapping, batch_size), rows in dirs_by_key.items():
+        steps, curve = _mean_curve([r["dir"] for r in rows], file_name, column)
+        if steps is not None:
+          label = mapping if mode == "sweep" else f"{mapping} N={batch_size}"
+          ax.plot(steps, curve, label=label, marker="." if file_name == loop.EVAL_FILE else None)
+      ax.set(xlabel="step", title=column + (" ||dL/dW||" if column == "grad_norm" else ""))
+      if column == "grad_norm":
+        ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(workdir, name), dpi=120)
+    plt.close(fig)

@@ -1,0 +1,204 @@
+"""Tests of the training stack: sharded step, resume, learnable temperature, bad input."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tfcl_jax import mappings, models
+from tfcl_jax.training import loop, optim, sharding, simclr, state, step
+
+BATCH = 16
+
+
+def _noise_views(key, images):
+  """A stand-in augmentation: two noisy copies (the test must not depend on tfcl_jax.augment)."""
+  images = images.astype(jnp.float32) / 255.0
+  key1, key2 = jax.random.split(key)
+  return (images + 0.1 * jax.random.normal(key1, images.shape),
+          images + 0.1 * jax.random.normal(key2, images.shape))
+
+
+def _images(n=BATCH, seed=0):
+  return np.random.default_rng(seed).integers(0, 256, (n, 8, 8, 1), dtype=np.uint8)
+
+
+@functools.cache
+def _setup(mapping_spec="learnable=0.2", total_steps=8):
+  """Model, state factory, loss and per-mesh-size compiled steps, built once per test session."""
+  model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=8)
+  mapping = mappings.from_spec(mapping_spec)
+  variables = jax.jit(lambda: model.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1)),
+                                         train=False))()
+  tx = optim.make_optimizer(name="sgd", learning_rate=0.1, total_steps=total_steps,
+                            weight_decay=5e-4)
+
+  def fresh_state():
+    return state.create_train_state(
+        model_params=variables["params"], model_state={"batch_stats": variables["batch_stats"]},
+        mapping_params=mapping.params, tx=tx)
+
+  loss_fn = simclr.make_simclr_loss(model, mapping=mapping, augment=_noise_views)
+  return fresh_state, loss_fn
+
+
+@functools.cache
+def _train_step(num_devices, total_steps=8):
+  """One compiled step per mesh size, shared by the tests (compiling dominates their time)."""
+  mesh = sharding.make_mesh(jax.devices()[:num_devices])
+  return mesh, step.make_train_step(_setup(total_steps=total_steps)[1], mesh=mesh)
+
+
+def test_sharded_step_equals_single_device_step():
+  assert jax.device_count() >= 8, "conftest.py sets 8 host devices"
+  fresh_state, _ = _setup()
+  results = []
+  for num_devices in (8, 1):
+    mesh, train_step = _train_step(num_devices)
+    s = jax.device_put(fresh_state(), sharding.replicated(mesh))
+    for index in range(2):
+      batch = sharding.shard_batch({"image": _images(seed=index)}, mesh)
+      s, metrics = train_step(s, batch, jax.random.key(3))
+    results.append((jax.device_get(s.params), jax.device_get(s.model_state), metrics))
+  (params8, stats8, metrics8), (params1, stats1, metrics1) = results
+  chex.assert_trees_all_close(params8, params1, atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(stats8, stats1, atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(metrics8, metrics1, atol=1e-5, rtol=1e-5)
+  # The 8-device run really was sharded: the batch lives on 8 devices.
+  mesh8 = sharding.make_mesh(jax.devices()[:8])
+  placed = sharding.shard_batch({"image": _images()}, mesh8)["image"]
+  assert len(placed.sharding.device_set) == 8
+
+
+def test_replicated_batch_step_matches_plain_optax():
+  """Full-batch mode (a whole graph): the step equals a hand-written optax update."""
+  mesh = sharding.make_mesh(jax.devices()[:8])
+  x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)  # 5 rows: not divisible
+  y = np.arange(5, dtype=np.float32)
+
+  def loss_fn(params, model_state, batch, key, step_index):
+    return jnp.mean((batch["x"] @ params["model"]["w"] - batch["y"]) ** 2), (model_state, {})
+
+  tx = optax.adam(0.01)
+  s = state.create_train_state(model_params={"w": jnp.zeros(3)}, tx=tx)
+  train_step = step.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
+  w, opt_state = np.zeros(3, np.float32), tx.init({"model": {"w": jnp.zeros(3)}, "mapping": {}})
+  for _ in range(3):
+    s, metrics = train_step(s, sharding.shard_batch({"x": x, "y": y}, mesh, sharded=False),
+                            jax.random.key(0))
+    grad = 2 * x.T @ (x @ w - y) / len(y)  # NumPy gradient of the mean squared error
+    updates, opt_state = tx.update({"model": {"w": grad}, "mapping": {}}, opt_state)
+    w = w + np.asarray(updates["model"]["w"])
+  np.testing.assert_allclose(s.params["model"]["w"], w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(metrics["grad_norm"], np.linalg.norm(grad), rtol=1e-5)
+
+
+def test_learnable_temperature_receives_gradient_and_changes():
+  fresh_state, _ = _setup()
+  s = fresh_state()
+  _, train_step = _train_step(1)
+  t_before = float(s.params["mapping"]["t"])
+  s, metrics = train_step(s, {"image": jnp.asarray(_images())}, jax.random.key(0))
+  # First SGD step, no weight decay on t: t moves by -lr * dL/dt (lr = 0.1 at step 0).
+  assert abs(float(s.params["mapping"]["t"]) - t_before) > 1e-6
+  assert float(metrics["mapping/t"]) == pytest.approx(t_before)
+
+
+def test_weight_decay_spares_the_mapping_parameters():
+  tx = optim.make_optimizer(name="sgd", learning_rate=1.0, total_steps=1, momentum=0.0,
+                            weight_decay=0.5, schedule="constant")
+  params = {"model": {"w": jnp.ones(())}, "mapping": {"t": jnp.ones(())}}
+  zero = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zero, tx.init(params), params)
+  assert float(updates["model"]["w"]) == pytest.approx(-0.5)
+  assert float(updates["mapping"]["t"]) == 0.0
+
+
+class _Interrupted(Exception):
+  pass
+
+
+def _run(workdir, *, resume=False, stop_after=None, num_steps=8):
+  fresh_state, _ = _setup(total_steps=num_steps)
+  mesh, train_step = _train_step(2, total_steps=num_steps)
+  all_images = _images(n=BATCH * num_steps, seed=7)
+
+  def batches(start):
+    for index in range(start, num_steps):
+      if stop_after is not None and index == stop_after:
+        raise _Interrupted
+      yield {"image": all_images[index * BATCH:(index + 1) * BATCH]}
+
+  return loop.train(
+      fresh_state(), train_step=train_step, batches=batches,
+      num_steps=num_steps, workdir=str(workdir), key=jax.random.key(11), mesh=mesh,
+      config={"mapping": "learnable=0.2", "steps": num_steps}, resume=resume,
+      checkpoint_every=3, log_every=2, progress=False)
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+  reference = _run(tmp_path / "a")
+  with pytest.raises(_Interrupted):
+    _run(tmp_path / "b", stop_after=5)
+  rows_before = loop.read_csv(str(tmp_path / "b" / loop.METRICS_FILE))
+  assert rows_before["step"].max() == 4  # logged every 2 steps; steps 5 was never fetched
+  resumed = _run(tmp_path / "b", resume=True)
+  assert int(resumed.step) == 8
+  chex.assert_trees_all_close(jax.device_get(resumed.params), jax.device_get(reference.params),
+                              atol=1e-6, rtol=1e-6)
+  chex.assert_trees_all_close(jax.device_get(resumed.model_state),
+                              jax.device_get(reference.model_state), atol=1e-6, rtol=1e-6)
+  rows = loop.read_csv(str(tmp_path / "b" / loop.METRICS_FILE))
+  np.testing.assert_array_equal(rows["step"], np.arange(1, 9))  # no duplicated or lost rows
+  np.testing.assert_allclose(rows["loss"], loop.read_csv(str(tmp_path / "a" /
+                                                             loop.METRICS_FILE))["loss"],
+                             rtol=1e-5)
+
+
+def test_existing_run_is_not_overwritten_and_resume_checks_config(tmp_path):
+  _run(tmp_path, num_steps=8)
+  snapshot = {name: open(tmp_path / name).read() for name in ("config.json", "metrics.csv")}
+  with pytest.raises(ValueError, match="already holds a run"):
+    _run(tmp_path, num_steps=8)
+  with pytest.raises(ValueError, match="config differs.*steps: recorded 8, now 3"):
+    _run(tmp_path, num_steps=3, resume=True)
+  assert snapshot == {name: open(tmp_path / name).read() for name in snapshot}
+  assert json.load(open(tmp_path / "config.json"))["steps"] == 8
+
+
+def test_unwritable_workdir_raises_before_training(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(ValueError, match="cannot be written"):
+    loop.prepare_workdir(str(blocker / "run"), {}, resume=False)
+  assert blocker.read_text() == "not a directory"
+
+
+def test_batch_not_divisible_by_device_count_raises():
+  mesh = sharding.make_mesh(jax.devices()[:8])
+  with pytest.raises(ValueError, match="batch_size = 12 must be a positive multiple.*8"):
+    sharding.check_batch_size(12, mesh)
+  with pytest.raises(ValueError, match="divisible by the 8 local devices"):
+    sharding.shard_batch({"image": np.zeros((12, 2))}, mesh)
+
+
+def test_non_finite_loss_stops_the_run(tmp_path):
+  mesh = sharding.make_mesh(jax.devices()[:1])
+
+  def loss_fn(params, model_state, batch, key, step_index):
+    return jnp.log(params["model"]["w"] - 1.0), (model_state, {})  # log(-1) = NaN
+
+  s = state.create_train_state(model_params={"w": jnp.zeros(())}, tx=optax.sgd(0.1))
+  with pytest.raises(FloatingPointError, match="non-finite loss at step 1"):
+    loop.train(s, train_step=step.make_train_step(loss_fn, mesh=mesh, batch_sharded=False),
+               batches=lambda start: iter([{}] * 3), num_steps=3, workdir=str(tmp_path),
+               key=jax.random.key(0), mesh=mesh, batch_sharded=False, progress=False)
+  assert not os.listdir(tmp_path / loop.CHECKPOINT_DIR)

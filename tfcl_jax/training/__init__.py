@@ -1,0 +1,26 @@
+"""Training stack: Flax train state, optax optimisers, sharded jit step, orbax checkpoints, a loop.
+
+The same pieces train SimCLR on images (`experiments/simclr.py`) and GRACE on a graph.
+"""
+
+from tfcl_jax.training import checkpoint, loop, optim, sharding, state, step
+from tfcl_jax.training.loop import train
+from tfcl_jax.training.optim import make_optimizer
+from tfcl_jax.training.sharding import make_mesh
+from tfcl_jax.training.state import TrainState, create_train_state
+from tfcl_jax.training.step import make_train_step
+
+__all__ = [
+    "TrainState",
+    "checkpoint",
+    "create_train_state",
+    "loop",
+    "make_mesh",
+    "make_optimizer",
+    "make_train_step",
+    "optim",
+    "sharding",
+    "state",
+    "step",
+    "train",
+]

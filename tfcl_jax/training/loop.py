@@ -1,0 +1,275 @@
+"""The one training loop: progress bar, `metrics.csv`, orbax checkpoints every K steps and at the
+end, resume, periodic evaluation. Checks the workdir and config before the first step.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import tqdm.auto as tqdm
+from jax.sharding import Mesh
+
+from tfcl_jax.training import checkpoint, sharding
+from tfcl_jax.training.state import TrainState
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.csv"
+EVAL_FILE = "eval.csv"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def prepare_workdir(workdir: str, config: dict[str, Any], *, resume: bool) -> None:
+  """Checks `workdir` before training and records `config` in `workdir/config.json`.
+
+  Raises (before anything is written over):
+    ValueError: `workdir` cannot be created or written; it already holds a run and
+      `resume` is False; or `resume` is True and the recorded config differs from `config`
+      (the differing fields are named).
+
+  Examples:
+    >>> import tempfile
+    >>> from tfcl_jax.training import loop
+    >>> workdir = tempfile.mkdtemp()
+    >>> loop.prepare_workdir(workdir, {"lr": 0.1}, resume=False)
+    >>> loop.prepare_workdir(workdir, {"lr": 0.2}, resume=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: ...config differs from the run in ...: lr: recorded 0.1, now 0.2...
+  """
+  config = json.loads(json.dumps(config, sort_keys=True, default=str))
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".write_probe_{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as error:
+    raise ValueError(f"workdir {workdir!r} cannot be written: {error}") from error
+  config_path = os.path.join(workdir, CONFIG_FILE)
+  existing = [name for name in (CONFIG_FILE, METRICS_FILE, CHECKPOINT_DIR)
+              if os.path.exists(os.path.join(workdir, name))]
+  if existing and not resume:
+    raise ValueError(
+        f"workdir {workdir!r} already holds a run ({', '.join(existing)}); pass "
+        f"--config.resume=True to continue it, or choose a new workdir. Nothing was overwritten.")
+  if resume and os.path.exists(config_path):
+    with open(config_path) as f:
+      recorded = json.load(f)
+    if recorded != config:
+      keys = sorted(set(recorded) | set(config))
+      diff = [f"{k}: recorded {recorded.get(k)!r}, now {config.get(k)!r}"
+              for k in keys if recorded.get(k) != config.get(k)]
+      raise ValueError(
+          f"cannot resume: the config differs from the run in {workdir!r}: {'; '.join(diff)}. "
+          f"Use the recorded config or a new workdir.")
+  if jax.process_index() == 0:
+    with open(config_path, "w") as f:
+      json.dump(config, f, indent=2, sort_keys=True)
+
+
+def read_csv(path: str) -> dict[str, np.ndarray]:
+  """Columns of a metrics/eval CSV written by `train`, as float arrays (empty dict if absent)."""
+  if not os.path.exists(path):
+    return {}
+  with open(path, newline="") as f:
+    rows = list(csv.DictReader(f))
+  if not rows:
+    return {}
+  return {key: np.asarray([float(row[key]) for row in rows]) for key in rows[0]}
+
+
+class _CsvLog:
+  """Appends rows to a CSV; on resume, drops rows past the restored step (they are redone)."""
+
+  def __init__(self, path: str, *, keep_through_step: int):
+    self.path = path
+    self.fields: list[str] | None = None
+    self.enabled = jax.process_index() == 0
+    if self.enabled and os.path.exists(path):
+      with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        self.fields = reader.fieldnames
+        rows = [row for row in reader if int(float(row["step"])) <= keep_through_step]
+      self._rewrite(rows)
+
+  def _rewrite(self, rows):
+    with open(self.path, "w", newline="") as f:
+      if self.fields:
+        writer = csv.DictWriter(f, self.fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+  def write(self, rows: list[dict[str, float]]):
+    if not self.enabled or not rows:
+      return
+    if self.fields is None:
+      self.fields = list(rows[0])
+      self._rewrite([])
+    with open(self.path, "a", newline="") as f:
+      csv.DictWriter(f, self.fields, extrasaction="ignore").writerows(rows)
+
+
+def _summary_writer(workdir: str):
+  """A TensorBoard writer when `tensorboardX` is installed (optional), else None."""
+  try:
+    import tensorboardX  # noqa: PLC0415
+  except ImportError:
+    return None
+  return tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+
+def train(
+    state: TrainState,
+    *,
+    train_step: Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict]],
+    batches: Callable[[int], Iterable[Any]],
+    num_steps: int,
+    workdir: str,
+    key: jax.Array,
+    mesh: Mesh,
+    config: dict[str, Any] | None = None,
+    resume: bool = False,
+    batch_sharded: bool = True,
+    checkpoint_every: int = 0,
+    eval_every: int = 0,
+    eval_fn: Callable[[TrainState], dict[str, float]] | None = None,
+    log_every: int = 10,
+    examples_per_step: int | None = None,
+    progress: bool = True,
+    desc: str = "train",
+) -> TrainState:
+  """Runs `train_step` from the state's step (or the latest checkpoint) to `num_steps`.
+
+  Files in `workdir`: `config.json` (checked on resume), `metrics.csv` (one row per step: `step`,
+  the step's metrics, `examples_per_sec`), `eval.csv` (`eval_fn` results every `eval_every` steps
+  and at the end), `checkpoints/` (orbax, every `checkpoint_every` steps and at the end).
+  Resuming (`resume=True`) restores the latest checkpoint and asks `batches(step)` to continue
+  the data where it stopped; with the step's `fold_in(key, step)` randomness the final
+  parameters equal those of an uninterrupted run. A non-finite loss stops the run with
+  `FloatingPointError` before it is checkpointed.
+
+  Examples:
+    >>> import tempfile, jax, jax.numpy as jnp, numpy as np, optax
+    >>> from tfcl_jax.training import loop, sharding, state, step
+    >>> def loss_fn(params, model_state, batch, key, step_index):
+    ...   loss = jnp.mean((batch["x"] @ params["model"]["w"] - batch["y"]) ** 2)
+    ...   return loss, (model_state, {})
+    >>> mesh = sharding.make_mesh(jax.devices()[:1])
+    >>> s = state.create_train_state(model_params={"w": jnp.zeros(2)}, tx=optax.sgd(0.5))
+    >>> batches = lambda start: ({"x": np.eye(2, dtype=np.float32), "y": np.ones(2, np.float32)}
+    ...                          for _ in range(start, 20))
+    >>> s = loop.train(s, train_step=step.make_train_step(loss_fn, mesh=mesh), batches=batches,
+    ...                num_steps=20, workdir=tempfile.mkdtemp(), key=jax.random.key(0), mesh=mesh,
+    ...                progress=False)
+    >>> int(s.step), bool(jnp.allclose(s.params["model"]["w"], 1.0, atol=0.1))
+    (20, True)
+
+  Args:
+    state: the initial state (also the template a checkpoint is restored into).
+    train_step: from `step.make_train_step`, built for `mesh` and `batch_sharded`.
+    batches: `batches(start_step)` -> iterable of host batches (pytrees of NumPy arrays) for
+      steps `start_step, start_step + 1, ...`.
+    num_steps: total number of steps of the run.
+    workdir: output directory (created).
+    key: base PRNG key; the step folds in the step number.
+    mesh: the device mesh.
+    config: JSON-able dict recorded in `config.json` and compared on resume (`resume` ignored).
+    resume: continue the run in `workdir`.
+    batch_sharded: shard batches over `data` (True) or replicate them.
+    checkpoint_every: save every that many steps (0: only at the end).
+    eval_every: call `eval_fn(state)` every that many steps (0: only at the end).
+    eval_fn: `state -> {name: float}`, e.g. kNN accuracy; optional.
+    log_every: fetch metrics from the device every that many steps (all steps are logged).
+    examples_per_step: for the examples/s column and the progress bar.
+    progress: show a tqdm progress bar.
+    desc: progress bar label.
+
+  Returns:
+    The final `TrainState`.
+  """
+  if num_steps < 0:
+    raise ValueError(f"num_steps must be >= 0, got {num_steps}.")
+  for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every),
+                      ("log_every", log_every - 1)):
+    if value < 0:
+      raise ValueError(f"{name} must be >= {0 if name != 'log_every' else 1}, got "
+                       f"{value if name != 'log_every' else log_every}.")
+  config = {k: v for k, v in (config or {}).items() if k != "resume"}
+  prepare_workdir(workdir, config, resume=resume)
+  manager = checkpoint.make_manager(os.path.join(workdir, CHECKPOINT_DIR))
+  if resume:
+    restored = checkpoint.restore_latest(manager, state)
+    state = state if restored is None else restored
+  state = jax.device_put(state, sharding.replicated(mesh))
+  start = int(jax.device_get(state.step))
+  metrics_log = _CsvLog(os.path.join(workdir, METRICS_FILE), keep_through_step=start)
+  eval_log = _CsvLog(os.path.join(workdir, EVAL_FILE), keep_through_step=start)
+  writer = _summary_writer(workdir) if jax.process_index() == 0 else None
+  key = jax.device_put(key, sharding.replicated(mesh))
+
+  def evaluate(step_number):
+    if eval_fn is None:
+      return
+    row = {"step": step_number, **{k: float(v) for k, v in eval_fn(state).items()}}
+    eval_log.write([row])
+    if writer is not None:
+      for name, value in row.items():
+        writer.add_scalar(f"eval/{name}", value, step_number)
+
+  bar = tqdm.tqdm(total=num_steps, initial=start, desc=desc, disable=not progress, leave=False)
+  iterator: Iterator[Any] = iter(batches(start))
+  pending: list[dict] = []
+  window_start, window_steps = time.perf_counter(), 0
+  try:
+    for step_number in range(start + 1, num_steps + 1):
+      try:
+        host_batch = next(iterator)
+      except StopIteration:
+        raise ValueError(
+            f"batches({start}) ran out at step {step_number - 1} of {num_steps}; it must yield "
+            f"one batch per step (use more epochs or fewer steps).") from None
+      batch = sharding.shard_batch(host_batch, mesh, sharded=batch_sharded)
+      state, metrics = train_step(state, batch, key)
+      pending.append(metrics)
+      window_steps += 1
+      last = step_number == num_steps
+      if step_number % log_every == 0 or last:
+        rows = jax.device_get(pending)
+        elapsed = time.perf_counter() - window_start
+        rate = window_steps * (examples_per_step or 0) / max(elapsed, 1e-9)
+        rows = [{"step": step_number - len(rows) + 1 + i,
+                 **{k: float(v) for k, v in row.items()}, "examples_per_sec": rate}
+                for i, row in enumerate(rows)]
+        bad = [row["step"] for row in rows if not math.isfinite(row["loss"])]
+        metrics_log.write(rows)
+        if bad:
+          raise FloatingPointError(
+              f"non-finite loss at step {bad[0]} (metrics.csv has the rows); the run was not "
+              f"checkpointed past step {int(manager.latest_step() or 0)}.")
+        if writer is not None:
+          for row in rows:
+            for name, value in row.items():
+              writer.add_scalar(f"train/{name}", value, row["step"])
+        bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}", ex_per_s=f"{rate:.0f}")
+        bar.update(len(rows))
+        pending, window_start, window_steps = [], time.perf_counter(), 0
+      if checkpoint_every and step_number % checkpoint_every == 0 and not last:
+        checkpoint.save(manager, state)
+      if eval_every and step_number % eval_every == 0 and not last:
+        evaluate(step_number)
+  finally:
+    bar.close()
+  if start < num_steps or manager.latest_step() is None:
+    checkpoint.save(manager, state)
+    evaluate(num_steps)
+  if writer is not None:
+    writer.close()
+  return state

@@ -1,0 +1,145 @@
+"""The SimCLR objective as a `loss_fn` for `step.make_train_step`: two views, one encoder, InfoNCE.
+
+Section 5.1 of Kim & Kim (arXiv 2501.17683) trains SimCLR with NT-Xent (Eq. 1, `cos / tau`) or
+with the temperature-free map (Eq. 11); the mapping is the only difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tfcl_jax import losses
+from tfcl_jax import mappings as mappings_lib
+
+# augment(key, images) -> (view1, view2), float arrays [B, H, W, C].
+AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def cosine_diagnostics(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike) -> dict[str, jax.Array]:
+  """Mean cosine of positive pairs (`z1[i], z2[i]`) and of negative pairs (`z1[i], z2[j]`, i != j).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.training import simclr
+    >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> {k: float(v) for k, v in simclr.cosine_diagnostics(z, z).items()}
+    {'pos_cos': 1.0, 'neg_cos': 0.0}
+  """
+  u1 = losses.l2_normalize(jnp.asarray(z1, jnp.float32))
+  u2 = losses.l2_normalize(jnp.asarray(z2, jnp.float32))
+  cos = u1 @ u2.T
+  n = cos.shape[0]
+  positive = jnp.trace(cos) / n
+  negative = (jnp.sum(cos) - jnp.trace(cos)) / (n * (n - 1))
+  return {"pos_cos": positive, "neg_cos": negative}
+
+
+def make_simclr_loss(
+    model: nn.Module,
+    *,
+    mapping: mappings_lib.Mapping,
+    augment: AugmentFn,
+    negatives: str = "all",
+) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
+  """`loss_fn(params, model_state, batch, key, step)` for SimCLR on `batch["image"]`.
+
+  Both views go through the model in one call (BatchNorm statistics over the 2B views, as in
+  SimCLR); the loss is `losses.info_nce(z1, z2, negatives=negatives)` with
+  `mapping(cos, params=params["mapping"], step=step)` (Eq. 1 for `tau=...`, Eq. 11 for `free`).
+  Metrics: `pos_cos`, `neg_cos` (`cosine_diagnostics` of the projections).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import mappings, models
+    >>> from tfcl_jax.training import simclr
+    >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
+    >>> noise = lambda key, x: tuple(x + 0.1 * jax.random.normal(k, x.shape)
+    ...                              for k in jax.random.split(key))
+    >>> loss_fn = simclr.make_simclr_loss(model, mapping=mappings.temperature_free(),
+    ...                                   augment=noise)
+    >>> images = jnp.zeros((4, 8, 8, 1))
+    >>> variables = jax.jit(lambda: model.init(jax.random.key(0), images, train=False))()
+    >>> params = {"model": variables["params"], "mapping": {}}
+    >>> loss, (model_state, metrics) = jax.jit(loss_fn)(
+    ...     params, {"batch_stats": variables["batch_stats"]}, {"image": images},
+    ...     jax.random.key(1), 0)
+    >>> loss.shape, sorted(metrics)
+    ((), ['neg_cos', 'pos_cos'])
+
+  Args:
+    model: returns `(features, projections)` given `(images, train=...)`
+      (`models.ContrastiveModel`).
+    mapping: the similarity-to-logit map (`mappings.from_spec(...)`).
+    augment: `augment(key, images) -> (view1, view2)`, e.g.
+      `functools.partial(tfcl_jax.augment.two_views, recipe="digits")`.
+    negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`.
+
+  Returns:
+    The loss function.
+  """
+  if not isinstance(mapping, mappings_lib.Mapping):
+    raise TypeError(f"mapping must be a tfcl_jax.mappings.Mapping, got {type(mapping).__name__}.")
+
+  def loss_fn(params, model_state, batch, key, step):
+    view1, view2 = augment(key, batch["image"])
+    views = jnp.concatenate([view1, view2], axis=0)
+    (_, projections), new_model_state = model.apply(
+        {"params": params["model"], **model_state}, views, train=True,
+        mutable=list(model_state))
+    z1, z2 = jnp.split(projections, 2, axis=0)
+    logits_map = lambda cos: mapping(cos, params=params["mapping"], step=step)
+    loss = losses.info_nce(z1, z2, mapping=logits_map, negatives=negatives)
+    return loss, (new_model_state, cosine_diagnostics(z1, z2))
+
+  return loss_fn
+
+
+def make_feature_fn(model: nn.Module) -> Callable[[Any, Any, jax.Array], jax.Array]:
+  """`features(model_params, model_state, images) -> [B, F]` backbone features, eval mode, jitted.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import models
+    >>> from tfcl_jax.training import simclr
+    >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
+    >>> images = jnp.zeros((3, 8, 8, 1))
+    >>> variables = jax.jit(lambda: model.init(jax.random.key(0), images, train=False))()
+    >>> features = simclr.make_feature_fn(model)
+    >>> features(variables["params"], {"batch_stats": variables["batch_stats"]}, images).shape
+    (3, 16)
+  """
+
+  @jax.jit
+  def features(model_params, model_state, images):
+    return model.apply({"params": model_params, **model_state}, images,
+                       method=lambda module, x: module.features(x))
+
+  return features
+
+
+def embed(
+    feature_fn: Callable[[Any, Any, jax.Array], jax.Array],
+    model_params: Any,
+    model_state: Any,
+    images: Any,
+    *,
+    batch_size: int = 512,
+    preprocess: Callable[[Any], jax.Array] | None = None,
+) -> jax.Array:
+  """Features of `images` in chunks of `batch_size` (the last chunk padded, so one compile)."""
+  chunks = []
+  n = len(images)
+  for start in range(0, n, batch_size):
+    chunk = images[start:start + batch_size]
+    size = len(chunk)
+    chunk = jnp.asarray(chunk if preprocess is None else preprocess(chunk))
+    if size < batch_size and n > batch_size:
+      chunk = jnp.concatenate([chunk, jnp.zeros((batch_size - size, *chunk.shape[1:]),
+                                                chunk.dtype)])
+    chunks.append(feature_fn(model_params, model_state, chunk)[:size])
+  return jnp.concatenate(chunks)
