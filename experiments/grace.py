@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import os
+import re
 import time
 
 import jax
 import numpy as np
-import optax
 import tqdm
 
-from tfcl_jax import graph_augment, losses, mappings
+from tfcl_jax import graph_augment, losses, mappings, training
 from tfcl_jax.data import planetoid
 from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
@@ -82,42 +83,6 @@ def make_loss_fn(model: gcn.GRACE, mapping: mappings.Mapping, *, edge_rate: floa
   return loss_fn
 
 
-def train_scan(loss_fn, params, tx: optax.GradientTransformation, batch: GraphBatch,
-               key: jax.Array, *, num_steps: int, chunk: int = 50, progress: bool = True,
-               desc: str = "train"):
-  """Full-batch training as jitted `lax.scan` chunks; returns `(params, losses [num_steps])`.
-
-  Same step as `tfcl_jax.training.step.make_train_step` (key `fold_in(key, step)`, one
-  optimiser over `{"model", "mapping"}`).
-  TODO(grace): move onto `tfcl_jax.training.loop.train` once branch `train` lands on main.
-  """
-
-  def one_step(carry, step):
-    params, opt_state = carry
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, {}, batch, jax.random.fold_in(key, step), step)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
-
-  @jax.jit
-  def run_chunk(carry, steps):
-    return jax.lax.scan(one_step, carry, steps)
-
-  carry = (params, tx.init(params))
-  history = []
-  with tqdm.tqdm(total=num_steps, desc=desc, disable=not progress, leave=False) as bar:
-    for start in range(0, num_steps, chunk):
-      steps = np.arange(start, min(start + chunk, num_steps), dtype=np.int32)
-      carry, chunk_losses = run_chunk(carry, steps)
-      chunk_losses = np.asarray(chunk_losses)
-      if not np.all(np.isfinite(chunk_losses)):
-        raise FloatingPointError(f"non-finite GRACE loss at step {start + 1}.")
-      history.append(chunk_losses)
-      bar.set_postfix(loss=f"{chunk_losses[-1]:.4f}")
-      bar.update(len(steps))
-  return carry[0], np.concatenate(history) if history else np.zeros(0)
-
-
 def load_graph(config) -> tuple[planetoid.PlanetoidGraph, GraphBatch]:
   graph = planetoid.load_planetoid(config.dataset, root=config.data_dir)
   batch = GraphBatch(gcn.sparse_features(graph.features), jax.numpy.asarray(graph.edge_index))
@@ -125,22 +90,40 @@ def load_graph(config) -> tuple[planetoid.PlanetoidGraph, GraphBatch]:
 
 
 def run_one(config, graph: planetoid.PlanetoidGraph, batch: GraphBatch, spec: str, seed: int,
-            *, progress: bool = True) -> dict:
-  """Trains GRACE with mapping `spec` and `seed`, evaluates it; returns a results row."""
+            *, workdir: str, progress: bool = True) -> dict:
+  """Trains GRACE with mapping `spec` and `seed` (`tfcl_jax.training`), evaluates it.
+
+  The run's `metrics.csv` and checkpoints go to `workdir/runs/<spec>_seed<seed>/`; a killed run
+  resumes from its last checkpoint. Returns a results row.
+  """
   mapping = mappings.from_spec(spec)
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
                     projection_dim=config.projection_dim)
   init_key, train_key, eval_key = jax.random.split(jax.random.key(seed), 3)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
-  model_params = model.init(init_key, batch.features, full)["params"]
-  params = {"model": model_params, "mapping": dict(mapping.params)}
+  state = training.create_train_state(
+      model_params=model.init(init_key, batch.features, full)["params"],
+      tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
+                                 total_steps=config.epochs, schedule="constant"),
+      apply_fn=model.apply, mapping_params=mapping.params)
+  # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
+  mesh = training.make_mesh(jax.devices()[:config.num_devices])
   loss_fn = make_loss_fn(model, mapping, edge_rate=config.edge_rate,
                          feature_rate=config.feature_rate)
+  train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
+  batch = training.sharding.shard_batch(batch, mesh, sharded=False)
+  run_dir = os.path.join(workdir, "runs", re.sub(r"[^A-Za-z0-9.]+", "_", f"{spec}_seed{seed}"))
   start = time.perf_counter()
-  params, history = train_scan(loss_fn, params, optax.adam(config.learning_rate), batch,
-                               train_key, num_steps=config.epochs, progress=progress,
-                               desc=f"{spec} seed {seed}")
+  state = training.train(
+      state, train_step=train_step,
+      batches=lambda first: itertools.repeat(batch, config.epochs - first),
+      num_steps=config.epochs, workdir=run_dir, key=train_key, mesh=mesh,
+      config={"spec": mapping.spec, "seed": seed, **config.to_dict()}, resume=True,
+      batch_sharded=False, checkpoint_every=config.checkpoint_every, log_every=config.log_every,
+      progress=progress, desc=f"{mapping.spec} seed {seed}")
   seconds = time.perf_counter() - start
+  history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))["loss"]
+  params = state.params
   embeddings = model.apply({"params": params["model"]}, batch.features, full,
                            method=gcn.GRACE.embed)
   scores = logistic.lr_evaluate(
@@ -259,7 +242,8 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
   for seed, spec in tqdm.tqdm(todo, desc="runs", disable=not progress):
     if (mappings.from_spec(spec).spec, seed, config.epochs) in done:
       continue
-    append_result(csv_path, run_one(config, graph, batch, spec, seed, progress=progress))
+    append_result(csv_path, run_one(config, graph, batch, spec, seed, workdir=workdir,
+                                    progress=progress))
     _write_tables(config, workdir, specs, command)
   _write_tables(config, workdir, specs, command)
   return read_results(csv_path)
