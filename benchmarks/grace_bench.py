@@ -21,7 +21,7 @@ import optax
 
 from experiments import grace
 from experiments.configs import grace_citeseer
-from tfcl_jax import graph_augment, losses, mappings
+from tfcl_jax import graph_augment, losses, mappings, training
 from tfcl_jax.models import gcn
 
 
@@ -52,14 +52,13 @@ def main():
             "mapping": dict(mapping.params)}
   loss_fn = grace.make_loss_fn(model, mapping, edge_rate=config.edge_rate,
                                feature_rate=config.feature_rate)
-  tx = optax.adam(config.learning_rate)
-
-  @jax.jit
-  def train_step(params, opt_state, step):
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, {}, batch, jax.random.fold_in(jax.random.key(1), step), step)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+  # The experiment's step: the library's jitted train step on one replicated full batch.
+  mesh = training.make_mesh(jax.devices()[:1])
+  state = training.create_train_state(model_params=params["model"],
+                                      tx=optax.adam(config.learning_rate),
+                                      mapping_params=params["mapping"])
+  train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False, donate=False)
+  placed = training.sharding.shard_batch(batch, mesh, sharded=False)
 
   h1, h2 = jax.random.normal(jax.random.key(2), (2, graph.num_nodes, config.hidden_dim))
   loss_only = jax.jit(jax.grad(lambda a, b: losses.info_nce(a, b, mapping=mapping,
@@ -75,10 +74,10 @@ def main():
 
   gcn_grad = jax.jit(jax.grad(gcn_view))
 
-  opt_state = tx.init(params)
   rows = [
       ("train step (2 views + loss + Adam)",
-       _time(lambda: train_step(params, opt_state, jnp.int32(0)), repeats=args.epochs)),
+       _time(lambda: train_step(state, placed, jax.random.key(1))[1]["loss"],
+             repeats=args.epochs)),
       ("loss alone, fwd+bwd", _time(loss_only, h1, h2, repeats=args.epochs)),
       ("GCN + head, one view, fwd+bwd", _time(gcn_grad, params, jax.random.key(3),
                                               repeats=args.epochs)),
