@@ -264,8 +264,9 @@ def main(argv):
   del argv
   import sys  # noqa: PLC0415
 
-  from absl import flags  # noqa: PLC0415
+  from absl import flags, logging  # noqa: PLC0415
 
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint save at INFO
   config = flags.FLAGS.config
   command = "python -m experiments.grace " + " ".join(sys.argv[1:])
   run(config, flags.FLAGS.workdir, command=command)
