@@ -1,0 +1,100 @@
+r"""Time per GRACE epoch on CiteSeer (full batch, one jitted step), and where it goes.
+
+Prints, side by side in one process: the full training step (two views, GCN, projection,
+`info_nce(negatives="all")`, Adam), the loss alone (fwd+bwd on fixed projections), the GCN
+alone, and the floor of the loss (the `[2N, D] x [D, 2N]` similarity matmul fwd+bwd); wall and
+process-CPU seconds (CPU / cores approximates the wall time on an idle machine), and the
+projected time of a 1000-epoch run.
+
+Run: python -m benchmarks.grace_bench [--epochs 20] [--mapping free] [--dataset citeseer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from experiments import grace
+from experiments.configs import grace_citeseer
+from tfcl_jax import graph_augment, losses, mappings, training
+from tfcl_jax.models import gcn
+
+
+def _time(fn, *args, repeats: int) -> tuple[float, float]:
+  """(wall, process CPU) seconds per call of a compiled `fn`, after one warm-up call."""
+  jax.block_until_ready(fn(*args))
+  wall, cpu = time.perf_counter(), time.process_time()
+  for _ in range(repeats):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - wall) / repeats, (time.process_time() - cpu) / repeats
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--epochs", type=int, default=20, help="timed epochs")
+  parser.add_argument("--mapping", default="free")
+  parser.add_argument("--dataset", default="citeseer", choices=("citeseer", "cora"))
+  args = parser.parse_args()
+
+  config = grace_citeseer.get_config(args.dataset)
+  graph, batch = grace.load_graph(config)
+  mapping = mappings.from_spec(args.mapping)
+  model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
+                    projection_dim=config.projection_dim)
+  full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
+  params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
+            "mapping": dict(mapping.params)}
+  loss_fn = grace.make_loss_fn(model, mapping, edge_rate=config.edge_rate,
+                               feature_rate=config.feature_rate)
+  # The experiment's step: the library's jitted train step on one replicated full batch.
+  mesh = training.make_mesh(jax.devices()[:1])
+  state = training.create_train_state(model_params=params["model"],
+                                      tx=optax.adam(config.learning_rate),
+                                      mapping_params=params["mapping"])
+  train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False, donate=False)
+  placed = training.sharding.shard_batch(batch, mesh, sharded=False)
+
+  h1, h2 = jax.random.normal(jax.random.key(2), (2, graph.num_nodes, config.hidden_dim))
+  loss_only = jax.jit(jax.grad(lambda a, b: losses.info_nce(a, b, mapping=mapping,
+                                                            negatives="all"), argnums=(0, 1)))
+  both = jnp.concatenate([h1, h2])
+  floor = jax.jit(jax.grad(lambda u: jnp.sum(u @ u.T)))
+
+  def gcn_view(params, key):
+    view = graph_augment.grace_view(key, batch.features, batch.edge_index.shape[1])
+    prop = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes,
+                             edge_weight=view.edge_weight)
+    return jnp.sum(model.apply({"params": params["model"]}, view.features, prop)[1])
+
+  gcn_grad = jax.jit(jax.grad(gcn_view))
+
+  rows = [
+      ("train step (2 views + loss + Adam)",
+       _time(lambda: train_step(state, placed, jax.random.key(1))[1]["loss"],
+             repeats=args.epochs)),
+      ("loss alone, fwd+bwd", _time(loss_only, h1, h2, repeats=args.epochs)),
+      ("GCN + head, one view, fwd+bwd", _time(gcn_grad, params, jax.random.key(3),
+                                              repeats=args.epochs)),
+      ("floor: [2N,D]x[D,2N] matmul fwd+bwd", _time(floor, both, repeats=args.epochs)),
+  ]
+  cores = os.cpu_count() or 1
+  step_wall, step_cpu = rows[0][1]
+  print(f"GRACE on {graph.name} (N={graph.num_nodes}, E={batch.edge_index.shape[1]}), "
+        f"mapping {mapping.spec}, {args.epochs} timed epochs, {cores} cores, "
+        f"{jax.devices()[0].platform}")
+  print(f"{'':40s} {'wall s':>9s} {'cpu s':>9s} {'/ step':>7s}")
+  for name, (wall, cpu) in rows:
+    print(f"{name:40s} {wall:9.4f} {cpu:9.4f} {wall / step_wall:7.2f}")
+  print(f"time per epoch: {step_wall:.4f} s wall, {step_cpu:.4f} s CPU")
+  print(f"1000-epoch run: {1000 * step_wall:.0f} s wall now; "
+        f"{1000 * step_cpu / cores:.0f} s if this process had all {cores} cores (CPU / cores)")
+
+
+if __name__ == "__main__":
+  main()
