@@ -1,11 +1,10 @@
-"""Writes notebooks/gradient_scales.ipynb (no outputs): python notebooks/make_gradient_scales.py"""
+"""Writes notebooks/gradient_scales.ipynb (no outputs): python -m notebooks.make_gradient_scales"""
 
 from __future__ import annotations
 
 import os
 
-import nbformat
-from nbformat import v4
+from notebooks import nbtools
 
 COLAB = ("https://colab.research.google.com/github/tfcl-jax/tfcl_jax/blob/main/"
          "notebooks/gradient_scales.ipynb")
@@ -206,17 +205,7 @@ plt.show()"""),
 ]
 
 
-def build() -> nbformat.NotebookNode:
-  notebook = v4.new_notebook()
-  notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                     "language": "python"}
-  notebook.metadata["colab"] = {"provenance": []}
-  notebook.cells = [v4.new_markdown_cell(src) if kind == "md" else v4.new_code_cell(src)
-                    for kind, src in CELLS]
-  return notebook
-
-
 if __name__ == "__main__":
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gradient_scales.ipynb")
-  nbformat.write(build(), path)
+  nbtools.write(CELLS, path)
   print(path)

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_gradient_scales_notebook_runs(tmp_path, monkeypatch):
   notebook = nbformat.read(os.path.join(ROOT, "notebooks", "gradient_scales.ipynb"), as_version=4)
   assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), (
-      "commit the notebook without outputs (python notebooks/make_gradient_scales.py)")
+      "commit the notebook without outputs (python -m notebooks.make_gradient_scales)")
   # The kernel inherits this environment: the package from this checkout, CPU, no display.
   monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   monkeypatch.setenv("MPLBACKEND", "Agg")
