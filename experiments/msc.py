@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm.auto as tqdm
 
-from experiments import cli, msc_report
+from experiments import cli, msc_report, sweep
 from experiments import simclr as simclr_experiment
 from tfcl_jax import augment, data, mappings, models
 from tfcl_jax.anomaly import msc, scores, weights
 from tfcl_jax.training import loop, optim, sharding, simclr, state, step
 
-RESULT_FILE = "result.json"
 PRETRAIN_DIR = "pretrain"
 _IGNORED_ON_RESUME = ("resume", "progress")
 _PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size", "devices",
@@ -277,7 +274,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> str:
   pretrain_cfg = pretrain_config(config)
   directory = os.path.join(workdir, PRETRAIN_DIR)
   (run,) = simclr_experiment.plan_runs(pretrain_cfg)
-  if not os.path.exists(os.path.join(run.directory(directory), simclr_experiment.RESULT_FILE)):
+  if not os.path.exists(os.path.join(run.directory(directory), sweep.RESULT_FILE)):
     try:
       simclr_experiment.run_experiment(pretrain_cfg, directory)
     except simclr_experiment.ConfigError as error:
@@ -315,20 +312,10 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
     raise ConfigError(str(error)) from error
   if experiment.variables is None:
     experiment.load(pretrain(config, workdir))
-  results = []
-  for run in tqdm.tqdm(runs, desc="MSC runs", disable=not config.progress):
-    result_path = os.path.join(run.directory(workdir), RESULT_FILE)
-    if config.resume and os.path.exists(result_path):
-      with open(result_path) as f:
-        results.append(json.load(f))
-      continue
-    result = experiment.run(run, workdir)
-    if jax.process_index() == 0:
-      with open(result_path, "w") as f:
-        json.dump(result, f, indent=2)
-    results.append(result)
-    if jax.process_index() == 0:
-      msc_report.write_results(results, workdir, dataset=config.dataset)
+  results = sweep.run_all(
+      runs, lambda run: experiment.run(run, workdir), workdir=workdir, resume=config.resume,
+      progress=config.progress, desc="MSC runs",
+      on_result=lambda done: msc_report.write_results(done, workdir, dataset=config.dataset))
   if jax.process_index() == 0:
     msc_report.write_plot(results, workdir, dataset=config.dataset)
   return results

@@ -13,23 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm.auto as tqdm
 
-from experiments import cli, simclr_report
+from experiments import cli, simclr_report, sweep
 from tfcl_jax import augment, data, mappings, models
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
 from tfcl_jax.training import loop, optim, sharding, simclr, state, step
 
 MODES = ("sweep", "n_sensitivity")
-RESULT_FILE = "result.json"
 _IGNORED_ON_RESUME = ("resume", "progress")
 
 
@@ -227,20 +224,10 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
   except (ValueError, TypeError) as error:  # includes data.DatasetNotPreparedError
     raise ConfigError(str(error)) from error
   experiment = Experiment(config, mesh)
-  results = []
-  for run in tqdm.tqdm(runs, desc="runs", disable=not config.progress):
-    result_path = os.path.join(run.directory(workdir), RESULT_FILE)
-    if config.resume and os.path.exists(result_path):
-      with open(result_path) as f:
-        results.append(json.load(f))
-      continue
-    result = experiment.run(run, workdir)
-    if jax.process_index() == 0:
-      with open(result_path, "w") as f:
-        json.dump(result, f, indent=2)
-    results.append(result)
-    if jax.process_index() == 0:
-      simclr_report.write_results(results, workdir, mode=config.mode)
+  results = sweep.run_all(
+      runs, lambda run: experiment.run(run, workdir), workdir=workdir, resume=config.resume,
+      progress=config.progress, desc="runs",
+      on_result=lambda done: simclr_report.write_results(done, workdir, mode=config.mode))
   if jax.process_index() == 0:  # also rewrites the tables when a resumed sweep trained nothing
     simclr_report.write_results(results, workdir, mode=config.mode)
     simclr_report.write_plots(results, workdir, mode=config.mode,
