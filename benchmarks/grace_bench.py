@@ -1,12 +1,14 @@
 r"""Time per GRACE epoch on CiteSeer (full batch, one jitted step), and where it goes.
 
 Prints, side by side in one process: the full training step (two views, GCN, projection,
-`info_nce(negatives="all")`, Adam), the loss alone (fwd+bwd on fixed projections), the GCN
+`info_nce(negatives="all")`, Adam) with the blockwise loss the experiment uses and with dense
+`[2N, 2N]` logits, the loss alone (fwd+bwd on fixed projections, both ways), the GCN
 alone, and the floor of the loss (the `[2N, D] x [D, 2N]` similarity matmul fwd+bwd); wall and
 process-CPU seconds (CPU / cores approximates the wall time on an idle machine), and the
 projected time of a 1000-epoch run.
 
 Run: python -m benchmarks.grace_bench [--epochs 20] [--mapping free] [--dataset citeseer]
+  [--block_size 1024]
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ def main():
   parser.add_argument("--epochs", type=int, default=20, help="timed epochs")
   parser.add_argument("--mapping", default="free")
   parser.add_argument("--dataset", default="citeseer", choices=("citeseer", "cora"))
+  parser.add_argument("--block_size", type=int, default=None,
+                      help="tile side of the blockwise loss (default: the config's)")
   args = parser.parse_args()
 
   config = grace_citeseer.get_config(args.dataset)
+  block_size = args.block_size or config.block_size
   graph, batch = grace.load_graph(config)
   mapping = mappings.from_spec(args.mapping)
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
@@ -50,19 +55,26 @@ def main():
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
             "mapping": dict(mapping.params)}
-  loss_fn = grace.make_loss_fn(model, mapping, edge_rate=config.edge_rate,
-                               feature_rate=config.feature_rate)
+  def step_fn(block):
+    loss_fn = grace.make_loss_fn(model, mapping, edge_rate=config.edge_rate,
+                                 feature_rate=config.feature_rate, block_size=block)
+    return training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False, donate=False)
+
   # The experiment's step: the library's jitted train step on one replicated full batch.
   mesh = training.make_mesh(jax.devices()[:1])
   state = training.create_train_state(model_params=params["model"],
                                       tx=optax.adam(config.learning_rate),
                                       mapping_params=params["mapping"])
-  train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False, donate=False)
   placed = training.sharding.shard_batch(batch, mesh, sharded=False)
+  # Placed as the loop's states are (a fresh state would be copied to the mesh every call).
+  state = jax.device_put(state, training.sharding.replicated(mesh))
 
   h1, h2 = jax.random.normal(jax.random.key(2), (2, graph.num_nodes, config.hidden_dim))
-  loss_only = jax.jit(jax.grad(lambda a, b: losses.info_nce(a, b, mapping=mapping,
-                                                            negatives="all"), argnums=(0, 1)))
+  def loss_only(block):
+    return jax.jit(jax.grad(lambda a, b: losses.info_nce(
+        a, b, mapping=mapping, negatives="all", block_size=block), argnums=(0, 1)))
+
+  blockwise_step, dense_step = step_fn(block_size), step_fn(None)
   both = jnp.concatenate([h1, h2])
   floor = jax.jit(jax.grad(lambda u: jnp.sum(u @ u.T)))
 
@@ -75,10 +87,15 @@ def main():
   gcn_grad = jax.jit(jax.grad(gcn_view))
 
   rows = [
-      ("train step (2 views + loss + Adam)",
-       _time(lambda: train_step(state, placed, jax.random.key(1))[1]["loss"],
+      (f"train step, blockwise {block_size} (the run's)",
+       _time(lambda: blockwise_step(state, placed, jax.random.key(1))[1]["loss"],
              repeats=args.epochs)),
-      ("loss alone, fwd+bwd", _time(loss_only, h1, h2, repeats=args.epochs)),
+      ("train step, dense logits",
+       _time(lambda: dense_step(state, placed, jax.random.key(1))[1]["loss"],
+             repeats=args.epochs)),
+      (f"loss alone, blockwise {block_size}, fwd+bwd",
+       _time(loss_only(block_size), h1, h2, repeats=args.epochs)),
+      ("loss alone, dense, fwd+bwd", _time(loss_only(None), h1, h2, repeats=args.epochs)),
       ("GCN + head, one view, fwd+bwd", _time(gcn_grad, params, jax.random.key(3),
                                               repeats=args.epochs)),
       ("floor: [2N,D]x[D,2N] matmul fwd+bwd", _time(floor, both, repeats=args.epochs)),
@@ -88,9 +105,9 @@ def main():
   print(f"GRACE on {graph.name} (N={graph.num_nodes}, E={batch.edge_index.shape[1]}), "
         f"mapping {mapping.spec}, {args.epochs} timed epochs, {cores} cores, "
         f"{jax.devices()[0].platform}")
-  print(f"{'':40s} {'wall s':>9s} {'cpu s':>9s} {'/ step':>7s}")
+  print(f"{'':44s} {'wall s':>9s} {'cpu s':>9s} {'/ step':>7s}")
   for name, (wall, cpu) in rows:
-    print(f"{name:40s} {wall:9.4f} {cpu:9.4f} {wall / step_wall:7.2f}")
+    print(f"{name:44s} {wall:9.4f} {cpu:9.4f} {wall / step_wall:7.2f}")
   print(f"time per epoch: {step_wall:.4f} s wall, {step_cpu:.4f} s CPU")
   print(f"1000-epoch run: {1000 * step_wall:.0f} s wall now; "
         f"{1000 * step_cpu / cores:.0f} s if this process had all {cores} cores (CPU / cores)")

@@ -49,6 +49,7 @@ class Mapping:
   fn: LogitFn = dataclasses.field(repr=False)
   params: dict[str, Any] = dataclasses.field(default_factory=dict)
   scheduled: bool = False
+  step: Any = dataclasses.field(default=None, repr=False)
 
   def __call__(self, cos: jax.typing.ArrayLike, *, params=None, step=None) -> jax.Array:
     cos = jnp.asarray(cos)
@@ -56,8 +57,37 @@ class Mapping:
       raise TypeError(f"cos must have a floating dtype, got {cos.dtype}.")
     cos = cos.astype(_checks.compute_dtype(cos.dtype))
     params = self.params if params is None else params
-    step = jnp.zeros((), jnp.int32) if step is None else step
+    step = self.bound_step() if step is None else step
     return self.fn(cos, params, step)
+
+  def bound_step(self) -> jax.Array:
+    """The step fixed by `bind`, else 0."""
+    return jnp.zeros((), jnp.int32) if self.step is None else jnp.asarray(self.step)
+
+  def bind(self, *, params=None, step=None) -> Mapping:
+    """This map with its trainable `params` and training `step` fixed, as a `Mapping`.
+
+    What a train step hands to a loss: unlike `lambda cos: m(cos, params=p, step=s)`, the
+    result is still this `Mapping` (same `spec`), so the blockwise kernels keep their Eq. 11
+    fast path and take gradients with respect to `params` and `step`-dependent values.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from tfcl_jax import mappings
+      >>> m = mappings.learnable_temperature(0.0).bind(params={"t": jnp.log(2.0)})
+      >>> round(m(0.25).item(), 4), m.spec
+      (0.5, 'learnable=1')
+
+    Args:
+      params: replaces `self.params` (same keys); None keeps them.
+      step: the training step a scheduled map reads; None keeps the bound one (else 0).
+    """
+    if params is not None and set(params) != set(self.params):
+      raise ValueError(
+          f"params must have the keys {sorted(self.params)} of mapping {self.spec!r}, "
+          f"got {sorted(params)}.")
+    return dataclasses.replace(self, params=self.params if params is None else dict(params),
+                               step=self.step if step is None else step)
 
   @property
   def learnable(self) -> bool:

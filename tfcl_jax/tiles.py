@@ -81,7 +81,8 @@ def pure_mapping(mapping, *, tile_shape: tuple[int, int], like: jax.Array) -> Pu
     fn, params = mapping.fn, {name: jnp.asarray(v) for name, v in mapping.params.items()}
   else:
     fn, params = (lambda cos, params, step: mapping(cos)), {}
-  step = jnp.zeros((), jnp.int32)
+  step = mapping.bound_step() if isinstance(mapping, mappings_lib.Mapping) else jnp.zeros(
+      (), jnp.int32)
   example_cos, params = match_varying((jnp.zeros(tile_shape, like.dtype), params), like)
   converted, consts = jax.closure_convert(fn, example_cos, params, step)
   return PureMapping(converted, params, step, tuple(match_varying(tuple(consts), like)))

@@ -203,7 +203,7 @@ def make_msc_loss(
     features = encoder.apply({"params": params["model"], **variables},
                              jnp.concatenate([view1, view2]), train=False)
     z1, z2 = jnp.split(features, 2)
-    logits_map = lambda cos: mapping(cos, params=params["mapping"], step=step)
+    logits_map = mapping.bind(params=params["mapping"], step=step)
     s1, s2 = mean_shift(z1, center_vector), mean_shift(z2, center_vector)
     contrastive = losses.info_nce(s1, s2, mapping=logits_map, negatives="all")
     angular_term = jnp.mean(jnp.sum(s1 * s1, -1)) + jnp.mean(jnp.sum(s2 * s2, -1))

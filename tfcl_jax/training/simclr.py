@@ -92,7 +92,7 @@ def make_simclr_loss(
         {"params": params["model"], **model_state}, views, train=True,
         mutable=list(model_state))
     z1, z2 = jnp.split(projections, 2, axis=0)
-    logits_map = lambda cos: mapping(cos, params=params["mapping"], step=step)
+    logits_map = mapping.bind(params=params["mapping"], step=step)
     loss = losses.info_nce(z1, z2, mapping=logits_map, negatives=negatives)
     return loss, (new_model_state, cosine_diagnostics(z1, z2))
 
