@@ -24,8 +24,11 @@ MAPPINGS = {
     "dynamic": lambda p: mappings.dynamic_temperature(0.1, 0.3),
     "annealed": lambda p: mappings.from_spec("anneal=cosine:0.5:0.1:100"),
     "plain_callable": lambda p: (lambda cos: 3.0 * cos),
+    # What train steps pass: `Mapping.bind` fixes params and step (tiles must read both).
+    "bound_learnable": lambda p: mappings.learnable_temperature(0.0).bind(params={"t": p}),
+    "bound_annealed": lambda p: mappings.from_spec("anneal=cosine:0.5:0.1:100").bind(step=37),
 }
-PARAM = {"learnable": 1.5, "traced_tau": 0.3}
+PARAM = {"learnable": 1.5, "traced_tau": 0.3, "bound_learnable": 1.5}
 
 
 def _views(n, d, dtype=jnp.float32, seed=0):
@@ -168,3 +171,21 @@ def test_non_int_block_size_raises(block_size):
 
 def test_numpy_integer_block_size_accepted():
   assert blockwise.check_block_size(np.int64(8)) == 8
+
+
+def test_balanced_tile_bounds_memory_keeps_tile_count_and_pads_under_a_row_per_tile():
+  for n in range(1, 200):
+    for block_size in range(1, 230, 7):
+      tile = blockwise.balanced_tile(block_size, n)
+      count = -(-n // block_size)
+      assert tile <= block_size
+      assert -(-n // tile) == count
+      assert count * tile - n < count
+
+
+def test_bound_free_mapping_keeps_the_fast_path():
+  from tfcl_jax import tiles  # noqa: PLC0415
+
+  bound = mappings.temperature_free().bind(params={}, step=3)
+  pure = tiles.pure_mapping(bound, tile_shape=(2, 2), like=jnp.zeros((2, 2)))
+  assert isinstance(pure.fn, tiles.FreeLogOdds)

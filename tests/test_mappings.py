@@ -201,3 +201,22 @@ class FromSpecTest(chex.TestCase):
   def test_non_string(self):
     with pytest.raises(TypeError, match="spec"):
       mappings.from_spec(0.1)
+
+
+def test_bind_fixes_params_and_step_and_keeps_the_spec():
+  annealed = mappings.from_spec("anneal=cosine:0.5:0.1:100")
+  cos = jnp.linspace(-0.9, 0.9, 7)
+  bound = annealed.bind(step=37)
+  assert bound.spec == annealed.spec
+  np.testing.assert_allclose(bound(cos), annealed(cos, step=37), rtol=1e-6)
+  assert not np.allclose(bound(cos), annealed(cos))  # step 0 differs
+  learnable = mappings.learnable_temperature(0.0).bind(params={"t": jnp.log(4.0)})
+  np.testing.assert_allclose(learnable(cos), 4.0 * cos, rtol=1e-6)  # exp(t) cos, Eq. 8
+  assert learnable.bind(step=2).params["t"] == learnable.params["t"]
+
+
+def test_bind_rejects_params_with_other_keys():
+  with pytest.raises(ValueError, match="params must have the keys"):
+    mappings.learnable_temperature(0.0).bind(params={"tau": 1.0})
+  with pytest.raises(ValueError, match="params must have the keys"):
+    mappings.temperature_free().bind(params={"t": 1.0})

@@ -99,7 +99,8 @@ def padded_blocks(anchors, excluded_ids, columns: Candidates, block_size: int | 
   if block_size is None:
     block_rows, block_cols = num_rows, num_cols
   else:
-    block_rows, block_cols = balanced_tile(block_size, num_rows), balanced_tile(block_size, num_cols)
+    block_rows = balanced_tile(block_size, num_rows)
+    block_cols = balanced_tile(block_size, num_cols)
   columns = Candidates(
       _pad_rows(columns.vectors, block_cols, 0.0),
       _pad_rows(jnp.asarray(columns.ids, jnp.int32), block_cols, -2),
@@ -139,7 +140,7 @@ def logsumexp_of_mapped(
     candidates: `Candidates(vectors [K, D], ids [K] int, valid [K] bool)`.
     excluded_ids: `[M]` or `[M, k]` int: ids of the candidates row i excludes (-1: none).
     mapping: a `tfcl_jax.mappings.Mapping` or a callable `cos -> logits`.
-    block_size: tile side, an int > 0.
+    block_size: the largest tile side, an int > 0 (tiles are sized by `balanced_tile`).
 
   Returns:
     `[M]` float: the logsumexp per row, `-inf` for a row without candidates.
@@ -229,7 +230,7 @@ def info_nce_rows(
     mapping: a `Mapping` or a callable `cos -> logits`.
     negatives: `"cross"` or `"all"`, as in `losses.info_nce`.
     valid: optional `[N]` bool mask of valid pairs.
-    block_size: tile side, an int > 0.
+    block_size: the largest tile side, an int > 0 (tiles are sized by `balanced_tile`).
 
   Returns:
     `(per_row [N] or [2N], anchor_valid)`: the losses and the mask of valid anchors (None
