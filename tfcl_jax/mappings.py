@@ -34,15 +34,16 @@ class Mapping:
 
   Call it on cosines: `mapping(cos) -> logits`. Learnable maps carry their
   trainable scalars in `params` (a dict, empty for the others); scheduled maps
-  read the training `step`. Both can be overridden per call, which is how a
-  train step passes the current parameters and step inside `jit`:
-  `mapping(cos, params=state.mapping_params, step=state.step)`.
+  read the training `step`. Both can be overridden per call,
+  `mapping(cos, params=..., step=...)`, or fixed with `mapping.bind(params=..., step=...)`,
+  which is how a train step hands the current ones to a loss inside `jit`.
 
   Attributes:
     spec: canonical spec string (`from_spec(mapping.spec)` rebuilds it).
     fn: `fn(cos, params, step) -> logits`, the pure map.
     params: trainable scalars, `{}` for non-learnable maps.
     scheduled: whether the map depends on `step`.
+    step: the step fixed by `bind` (None: 0).
   """
 
   spec: str

@@ -50,7 +50,7 @@ def make_simclr_loss(
 
   Both views go through the model in one call (BatchNorm statistics over the 2B views, as in
   SimCLR); the loss is `losses.info_nce(z1, z2, negatives=negatives)` with
-  `mapping(cos, params=params["mapping"], step=step)` (Eq. 1 for `tau=...`, Eq. 11 for `free`).
+  `mapping.bind(params=params["mapping"], step=step)` (Eq. 1 for `tau=...`, Eq. 11 for `free`).
   Metrics: `pos_cos`, `neg_cos` (`cosine_diagnostics` of the projections).
 
   Examples:
