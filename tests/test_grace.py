@@ -51,13 +51,15 @@ def _pygcl_infonce(h1, h2, tau):
   return 0.5 * (one_side(h1, h2) + one_side(h2, h1))
 
 
-def test_loss_is_pygcl_grace_loss_on_the_two_views():
+@pytest.mark.parametrize("block_size", [None, 16])  # dense; blockwise with 80 = 5 x 16 rows
+def test_loss_is_pygcl_grace_loss_on_the_two_views(block_size):
   graph = _tiny_graph()
   batch = _batch(graph)
   model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"], "mapping": {}}
-  loss_fn = grace.make_loss_fn(model, mappings.temperature(0.2), edge_rate=0.3, feature_rate=0.3)
+  loss_fn = grace.make_loss_fn(model, mappings.temperature(0.2), edge_rate=0.3, feature_rate=0.3,
+                               block_size=block_size)
   key = jax.random.key(7)
   loss, _ = jax.jit(loss_fn)(params, {}, batch, key, 0)
 
@@ -131,3 +133,20 @@ def test_bad_spec_fails_before_training(tiny_config, tmp_path):
   with pytest.raises(ValueError, match="tau"):
     grace.run(tiny_config, str(tmp_path), progress=False)
   assert not (tmp_path / "results.csv").exists()
+
+
+def test_paired_differences_match_a_hand_computation():
+  scores = {"free": [0.70, 0.68, 0.66], "tau=0.1": [0.60, 0.61, 0.55], "tau=1": [0.69]}
+  rows = [{"mapping": m, "seed": str(seed), "f1_micro": str(v)}
+          for m, values in scores.items() for seed, v in enumerate(values)]
+  table = grace.paired_differences(rows, ["tau=0.1", "free", "tau=1"])
+  assert [row["mapping"] for row in table] == ["tau=0.1", "tau=1"]
+  first = table[0]
+  diffs = 100 * (np.array(scores["free"]) - np.array(scores["tau=0.1"]))  # 10, 7, 11 points
+  assert first["seeds"] == 3 and first["wins"] == 3
+  np.testing.assert_allclose(first["mean"], diffs.mean())
+  np.testing.assert_allclose(first["sem"], diffs.std(ddof=1) / np.sqrt(3))
+  # Paired t = mean / sem with 2 degrees of freedom: two-sided p = 1 - t / sqrt(t^2 + 2).
+  t = diffs.mean() / (diffs.std(ddof=1) / np.sqrt(3))
+  np.testing.assert_allclose(first["p_value"], 1 - t / np.sqrt(t * t + 2), rtol=1e-6)
+  assert table[1]["seeds"] == 1 and np.isnan(table[1]["p_value"])  # one shared seed: no test
