@@ -10,6 +10,10 @@ import sys
 from collections.abc import Callable
 
 
+class ConfigError(ValueError):
+  """A config, dataset, checkpoint or workdir problem found before training (printed, no trace)."""
+
+
 def run_main(
     run: Callable[[object, str], object],
     *,

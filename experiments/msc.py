@@ -35,8 +35,7 @@ _PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_
                     "progress")
 
 
-class ConfigError(ValueError):
-  """A config, dataset, checkpoint or workdir problem found before training."""
+ConfigError = cli.ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,8 +30,7 @@ MODES = ("sweep", "n_sensitivity")
 _IGNORED_ON_RESUME = ("resume", "progress")
 
 
-class ConfigError(ValueError):
-  """A config, dataset or workdir problem found before training (the command line prints it)."""
+ConfigError = cli.ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
