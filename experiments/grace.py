@@ -61,9 +61,8 @@ def make_loss_fn(model: gcn.GRACE, mapping: mappings.Mapping, *, edge_rate: floa
 
   Two views (`graph_augment.grace_view`), their projections, and
   `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`, Eq. 11 with `free`) under `mapping`
-  with the learnable parameters `params["mapping"]`; blockwise (`tfcl_jax.blockwise`, the
-  Eq. 11 fast path for `free`) when `block_size` is an int: the same loss, ~6x faster on
-  CiteSeer on CPU than the dense `[2N, 2N]` logits (`python -m benchmarks.grace_bench`).
+  with the learnable parameters `params["mapping"]`; `block_size` is the loss's tile side
+  (None: automatic).
   """
 
   def loss_fn(params, model_state, batch: GraphBatch, key, step):

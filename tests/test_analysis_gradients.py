@@ -45,7 +45,7 @@ def _embeddings(cosines):
 def _row0_losses(z1, z2, tau, t):
   """info_nce's row-0 loss for cos/tau, exp(t) cos and the free map: one compile per N."""
   row0 = lambda mapping: losses.info_nce(z1, z2, mapping=mapping, reduction="none")[0]
-  return (row0(mappings.temperature(tau)), row0(mappings.learnable_temperature(t)),
+  return (row0(mappings.temperature(tau)), row0(mappings.learnable_temperature(t=t)),
           row0(mappings.temperature_free()))
 
 

@@ -51,7 +51,7 @@ def _pygcl_infonce(h1, h2, tau):
   return 0.5 * (one_side(h1, h2) + one_side(h2, h1))
 
 
-@pytest.mark.parametrize("block_size", [None, 16])  # dense; blockwise with 80 = 5 x 16 rows
+@pytest.mark.parametrize("block_size", [None, 16])  # automatic; tiles of 16 (80 = 5 x 16 rows)
 def test_loss_is_pygcl_grace_loss_on_the_two_views(block_size):
   graph = _tiny_graph()
   batch = _batch(graph)

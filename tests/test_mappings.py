@@ -96,20 +96,41 @@ class LearnableTemperatureTest(chex.TestCase):
   def test_value_and_gradient_in_t(self):
     # Eq. 8: logits = exp(t) cos, so d logits / dt = exp(t) cos.
     def logit(t, c):
-      return mappings.learnable_temperature(t)(c)
+      return mappings.learnable_temperature(t=t)(c)
 
     t, c = 1.3, 0.4
     np.testing.assert_allclose(self.variant(logit)(t, c), math.exp(t) * c, rtol=1e-6)
     np.testing.assert_allclose(self.variant(jax.grad(logit))(t, c), math.exp(t) * c, rtol=1e-6)
 
   def test_params_override(self):
-    mapping = mappings.learnable_temperature(0.0)
+    mapping = mappings.learnable_temperature(t=0.0)
     assert float(mapping(0.5, params={"t": jnp.log(4.0)})) == pytest.approx(2.0)
     assert set(mapping.params) == {"t"} and mapping.learnable
 
-  def test_bad_t(self):
+  def test_bad_t_tau_and_positional_use(self):
     with pytest.raises(ValueError, match="t must"):
-      mappings.learnable_temperature(float("nan"))
+      mappings.learnable_temperature(t=float("nan"))
+    with pytest.raises(ValueError, match="tau"):
+      mappings.learnable_temperature(tau=0.0)
+    with pytest.raises(ValueError, match="not both"):
+      mappings.learnable_temperature(tau=0.1, t=1.0)
+    with pytest.raises(TypeError):
+      mappings.learnable_temperature(0.07)  # positional: ambiguous between tau and t
+
+  def test_tau_keyword_is_the_spec_and_the_initial_temperature(self):
+    by_keyword = mappings.learnable_temperature(tau=0.07)
+    by_spec = mappings.from_spec("learnable=0.07")
+    assert by_keyword.spec == by_spec.spec == "learnable=0.07"
+    np.testing.assert_allclose(by_keyword(1.0), 1 / 0.07, rtol=1e-6)  # logit 1/tau at cos = 1
+    np.testing.assert_allclose(by_spec(1.0), 1 / 0.07, rtol=1e-6)
+    assert mappings.learnable_temperature().spec == "learnable=0.07"
+
+  def test_max_scale_clamps_the_logit_scale(self):
+    capped = mappings.learnable_temperature(tau=1e-3, max_scale=100.0)
+    np.testing.assert_allclose(capped(0.5), 50.0, rtol=1e-6)
+    # Past the cap the scale is constant: no gradient reaches t (open_clip's clamp).
+    grad = jax.grad(lambda t: capped(0.5, params={"t": t}))(capped.params["t"])
+    assert float(grad) == 0.0
 
 
 class DynamicTemperatureTest(chex.TestCase):
@@ -210,13 +231,32 @@ def test_bind_fixes_params_and_step_and_keeps_the_spec():
   assert bound.spec == annealed.spec
   np.testing.assert_allclose(bound(cos), annealed(cos, step=37), rtol=1e-6)
   assert not np.allclose(bound(cos), annealed(cos))  # step 0 differs
-  learnable = mappings.learnable_temperature(0.0).bind(params={"t": jnp.log(4.0)})
+  learnable = mappings.learnable_temperature(t=0.0).bind(params={"t": jnp.log(4.0)})
   np.testing.assert_allclose(learnable(cos), 4.0 * cos, rtol=1e-6)  # exp(t) cos, Eq. 8
   assert learnable.bind(step=2).params["t"] == learnable.params["t"]
 
 
 def test_bind_rejects_params_with_other_keys():
   with pytest.raises(ValueError, match="params must have the keys"):
-    mappings.learnable_temperature(0.0).bind(params={"tau": 1.0})
+    mappings.learnable_temperature(t=0.0).bind(params={"tau": 1.0})
   with pytest.raises(ValueError, match="params must have the keys"):
     mappings.temperature_free().bind(params={"t": 1.0})
+
+
+def test_mappings_are_pytrees_whose_leaves_are_the_learnable_scalars():
+  learnable = mappings.learnable_temperature(tau=0.5).bind(step=3)
+  leaves, treedef = jax.tree.flatten(learnable)
+  assert len(leaves) == 2  # t and the bound step
+  rebuilt = jax.tree.unflatten(treedef, leaves)
+  assert rebuilt.spec == learnable.spec and float(rebuilt(0.5)) == float(learnable(0.5))
+  assert jax.tree.leaves(mappings.temperature(0.5)) == []
+  # Built-in maps of equal hyperparameters have equal static parts: jit compiles once.
+  assert (jax.tree.structure(mappings.temperature(0.5))
+          == jax.tree.structure(mappings.from_spec("tau=0.5")))
+  traced = jax.jit(lambda m, c: m(c))
+  traced(mappings.from_spec("free"), 0.5)
+  traced(mappings.temperature_free(), 0.25)
+  assert traced._cache_size() == 1
+  scaled = jax.vmap(lambda m: m(0.5))(
+      mappings.learnable_temperature().bind(params={"t": jnp.log(jnp.array([1.0, 2.0, 4.0]))}))
+  np.testing.assert_allclose(scaled, [0.5, 1.0, 2.0], rtol=1e-6)

@@ -3,7 +3,7 @@
 Kim & Kim, "Temperature-Free Loss Function for Contrastive Learning" (arXiv 2501.17683).
 """
 
-from tfcl_jax import analysis, blockwise, distributed, losses, mappings, schedules
+from tfcl_jax import analysis, losses, mappings, schedules
 from tfcl_jax.losses import info_nce, supervised_info_nce
 from tfcl_jax.mappings import from_spec, temperature, temperature_free
 
@@ -11,8 +11,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "analysis",
-    "blockwise",
-    "distributed",
     "from_spec",
     "info_nce",
     "losses",

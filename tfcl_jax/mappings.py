@@ -27,7 +27,12 @@ LogitFn = Callable[[jax.Array, MappingType[str, jax.Array], jax.Array], jax.Arra
 # logit wherever they sit in the batch, at the cost of ~2 nats of range.
 _FREE_MARGIN_ULPS = 8
 
+# Largest spread of logits, in nats, that a fixed shift may cover: `exp(f(c) - shift)` then
+# stays above exp(-60) ~ 1e-26, far from float32's smallest normal (1e-38).
+_FIXED_SHIFT_RANGE = {4: 60.0, 8: 600.0}
 
+
+@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mapping:
   """A similarity-to-logit map, applied elementwise to cosine similarities.
@@ -37,6 +42,21 @@ class Mapping:
   read the training `step`. Both can be overridden per call,
   `mapping(cos, params=..., step=...)`, or fixed with `mapping.bind(params=..., step=...)`,
   which is how a train step hands the current ones to a loss inside `jit`.
+
+  A `Mapping` is a pytree: its leaves are `params` (and a bound `step`), the rest is static.
+  It passes through `jax.jit`, `vmap` and `grad` as an argument; the gradient with respect to
+  a `Mapping` is a `Mapping` whose `params` hold the gradients, and `optax` updates it.
+
+  The pure map `fn` may declare cheaper closed forms that the losses ask for (`exp_form`):
+  Eq. 11's `exp(2 artanh c) = (1 + c) / (1 - c)` is one division per logit.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import mappings
+    >>> m = mappings.learnable_temperature(tau=0.5)
+    >>> grad = jax.grad(lambda m: m(jnp.array(0.25)))(m)   # d(exp(t) c)/dt = exp(t) c
+    >>> round(float(grad.params["t"]), 4), type(grad).__name__
+    (0.5, 'Mapping')
 
   Attributes:
     spec: canonical spec string (`from_spec(mapping.spec)` rebuilds it).
@@ -51,6 +71,15 @@ class Mapping:
   params: dict[str, Any] = dataclasses.field(default_factory=dict)
   scheduled: bool = False
   step: Any = dataclasses.field(default=None, repr=False)
+
+  def tree_flatten(self):
+    return (self.params, self.step), (self.spec, self.fn, self.scheduled)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    spec, fn, scheduled = aux
+    params, step = children
+    return cls(spec, fn, params, scheduled, step)
 
   def __call__(self, cos: jax.typing.ArrayLike, *, params=None, step=None) -> jax.Array:
     cos = jnp.asarray(cos)
@@ -69,13 +98,13 @@ class Mapping:
     """This map with its trainable `params` and training `step` fixed, as a `Mapping`.
 
     What a train step hands to a loss: unlike `lambda cos: m(cos, params=p, step=s)`, the
-    result is still this `Mapping` (same `spec`), so the blockwise kernels keep their Eq. 11
-    fast path and take gradients with respect to `params` and `step`-dependent values.
+    result is still this `Mapping` (same `spec`), so the losses keep its fast forms and take
+    gradients with respect to `params` and `step`-dependent values.
 
     Examples:
       >>> import jax.numpy as jnp
       >>> from tfcl_jax import mappings
-      >>> m = mappings.learnable_temperature(0.0).bind(params={"t": jnp.log(2.0)})
+      >>> m = mappings.learnable_temperature(tau=1.0).bind(params={"t": jnp.log(2.0)})
       >>> round(m(0.25).item(), 4), m.spec
       (0.5, 'learnable=1')
 
@@ -93,6 +122,53 @@ class Mapping:
   @property
   def learnable(self) -> bool:
     return bool(self.params)
+
+  def exp_form(self, dtype) -> ExpForm | None:
+    """The map's closed form of `exp(f(c) - shift)` for cosines of `dtype`, if it has one.
+
+    Losses that sum `exp(logits)` (InfoNCE's logsumexp) use it instead of `exp(fn(c))`:
+    a constant `shift` replaces the running maximum, and the weight and its derivative come
+    from the map's own formula. None when the map declares no such form, has learnable
+    parameters (their gradient goes through `fn`), or its logits span more than the dtype can
+    hold under one shift (e.g. `tau < 1/30` in float32).
+    """
+    declare = getattr(self.fn, "exp_form", None)
+    if declare is None or self.params:
+      return None
+    return declare(jnp.dtype(dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpForm:
+  """`w(c) = exp(f(c) - shift)` and `dw/dc` in closed form, for `c` in `[-1, 1]`.
+
+  `shift` is a constant at least `max f`, so `w <= 1` (or bounded: Eq. 11 uses `shift = 0`
+  with `w <= 2 / margin`); losses then need no running maximum.
+  """
+
+  shift: float
+  weight: Callable[[jax.Array], jax.Array]
+  weight_grad: Callable[[jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Temperature:
+  """`cos / tau` with a concrete `tau` (Eq. 1)."""
+
+  tau: float
+
+  def __call__(self, cos, params, step):
+    return cos / jnp.asarray(self.tau, cos.dtype)
+
+  def exp_form(self, dtype) -> ExpForm | None:
+    if 2.0 / self.tau > _FIXED_SHIFT_RANGE[dtype.itemsize]:
+      return None
+    inverse = 1.0 / self.tau
+
+    def weight(cos):
+      return jnp.exp((cos - 1.0) * inverse)
+
+    return ExpForm(inverse, weight, lambda cos: weight(cos) * inverse)
 
 
 def temperature(tau: jax.typing.ArrayLike) -> Mapping:
@@ -114,8 +190,9 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
     A `Mapping`.
   """
   _checks.positive_scalar(tau, name="tau")
-  spec = f"tau={_format(tau)}" if _checks.is_concrete(tau) else "tau=<traced>"
-  return Mapping(spec, lambda cos, params, step: cos / jnp.asarray(tau, cos.dtype))
+  if _checks.is_concrete(tau):
+    return Mapping(f"tau={_format(tau)}", _Temperature(float(tau)))
+  return Mapping("tau=<traced>", lambda cos, params, step: cos / jnp.asarray(tau, cos.dtype))
 
 
 def _free_margin(dtype) -> float:
@@ -138,6 +215,34 @@ def max_free_logit(dtype) -> float:
   return math.log((2.0 - margin) / margin)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Free:
+  """Eq. 11, `log1p(c) - log1p(-c)` after an 8-ulp clamp; `exp` of it is `(1 + c) / (1 - c)`."""
+
+  def __call__(self, cos, params, step):
+    margin = _free_margin(cos.dtype)
+    cos = jnp.clip(cos, -1.0 + margin, 1.0 - margin)
+    return jnp.log1p(cos) - jnp.log1p(-cos)
+
+  def exp_form(self, dtype) -> ExpForm:
+    low, high = -1.0 + _free_margin(dtype), 1.0 - _free_margin(dtype)
+
+    def weight(cos):
+      cos = jnp.clip(cos, low, high)
+      return (1.0 + cos) / (1.0 - cos)
+
+    def weight_grad(cos):
+      # d/dc (1 + c)/(1 - c) = 2 / (1 - c)^2, times the clamp's slope as jnp.clip
+      # differentiates it: 1 inside, 1/2 on a bound, 0 beyond.
+      inverse = 1.0 / (1.0 - jnp.clip(cos, low, high))
+      slope = jnp.where((cos > low) & (cos < high), 1.0,
+                        jnp.where((cos == low) | (cos == high), 0.5, 0.0))
+      return 2.0 * inverse * inverse * slope
+
+    # After the clamp w <= 2 / margin (4.2e6 in float32): sums of it need no shift.
+    return ExpForm(0.0, weight, weight_grad)
+
+
 def temperature_free() -> Mapping:
   r"""The temperature-free scaled log-odds map (Eq. 11).
 
@@ -155,6 +260,8 @@ def temperature_free() -> Mapping:
   largest reachable logit (`max_free_logit`): float64 35.3, float32 15.2
   (bfloat16 and float16 as float32), against 10 for `tau = 0.1`. A fixed clamp
   at 0.9999 would cap it at 9.9 and bring back the limit the map removes.
+  Losses that exponentiate the logits use its closed form `exp(f(c)) = (1 + c)/(1 - c)`
+  (`Mapping.exp_form`): one division per logit.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -170,46 +277,70 @@ def temperature_free() -> Mapping:
     Kim & Kim, Temperature-Free Loss Function for Contrastive Learning,
     arXiv 2501.17683, Eq. 11.
   """
-
-  def fn(cos, params, step):
-    margin = _free_margin(cos.dtype)
-    cos = jnp.clip(cos, -1.0 + margin, 1.0 - margin)
-    return jnp.log1p(cos) - jnp.log1p(-cos)
-
-  return Mapping("free", fn)
+  return Mapping("free", _Free())
 
 
-def learnable_temperature(t: jax.typing.ArrayLike) -> Mapping:
-  r"""CLIP's learnable temperature: `exp(t) * cos` (Eq. 8).
+@dataclasses.dataclass(frozen=True)
+class _Learnable:
+  """`min(exp(t), max_scale) * cos` (Eq. 8), `t` in `params`."""
 
-  `t` is the log inverse temperature, so `tau = exp(-t)`; it is stored in
-  `mapping.params["t"]` for the train state. Eq. 10: its gradient
+  max_scale: float | None = None
+
+  def __call__(self, cos, params, step):
+    scale = jnp.exp(jnp.asarray(params["t"], cos.dtype))
+    if self.max_scale is not None:
+      scale = jnp.minimum(scale, self.max_scale)
+    return scale * cos
+
+
+def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
+                          t: jax.typing.ArrayLike | None = None,
+                          max_scale: float | None = None) -> Mapping:
+  r"""CLIP's learnable temperature: `exp(t) * cos` (Eq. 8), started at temperature `tau`.
+
+  `t = log(1 / tau)` is the log inverse temperature (the logit scale's log, stored as in
+  CLIP and big_vision); it lives in `mapping.params["t"]` for the train state. Give the
+  initial temperature `tau` (default 0.07, CLIP's) or `t` itself, not both:
+  `learnable_temperature(tau=0.07)` is `from_spec("learnable=0.07")`. Eq. 10: the gradient
   `|dL/dt| = 2 C e^t / (1 + e^{2 C e^t})` vanishes at `C = 0` for every `t`.
 
   Examples:
-    >>> import math
     >>> from tfcl_jax import mappings
-    >>> clip_init = mappings.learnable_temperature(math.log(1 / 0.07))
-    >>> round(clip_init(0.07).item(), 4)
-    1.0
+    >>> clip_init = mappings.learnable_temperature(tau=0.07)
+    >>> round(clip_init(0.07).item(), 4), clip_init.spec
+    (1.0, 'learnable=0.07')
+    >>> capped = mappings.learnable_temperature(tau=0.001, max_scale=100.0)
+    >>> round(capped(0.5).item(), 4)   # open_clip clamps the scale exp(t) at 100
+    50.0
 
   Args:
-    t: log inverse temperature; a float or a (traced) scalar array, so that
+    tau: initial temperature, > 0 (default 0.07 when `t` is not given).
+    t: initial log inverse temperature instead of `tau`; may be a traced scalar, so that
       gradients reach it.
+    max_scale: optional cap on the logit scale `exp(t)` (open_clip uses 100); None: no cap.
 
   Returns:
     A `Mapping` with `params == {"t": t}`.
   """
-  if _checks.is_concrete(t):
+  if tau is not None and t is not None:
+    raise ValueError(f"give the initial temperature tau or its log inverse t, not both "
+                     f"(got tau={tau!r}, t={t!r}).")
+  if max_scale is not None:
+    _checks.positive_scalar(max_scale, name="max_scale")
+    max_scale = float(max_scale)
+  if t is None:
+    tau = 0.07 if tau is None else tau
+    _checks.positive_scalar(tau, name="tau")
+    t = jnp.log(1.0 / jnp.asarray(tau, float)) if _checks.is_concrete(tau) else -jnp.log(tau)
+  elif _checks.is_concrete(t):
     t_value = np.asarray(t)
-    if t_value.ndim != 0 or not np.isfinite(t_value):
+    if t_value.ndim != 0 or not np.issubdtype(t_value.dtype, np.number) or not np.isfinite(
+        t_value):
       raise ValueError(f"t must be a finite scalar, got {t!r}.")
-
-  def fn(cos, params, step):
-    return jnp.exp(jnp.asarray(params["t"], cos.dtype)) * cos
-
-  spec = f"learnable={_format(math.exp(-float(t)))}" if _checks.is_concrete(t) else "learnable"
-  return Mapping(spec, fn, params={"t": jnp.asarray(t, float) if _checks.is_concrete(t) else t})
+  concrete = _checks.is_concrete(t)
+  spec = f"learnable={_format(math.exp(-float(t)))}" if concrete else "learnable"
+  return Mapping(spec, _Learnable(max_scale),
+                 params={"t": jnp.asarray(t, float) if concrete else t})
 
 
 def dynamic_tau(cos: jax.typing.ArrayLike, *, tau_min: float, tau_max: float) -> jax.Array:
@@ -226,6 +357,18 @@ def dynamic_tau(cos: jax.typing.ArrayLike, *, tau_min: float, tau_max: float) ->
   """
   cos = jnp.asarray(cos)
   return tau_min + 0.5 * (tau_max - tau_min) * (1.0 + jnp.cos(jnp.pi * (1.0 + cos)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dynamic:
+  """DySTreSS: `s / stop_gradient(tau(s))`."""
+
+  tau_min: float
+  tau_max: float
+
+  def __call__(self, cos, params, step):
+    tau = dynamic_tau(cos, tau_min=self.tau_min, tau_max=self.tau_max)
+    return cos / jax.lax.stop_gradient(tau)
 
 
 def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
@@ -254,11 +397,18 @@ def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
   _checks.positive_scalar(tau_max, name="tau_max")
   if tau_max < tau_min:
     raise ValueError(f"tau_max must be >= tau_min, got tau_min={tau_min}, tau_max={tau_max}.")
+  return Mapping(f"dynamic={_format(tau_min)}:{_format(tau_max)}",
+                 _Dynamic(float(tau_min), float(tau_max)))
 
-  def fn(cos, params, step):
-    return cos / jax.lax.stop_gradient(dynamic_tau(cos, tau_min=tau_min, tau_max=tau_max))
 
-  return Mapping(f"dynamic={_format(tau_min)}:{_format(tau_max)}", fn)
+@dataclasses.dataclass(frozen=True)
+class _Annealed:
+  """`cos / schedule(step)`."""
+
+  schedule: schedules.Schedule
+
+  def __call__(self, cos, params, step):
+    return cos / self.schedule(step).astype(cos.dtype)
 
 
 def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") -> Mapping:
@@ -273,11 +423,24 @@ def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") 
   """
   if not callable(schedule):
     raise TypeError(f"schedule must be a callable step -> tau, got {type(schedule).__name__}.")
+  return Mapping(spec, _Annealed(schedule), scheduled=True)
 
-  def fn(cos, params, step):
-    return cos / schedule(step).astype(cos.dtype)
 
-  return Mapping(spec, fn, scheduled=True)
+def as_mapping(mapping) -> Mapping:
+  """`mapping` as a `Mapping`: a `Mapping` as is, a plain callable `cos -> logits` wrapped.
+
+  Examples:
+    >>> from tfcl_jax import mappings
+    >>> mappings.as_mapping(lambda cos: 3.0 * cos)(0.5).item()
+    1.5
+  """
+  if isinstance(mapping, Mapping):
+    return mapping
+  if not callable(mapping):
+    raise TypeError(
+        f"mapping must be a callable cos -> logits (see tfcl_jax.mappings), got "
+        f"{type(mapping).__name__}.")
+  return Mapping("callable", lambda cos, params, step: mapping(cos))
 
 
 def _format(x) -> str:
@@ -330,10 +493,10 @@ def _parse(spec: str) -> Mapping:
   if match := re.fullmatch(rf"tau={_NUMBER}", spec):
     return temperature(float(match[1]))
   if spec == "learnable":
-    return learnable_temperature(math.log(1 / 0.07))
+    return learnable_temperature(tau=0.07)
   if match := re.fullmatch(rf"learnable={_NUMBER}", spec):
     tau0 = _checks.positive_scalar(float(match[1]), name="initial temperature")
-    return learnable_temperature(math.log(1 / tau0))
+    return learnable_temperature(tau=tau0)
   if match := re.fullmatch(rf"dynamic={_NUMBER}:{_NUMBER}", spec):
     return dynamic_temperature(float(match[1]), float(match[2]))
   if match := re.fullmatch(rf"anneal=log:{_NUMBER}", spec):

@@ -29,8 +29,8 @@ def get_config(dataset: str = "citeseer") -> ml_collections.ConfigDict:
   config.projection_dim = 32
   config.edge_rate = 0.3  # EdgeRemoving(pe)
   config.feature_rate = 0.3  # FeatureMasking(pf)
-  # Tile side of the blockwise loss (same loss as dense; None: dense [2N, 2N] logits).
-  config.block_size = 1024
+  # Tile side of the loss (None: automatic; the same loss for every value).
+  config.block_size = None
   config.num_devices = 1  # full batch is replicated: extra devices would repeat the same work
   config.checkpoint_every = 250  # a killed run resumes from here
   config.log_every = 50

@@ -137,7 +137,7 @@ def temperature_gradient_scale(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike)
   C, t = jnp.broadcast_arrays(C.astype(dtype), t.astype(dtype))
 
   def loss(t_value, c):
-    return _row0_loss(_pattern(c, 2), mappings.learnable_temperature(t_value))
+    return _row0_loss(_pattern(c, 2), mappings.learnable_temperature(t=t_value))
 
   flat = jax.jit(jax.vmap(jax.grad(loss)))(t.reshape(-1), C.reshape(-1))
   return jnp.abs(flat).reshape(C.shape)

@@ -1,4 +1,4 @@
-"""Cross-device negatives (all-gather, ring) against the single-device dense loss, 8 devices."""
+"""Cross-device negatives (all-gather, ring) against the single-device loss, 8 CPU devices."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from tfcl_jax import distributed, losses, mappings
+from tfcl_jax import losses, mappings
 
-CASES = [("cross", True), ("all", False)]  # (negatives, masked)
+# (negatives, symmetric, masked, extra negatives)
+CASES = [("cross", False, True, False), ("cross", True, True, True), ("all", False, False, True)]
 
 
 def _mesh():
@@ -19,23 +20,25 @@ def _mesh():
 
 
 def _views(n=16, d=4):
-  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  k1, k2, k3, k4 = jax.random.split(jax.random.key(0), 4)
   z1 = jax.random.normal(k1, (n, d))
   z2 = z1 + 0.7 * jax.random.normal(k2, (n, d))
   where = jax.random.bernoulli(k3, 0.7, (n,)).at[0].set(True)
-  return z1, z2, where
+  bank = jax.random.normal(k4, (5, d))
+  return z1, z2, where, bank
 
 
 def _loss_and_grads(loss_fn):
   """Jitted: loss and gradients (z1, z2, t) of a learnable-temperature loss for each case."""
 
-  def run(z1, z2, t, where):
+  def run(z1, z2, t, where, bank):
     results = {}
-    for negatives, masked in CASES:
-      def loss(a, b, t, negatives=negatives, masked=masked):
-        return loss_fn(a, b, mapping=mappings.learnable_temperature(t), negatives=negatives,
-                       where=where if masked else None)
-      results[negatives, masked] = jax.value_and_grad(loss, argnums=(0, 1, 2))(z1, z2, t)
+    for negatives, symmetric, masked, banked in CASES:
+      def loss(a, b, t, negatives=negatives, symmetric=symmetric, masked=masked, banked=banked):
+        return loss_fn(a, b, mapping=mappings.learnable_temperature(t=t), negatives=negatives,
+                       symmetric=symmetric, where=where if masked else None,
+                       extra_negatives=bank if banked else None)
+      results[negatives, symmetric] = jax.value_and_grad(loss, argnums=(0, 1, 2))(z1, z2, t)
     return results
 
   return jax.jit(run)
@@ -43,43 +46,54 @@ def _loss_and_grads(loss_fn):
 
 @pytest.fixture(scope="module")
 def dense_reference():
-  z1, z2, where = _views()
-  return _loss_and_grads(losses.info_nce)(z1, z2, 1.5, where)
+  z1, z2, where, bank = _views()
+  return _loss_and_grads(losses.info_nce)(z1, z2, 1.5, where, bank)
 
 
 @pytest.mark.parametrize("strategy, block_size", [
     ("all_gather", None), ("all_gather", 3), ("ring", None), ("ring", 3)])
 def test_matches_single_device_dense_loss_and_gradients(strategy, block_size, dense_reference):
-  z1, z2, where = _views()
+  z1, z2, where, bank = _views()
   mesh = _mesh()
 
   def sharded(a, b, **kwargs):
-    return distributed.info_nce_on_mesh(a, b, mesh=mesh, strategy=strategy,
+    return losses.info_nce_on_mesh(a, b, mesh=mesh, strategy=strategy,
                                         block_size=block_size, **kwargs)
 
-  results = _loss_and_grads(sharded)(z1, z2, 1.5, where)
+  results = _loss_and_grads(sharded)(z1, z2, 1.5, where, bank)
   chex.assert_trees_all_close(results, dense_reference, atol=1e-5, rtol=1e-5)
   assert all(abs(float(grads[2])) > 1e-3 for _, grads in results.values())
 
 
-def test_per_row_losses_in_dense_order():
-  z1, z2, _ = _views()
-  rows = jax.jit(lambda a, b: distributed.info_nce_on_mesh(
-      a, b, mesh=_mesh(), negatives="all", strategy="ring", reduction="none"))(z1, z2)
-  chex.assert_trees_all_close(
-      rows, losses.info_nce(z1, z2, negatives="all", reduction="none"), atol=1e-5)
+def test_per_row_losses_in_single_device_order():
+  z1, z2, _, _ = _views()
+  for negatives, symmetric in (("all", False), ("cross", True)):
+    rows = jax.jit(lambda a, b, n=negatives, s=symmetric: losses.info_nce_on_mesh(
+        a, b, mesh=_mesh(), negatives=n, symmetric=s, strategy="ring", reduction="none"))(z1, z2)
+    chex.assert_trees_all_close(rows, losses.info_nce(
+        z1, z2, negatives=negatives, symmetric=symmetric, reduction="none"), atol=1e-5)
+
+
+def test_gradient_on_an_explicit_mesh_without_set_mesh():
+  # jax.make_mesh gives Explicit axes; value_and_grad must work without `jax.set_mesh`.
+  z1, z2, _, _ = _views()
+  mesh = jax.make_mesh((8,), ("data",))
+  got = jax.value_and_grad(lambda a: losses.info_nce_on_mesh(a, z2, mesh=mesh, strategy="ring",
+                                                             symmetric=True))(z1)
+  expected = jax.value_and_grad(lambda a: losses.info_nce(a, z2, symmetric=True))(z1)
+  chex.assert_trees_all_close(got, expected, atol=1e-5)
 
 
 def test_unbound_axis_name_raises():
   z = jnp.ones((4, 2))
   with pytest.raises(ValueError, match="axis_name 'data' is not bound"):
-    distributed.sharded_info_nce(z, z)
+    losses.sharded_info_nce(z, z)
 
 
 def test_wrong_axis_name_inside_shard_map_raises():
   z = jnp.ones((16, 2))
   spec = PartitionSpec("data")
-  loss_fn = jax.shard_map(lambda a: distributed.sharded_info_nce(a, a, axis_name="batch"),
+  loss_fn = jax.shard_map(lambda a: losses.sharded_info_nce(a, a, axis_name="batch"),
                           mesh=_mesh(), in_specs=spec, out_specs=PartitionSpec())
   with pytest.raises(ValueError, match="axis_name 'batch'"):
     loss_fn(z)
@@ -88,31 +102,31 @@ def test_wrong_axis_name_inside_shard_map_raises():
 def test_batch_not_divisible_by_devices_raises():
   z = jnp.ones((12, 2))
   with pytest.raises(ValueError, match="z1 and z2 must have a batch divisible by the 8 devices"):
-    distributed.info_nce_on_mesh(z, z, mesh=_mesh())
+    losses.info_nce_on_mesh(z, z, mesh=_mesh())
 
 
 def test_axis_not_in_mesh_raises():
   z = jnp.ones((16, 2))
   with pytest.raises(ValueError, match="axis_name 'model'"):
-    distributed.info_nce_on_mesh(z, z, mesh=_mesh(), axis_name="model")
+    losses.info_nce_on_mesh(z, z, mesh=_mesh(), axis_name="model")
 
 
 def test_bad_strategy_and_block_size_raise():
   z = jnp.ones((16, 2))
   with pytest.raises(ValueError, match="strategy"):
-    distributed.info_nce_on_mesh(z, z, mesh=_mesh(), strategy="tree")
+    losses.info_nce_on_mesh(z, z, mesh=_mesh(), strategy="tree")
   with pytest.raises(ValueError, match="block_size"):
-    distributed.info_nce_on_mesh(z, z, mesh=_mesh(), block_size=0)
+    losses.info_nce_on_mesh(z, z, mesh=_mesh(), block_size=0)
 
 
 def test_gradient_taken_inside_shard_map_is_the_global_gradient():
   # A data-parallel train step differentiates per device; the psum'd loss's gradient must
   # still be each device's slice of the single-device gradient.
-  z1, z2, _ = _views()
+  z1, z2, _, _ = _views()
   batch = PartitionSpec("data")
 
   def local_step(a, b):
-    loss = lambda a, b: distributed.sharded_info_nce(a, b, negatives="all", strategy="ring",
+    loss = lambda a, b: losses.sharded_info_nce(a, b, negatives="all", strategy="ring",
                                                      block_size=3)
     return jax.value_and_grad(loss, argnums=(0, 1))(a, b)
 

@@ -1,0 +1,28 @@
+"""Contrastive losses with a pluggable similarity-to-logit map: one tiled engine for all of them.
+
+InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the default
+temperature-free map), with extra negatives from a queue; the same losses across devices; the
+supervised contrastive loss. Every call runs the tiled engine: dense logits are its one-tile
+case, chosen automatically where they are faster.
+"""
+
+from tfcl_jax.losses import queue
+from tfcl_jax.losses._engine import auto_block_size, balanced_tile
+from tfcl_jax.losses._info_nce import info_nce
+from tfcl_jax.losses._layout import check_block_size, l2_normalize, norm_floor
+from tfcl_jax.losses._sharded import STRATEGIES, info_nce_on_mesh, sharded_info_nce
+from tfcl_jax.losses._supervised import supervised_info_nce
+
+__all__ = [
+    "STRATEGIES",
+    "auto_block_size",
+    "balanced_tile",
+    "check_block_size",
+    "info_nce",
+    "info_nce_on_mesh",
+    "l2_normalize",
+    "norm_floor",
+    "queue",
+    "sharded_info_nce",
+    "supervised_info_nce",
+]

@@ -1,0 +1,327 @@
+"""The tiled core of every contrastive loss: a schedule of tiles and one custom VJP.
+
+The `[M, K]` logits are never held: tiles of at most `[block, block]` are folded into per-row
+(and per-column) statistics, and the backward pass recomputes each tile (FlashAttention,
+Inf-CL). Three kinds of matrix:
+
+* `"rows"`: anchors against candidates, statistics per anchor (InfoNCE `cross`, extra negatives);
+* `"rows_and_columns"`: the same tiles also give every candidate column its statistics
+  (CLIP's symmetric two-tower loss: both directions in one pass);
+* `"symmetric"`: `S = U U^T` (InfoNCE `all`): each off-diagonal tile is computed once and used
+  for its rows and, transposed, for its columns, forward and backward: half the work.
+
+Dense logits are the one-tile case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tfcl_jax.losses._tiles import LogSumExp, MapArgs, Side, TileMap
+
+KINDS = ("rows", "rows_and_columns", "symmetric")
+
+# Tile side of the automatic choice on CPU, and the largest matrix side held as one tile.
+_CPU_BLOCK = 512
+_ACCELERATOR_BLOCK = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Static description of one tiled computation."""
+
+  kind: str
+  block_rows: int
+  block_cols: int
+  tile_map: TileMap
+  column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
+
+
+def balanced_tile(block_size: int, n: int) -> int:
+  """The tile side for `n` rows: as many tiles as `block_size` needs, sized evenly.
+
+  `ceil(n / ceil(n / block_size))` is at most `block_size` (memory stays bounded by it) and
+  pads fewer than one row per tile, where `block_size` itself could pad almost a whole tile.
+
+  Examples:
+    >>> from tfcl_jax.losses import balanced_tile
+    >>> balanced_tile(1024, 6654), balanced_tile(1024, 4096)
+    (951, 1024)
+  """
+  return -(-n // -(-n // block_size))
+
+
+def auto_block_size(num_rows: int, num_cols: int, backend: str | None = None) -> int:
+  """The tile side the losses use when `block_size` is None.
+
+  On CPU, tiles of 512 (one tile up to 512 rows): measured fastest from 1,024 to 16,384 rows
+  (`python -m benchmarks.loss_bench`); a `[512, 512]` float32 tile (1 MiB) stays in cache.
+  On accelerators, one tile up to 2,048 rows, else tiles of 2,048 (big matmuls keep the cores
+  busy; memory stays O(N * 2048)).
+
+  Examples:
+    >>> from tfcl_jax.losses import auto_block_size
+    >>> auto_block_size(8192, 8192, "cpu"), auto_block_size(300, 300, "cpu")
+    (512, 300)
+  """
+  backend = jax.default_backend() if backend is None else backend
+  block = _CPU_BLOCK if backend == "cpu" else _ACCELERATOR_BLOCK
+  largest = max(num_rows, num_cols)
+  return largest if largest <= block else block
+
+
+def pad_side(side: Side, multiple: int) -> Side:
+  """Pads `side` to a multiple of `multiple` rows with invalid zero rows."""
+  extra = -side.vectors.shape[0] % multiple
+  if extra == 0:
+    return side
+  return Side(jnp.pad(side.vectors, [(0, extra), (0, 0)]),
+              jnp.pad(side.ids, (0, extra), constant_values=-1),
+              jnp.pad(side.positive_ids, (0, extra), constant_values=-1),
+              jnp.pad(side.valid, (0, extra), constant_values=False))
+
+
+def _blocks(side: Side, block: int) -> Side:
+  return Side(*(x.reshape(-1, block, *x.shape[1:]) for x in side))
+
+
+def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> np.ndarray:
+  if kind == "symmetric":
+    return np.array([(i, j) for i in range(num_row_blocks) for j in range(i, num_row_blocks)],
+                    np.int32)
+  return np.array([(i, j) for i in range(num_row_blocks) for j in range(num_col_blocks)],
+                  np.int32)
+
+
+def _get(blocks, index):
+  return jax.tree.map(lambda x: x[index], blocks)
+
+
+def _add(stacked, index, value):
+  return jax.tree.map(lambda s, v: s.at[index].add(v), stacked, value)
+
+
+def _set(stacked, index, value):
+  return jax.tree.map(lambda s, v: s.at[index].set(v), stacked, value)
+
+
+def _column_use(plan: Plan, i, j):
+  """Whether tile (i, j) feeds its columns' statistics: None (no column side) or a bool."""
+  if plan.kind == "rows":
+    return None
+  if plan.kind == "rows_and_columns":
+    return jnp.bool_(True)
+  return i != j  # symmetric: a diagonal tile's columns are its own rows, already counted
+
+
+def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, col_stats):
+  """Folds every tile of `rows x columns` into the statistics (shapes multiples of the blocks).
+
+  `col_stats` is None for `"rows"`; for `"symmetric"`, `columns` is `rows` and the column
+  statistics are the row statistics.
+  """
+  row_blocks = _blocks(rows, plan.block_rows)
+  col_blocks = _blocks(columns, plan.block_cols)
+  pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
+  row_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_rows), row_stats)
+  if plan.kind == "symmetric":
+    col_stats = None
+  elif col_stats is not None:
+    col_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_cols), col_stats)
+
+  def step(carry, pair):
+    row_stats, col_stats = carry
+    i, j = pair[0], pair[1]
+    use_cols = _column_use(plan, i, j)
+    columns_stats = _get(row_stats if plan.kind == "symmetric" else col_stats, j) if (
+        use_cols is not None) else None
+    new_rows, new_cols = LogSumExp.forward(plan.tile_map, args, _get(row_blocks, i),
+                                           _get(col_blocks, j), _get(row_stats, i),
+                                           columns_stats, use_cols)
+    row_stats = _set(row_stats, i, new_rows)
+    if plan.kind == "symmetric":
+      # On a diagonal tile (i == j) `new_cols` is block j's old statistics: keep block i's.
+      kept = jax.tree.map(lambda new, now: jnp.where(use_cols, new, now), new_cols,
+                          _get(row_stats, j))
+      row_stats = _set(row_stats, j, kept)
+    elif use_cols is not None:
+      col_stats = _set(col_stats, j, new_cols)
+    return (row_stats, col_stats), None
+
+  (row_stats, col_stats), _ = jax.lax.scan(step, (row_stats, col_stats), pairs)
+  flat = lambda stats: jax.tree.map(lambda x: x.reshape(-1), stats)  # noqa: E731
+  return flat(row_stats), None if col_stats is None else flat(col_stats)
+
+
+def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_lse, row_g,
+                     col_lse, col_g, grads):
+  """Adds the gradients of `sum_i g_i lse_i (+ sum_j g'_j lse'_j)` over every tile.
+
+  `grads = (drows [M, D], dcolumns [K, D] or None, dparams, dconsts)`; for `"symmetric"` the
+  column gradients go into `drows`.
+  """
+  row_blocks = _blocks(rows, plan.block_rows)
+  col_blocks = _blocks(columns, plan.block_cols)
+  pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
+  by_rows = lambda x: x.reshape(-1, plan.block_rows, *x.shape[1:])  # noqa: E731
+  by_cols = lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:])  # noqa: E731
+  row_lse, row_g = by_rows(row_lse), by_rows(row_g)
+  if plan.kind == "symmetric":
+    col_lse, col_g = row_lse, row_g
+  elif plan.kind == "rows_and_columns":
+    col_lse, col_g = by_cols(col_lse), by_cols(col_g)
+  drows, dcols, dparams, dconsts = grads
+  drows = by_rows(drows)
+  dcols = None if dcols is None else by_cols(dcols)
+
+  def step(carry, pair):
+    drows, dcols, dparams, dconsts = carry
+    i, j = pair[0], pair[1]
+    a, b = _get(row_blocks, i), _get(col_blocks, j)
+    use_cols = _column_use(plan, i, j)
+    if use_cols is None:
+      c_lse = jnp.zeros((plan.block_cols,), row_lse.dtype)
+      c_g = c_lse
+    else:
+      c_lse, c_g = col_lse[j], jnp.where(use_cols, col_g[j], 0.0)
+    dcos, dp, dk = LogSumExp.backward(plan.tile_map, args, a, b, row_lse[i], row_g[i], c_lse,
+                                      c_g)
+    drows = drows.at[i].add(dcos @ b.vectors)
+    if plan.kind == "symmetric":
+      drows = drows.at[j].add(dcos.T @ a.vectors)
+    elif dcols is not None:
+      dcols = dcols.at[j].add(dcos.T @ a.vectors)
+    dparams = jax.tree.map(jnp.add, dparams, dp)
+    dconsts = tuple(x + y for x, y in zip(dconsts, dk, strict=True))
+    return (drows, dcols, dparams, dconsts), None
+
+  (drows, dcols, dparams, dconsts), _ = jax.lax.scan(
+      step, (drows, dcols, dparams, dconsts), pairs)
+  return (drows.reshape(-1, drows.shape[-1]),
+          None if dcols is None else dcols.reshape(-1, dcols.shape[-1]), dparams, dconsts)
+
+
+def init_stats(plan: Plan, rows: Side, columns: Side | None):
+  dtype = rows.vectors.dtype
+  row_stats = LogSumExp.init(rows.ids.shape[0], dtype, plan.tile_map)
+  col_stats = None
+  if plan.kind == "rows_and_columns":
+    col_stats = LogSumExp.init(columns.ids.shape[0], dtype, plan.tile_map)
+  return row_stats, col_stats
+
+
+def zero_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side | None):
+  dcols = None
+  if plan.kind != "symmetric" and plan.column_grad:
+    dcols = jnp.zeros_like(columns.vectors)
+  return (jnp.zeros_like(rows.vectors), dcols, jax.tree.map(jnp.zeros_like, args.params),
+          tuple(jnp.zeros_like(k) for k in args.consts))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _lse(plan: Plan, rows: Side, columns: Side | None, args: MapArgs):
+  stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
+  row_stats, col_stats = accumulate(plan, args, rows, rows if columns is None else columns,
+                                    *stats)
+  return LogSumExp.finish(row_stats), None if col_stats is None else LogSumExp.finish(col_stats)
+
+
+def _lse_fwd(plan, rows, columns, args):
+  out = _lse(plan, rows, columns, args)
+  return out, (rows, columns, args, out)
+
+
+def _lse_bwd(plan, residuals, cotangents):
+  rows, columns, args, (row_lse, col_lse) = residuals
+  row_g, col_g = cotangents
+  drows, dcols, dparams, dconsts = accumulate_grads(
+      plan, args, rows, rows if columns is None else columns, row_lse, row_g, col_lse, col_g,
+      match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
+  dcolumns = None if columns is None else Side(dcols, None, None, None)
+  return Side(drows, None, None, None), dcolumns, MapArgs(dparams, None, dconsts)
+
+
+_lse.defvjp(_lse_fwd, _lse_bwd)
+
+
+def pure_map(mapping, dtype, tile_shape, *, like=None) -> tuple[TileMap, MapArgs]:
+  """The static `TileMap` and array `MapArgs` of a `Mapping` for tiles of `dtype`.
+
+  A mapping with an `exp_form` for `dtype` is used through it; any other is made pure with
+  `jax.closure_convert` (traced values it closes over become `consts`). Inside `shard_map`,
+  the arguments are cast to vary like `like`.
+  """
+  exp_form = mapping.exp_form(dtype)
+  step = mapping.bound_step()
+  if exp_form is not None:
+    return TileMap(mapping.fn, exp_form), MapArgs({}, step, ())
+  params = {name: jnp.asarray(value) for name, value in mapping.params.items()}
+  example = jnp.zeros(tile_shape, dtype)
+  if like is not None:
+    example, params = match_varying((example, params), like)
+  fn, consts = jax.closure_convert(mapping.fn, example, params, step)
+  consts = tuple(consts)
+  if like is not None:
+    consts = match_varying(consts, like)
+  return TileMap(fn, None), MapArgs(params, step, consts)
+
+
+def negatives_logsumexp(rows: Side, columns: Side | None, *, mapping, kind: str,
+                        block_size: int | None, column_grad: bool = True):
+  """`(row_lse, col_lse)`: the logsumexp of each row's (and column's) negatives' logits.
+
+  Args:
+    rows: the anchors.
+    columns: the candidates; None for `"symmetric"` (the candidates are `rows`).
+    mapping: a `tfcl_jax.mappings.Mapping`.
+    kind: one of `KINDS`.
+    block_size: the largest tile side, or None for `auto_block_size`.
+    column_grad: False when the candidates take no gradient (extra negatives).
+
+  Returns:
+    `row_lse [M]` and `col_lse [K]` (None unless `"rows_and_columns"`); `-inf` for a row
+    without negatives.
+  """
+  num_rows = rows.ids.shape[0]
+  num_cols = num_rows if columns is None else columns.ids.shape[0]
+  if block_size is None:
+    block_size = auto_block_size(num_rows, num_cols)
+  block_rows = balanced_tile(block_size, num_rows)
+  block_cols = block_rows if columns is None else balanced_tile(block_size, num_cols)
+  tile_map, args = pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
+                            like=rows.vectors)
+  plan = Plan(kind, block_rows, block_cols, tile_map, column_grad)
+  padded_rows = pad_side(rows, block_rows)
+  padded_cols = None if columns is None else pad_side(columns, block_cols)
+  if not column_grad:
+    padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
+  row_lse, col_lse = _lse(plan, padded_rows, padded_cols, args)
+  return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
+
+
+def _varying_axes(x) -> frozenset:
+  aval = jax.typeof(x)
+  if hasattr(aval, "vma"):
+    return frozenset(aval.vma)
+  return frozenset(aval.manual_axis_type.varying)
+
+
+def match_varying(tree, like: jax.Array):
+  """Casts the leaves of `tree` to vary over the `shard_map` axes `like` varies over.
+
+  Inside `shard_map`, a replicated mapping parameter used with per-device data must enter
+  a custom VJP as per-device too: its cotangent is per-device, and the cast's transpose
+  sums it over the devices.
+  """
+  axes = tuple(_varying_axes(like))
+
+  def cast(x):
+    missing = tuple(axis for axis in axes if axis not in _varying_axes(x))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+  return jax.tree.map(cast, tree) if axes else tree

@@ -1,0 +1,146 @@
+"""InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the free map)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from tfcl_jax import _checks
+from tfcl_jax.losses import _layout
+from tfcl_jax.losses._engine import negatives_logsumexp
+
+
+def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
+  """`log(exp(a) + exp(b))` with value `-inf` and zero (not NaN) gradients where both are."""
+  finite = jnp.isfinite(a) | jnp.isfinite(b)
+  out = jnp.logaddexp(jnp.where(finite, a, 0.0), jnp.where(finite, b, 0.0))
+  return jnp.where(finite, out, -jnp.inf)
+
+
+def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
+                  lse_fn=negatives_logsumexp) -> jax.Array:
+  """Per anchor, the logsumexp of its negatives' logits (in-batch, then the extra bank).
+
+  `lse_fn` computes the in-batch part (the single-device engine, or a cross-device one).
+  """
+  row_lse, col_lse = lse_fn(layout.rows, layout.columns, mapping=mapping, kind=layout.kind,
+                            block_size=block_size)
+  if bank is not None:
+    def bank_lse(anchors):
+      return negatives_logsumexp(anchors, bank, mapping=mapping, kind="rows",
+                                 block_size=block_size, column_grad=False)[0]
+
+    row_lse = log_add(row_lse, bank_lse(layout.rows))
+    if col_lse is not None:
+      col_lse = log_add(col_lse, bank_lse(layout.columns))
+  return row_lse if col_lse is None else jnp.concatenate([row_lse, col_lse])
+
+
+def row_losses(layout: _layout.Layout, lse: jax.Array, mapping) -> jax.Array:
+  """`L_i = softplus(lse_i - f(c_{i,i+}))`, Eq. 1 / 12 per anchor.
+
+  Equal to `logsumexp_{j in K_i} f(c_ij) - f(c_{i,i+})` but computed from the negatives'
+  logsumexp: `lse_all - positive` cancels to 0 in float32 once the loss drops below ~1e-7,
+  exactly where Eq. 12 says L -> 0 matters.
+  """
+  return jax.nn.softplus(lse - mapping(layout.positive_cos))
+
+
+def info_nce(
+    z1: jax.typing.ArrayLike,
+    z2: jax.typing.ArrayLike,
+    *,
+    mapping: Callable[[jax.Array], jax.Array] | None = None,
+    negatives: str = "cross",
+    symmetric: bool = False,
+    reduction: str = "mean",
+    where: jax.typing.ArrayLike | None = None,
+    block_size: int | None = None,
+    extra_negatives: jax.typing.ArrayLike | None = None,
+    extra_where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+  r"""InfoNCE of two views with a pluggable similarity-to-logit map (Eq. 1, 11).
+
+  For anchor `i` with positive `i+` and candidate set `K_i`,
+
+  .. math:: L_i = -\log \frac{\exp(f(\cos\theta_{i,i+}))}{\sum_{j \in K_i} \exp(f(\cos\theta_{ij}))}
+
+  with `f = cos / tau` (Eq. 1) or `f = 2 artanh(cos)` (Eq. 11, the default).
+
+  * `negatives="cross"` (Eq. 1): anchor `z1[i]`, candidates every row of `z2`, positive
+    `z2[i]`: `N` per-row losses. One direction, `z1 -> z2`.
+  * `negatives="cross", symmetric=True` (CLIP's two-tower loss, open_clip `ClipLoss`): also
+    anchor `z2[j]` against every row of `z1`; the loss is the mean of the two directions'
+    means, `2N` per-row losses (`z1 -> z2` rows, then `z2 -> z1`), from one pass over the
+    `[N, N]` similarities.
+  * `negatives="all"` (SimCLR's NT-Xent, also GRACE's loss): the `2N` rows of
+    `concat([z1, z2])` are anchors; each is scored against the other `2N - 1` rows (itself
+    excluded), positive the other view of the same pair. Per-row losses are ordered `z1` rows
+    then `z2` rows.
+  * `extra_negatives` (a memory bank or queue, e.g. `losses.queue`): `K` more candidates for
+    every anchor, under `stop_gradient`, masked by `extra_where`.
+
+  Embeddings are L2-normalised inside (a zero vector gives cosine 0 and finite gradients).
+  Half-precision inputs are computed in float32 and the result is float32.
+
+  Cost: the logits are computed tile by tile and never held (`block_size`); the backward
+  pass recomputes each tile (a custom VJP), so memory is O(N * block + N * D) for every
+  mapping. For `"all"`, `S = U U^T` is symmetric and each off-diagonal tile serves its rows
+  and its columns: about two `[2N, 2N, D]` products for loss and gradient, where the dense
+  computation needs three. Maps that declare a closed form of `exp(f(c))` (Eq. 11:
+  `(1 + c)/(1 - c)`; `tau` not below 1/30 in float32) use it, with no running maximum.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import losses, mappings
+    >>> z1 = jax.random.normal(jax.random.key(0), (8, 16))
+    >>> z2 = z1 + 0.1 * jax.random.normal(jax.random.key(1), (8, 16))
+    >>> loss = losses.info_nce(z1, z2)  # temperature-free
+    >>> bool(loss < jnp.log(8))
+    True
+    >>> nt_xent = losses.info_nce(z1, z2, mapping=mappings.temperature(0.5), negatives="all")
+    >>> clip = losses.info_nce(z1, z2, mapping=mappings.learnable_temperature(tau=0.07),
+    ...                        symmetric=True)
+    >>> nt_xent.shape, clip.shape
+    ((), ())
+
+  Args:
+    z1: `[N, D]` float embeddings of the first view.
+    z2: `[N, D]` float embeddings of the second view; row `i` is the positive of `z1[i]`.
+    mapping: a `tfcl_jax.mappings.Mapping` or any callable `cos -> logits`, applied
+      elementwise; default `mappings.temperature_free()`.
+    negatives: `"cross"` or `"all"` (see above).
+    symmetric: with `"cross"`, average both directions (CLIP); refused with `"all"`.
+    reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row losses).
+    where: optional `[N]` bool mask of valid pairs (padded batches). Masked pairs are neither
+      anchors nor candidates, so the loss equals the loss on the valid subset; their per-row
+      losses are 0. With no valid pair the mean is 0.
+    block_size: the largest tile side, an int > 0 (a value >= the rows gives one dense
+      tile), or None: chosen from the sizes and the backend (`losses.auto_block_size`).
+    extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient).
+    extra_where: optional `[K]` bool mask of valid extra negatives.
+
+  Returns:
+    A float32 (float64 under x64 inputs) scalar, or the per-row losses: `[N]` (`cross`) or
+    `[2N]` (`all`, and `cross` with `symmetric=True`).
+
+  References:
+    van den Oord et al. 2018 (InfoNCE); Chen et al. 2020 (SimCLR, NT-Xent); Radford et al.
+    2021 (CLIP); Kim & Kim, arXiv 2501.17683, Eq. 1, 11 and 12.
+  """
+  z1, z2 = _layout.check_pair(z1, z2)
+  _layout.check_mode(negatives, symmetric, reduction)
+  mapping = _layout.check_mapping(mapping)
+  valid = _layout.check_where(where, z1.shape[0])
+  block_size = _layout.check_block_size(block_size)
+  bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
+
+  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
+  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
+  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
+  bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
+  lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank)
+  per_row = row_losses(rows, lse, mapping)
+  return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)

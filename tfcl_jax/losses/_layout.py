@@ -1,0 +1,189 @@
+"""Checks, normalisation and the layout of rows and candidates for every InfoNCE mode.
+
+One place turns `(z1, z2, negatives, symmetric, where)` into the sides of the similarity
+matrix, their ids and masks, and the positive cosines; the single-device and the sharded
+losses both start here.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tfcl_jax import _checks
+from tfcl_jax import mappings as mappings_lib
+from tfcl_jax.losses._tiles import Side
+
+NEGATIVES = ("cross", "all")
+REDUCTIONS = ("mean", "sum", "none")
+
+# Squared-norm floor of the L2 normalisation: a zero vector maps to zero
+# (cosine 0 with everything) with finite gradients (at most 1/sqrt(floor)) instead of 0/0.
+_NORM_EPS = 1e-12
+
+
+def norm_floor(dtype) -> float:
+  """Squared-norm floor for inputs of `dtype`: 1e-12, or float16's smallest normal (6e-5).
+
+  The gradient at a zero vector is `1/sqrt(floor)`: 1e6, or 128 for float16, whose
+  largest finite value is 65504.
+
+  Examples:
+    >>> from tfcl_jax import losses
+    >>> losses.norm_floor("float32"), round(losses.norm_floor("float16"), 7)
+    (1e-12, 6.1e-05)
+  """
+  return max(_NORM_EPS, float(jnp.finfo(dtype).tiny))
+
+
+def l2_normalize(z: jax.typing.ArrayLike, *, axis: int = -1, eps: float = _NORM_EPS) -> jax.Array:
+  r"""`z / sqrt(max(||z||^2, eps))` along `axis`: finite values and gradients at z = 0.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax import losses
+    >>> losses.l2_normalize(jnp.array([[3.0, 4.0], [0.0, 0.0]])).tolist()
+    [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
+  """
+  z = jnp.asarray(z)
+  squared_norm = jnp.sum(z * z, axis=axis, keepdims=True)
+  return z * jax.lax.rsqrt(jnp.maximum(squared_norm, eps))
+
+
+def unit_rows(z: jax.Array, dtype) -> jax.Array:
+  """`z` in the compute `dtype`, L2-normalised with the floor of its own dtype."""
+  return l2_normalize(z.astype(dtype), eps=norm_floor(z.dtype))
+
+
+def check_mapping(mapping) -> mappings_lib.Mapping:
+  """The default map (Eq. 11) for None; any callable `cos -> logits` as a `Mapping`."""
+  return mappings_lib.temperature_free() if mapping is None else mappings_lib.as_mapping(mapping)
+
+
+def check_where(where, n: int, *, name: str = "where") -> jax.Array | None:
+  if where is None:
+    return None
+  where = jnp.asarray(where)
+  if where.dtype != jnp.bool_:
+    raise TypeError(f"{name} must be a boolean mask, got dtype {where.dtype}.")
+  if where.shape != (n,):
+    raise ValueError(f"{name} must have shape ({n},), got {where.shape}.")
+  return where
+
+
+def check_block_size(block_size) -> int | None:
+  """Checks `block_size`: None (automatic) or an int > 0.
+
+  Examples:
+    >>> from tfcl_jax.losses import check_block_size
+    >>> check_block_size(512), check_block_size(None)
+    (512, None)
+  """
+  if block_size is None:
+    return None
+  if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, numbers.Integral):
+    raise TypeError(f"block_size must be an int > 0 or None (automatic), got {block_size!r}.")
+  if block_size <= 0:
+    raise ValueError(f"block_size must be an int > 0 or None (automatic), got {block_size!r}.")
+  return int(block_size)
+
+
+def check_pair(z1, z2, *, local: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Checks two views `[N, D]` of the same shape (`local`: a device's share, N >= 1)."""
+  z1 = _checks.float_matrix(z1, name="z1")
+  z2 = _checks.float_matrix(z2, name="z2")
+  if z1.shape != z2.shape:
+    raise ValueError(f"z1 and z2 must have the same shape [N, D], got {z1.shape} and {z2.shape}.")
+  if not local and z1.shape[0] < 2:
+    raise ValueError(f"z1 and z2 need N >= 2 pairs to have a negative, got N = {z1.shape[0]}.")
+  return z1, z2
+
+
+def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:
+  _checks.one_of(negatives, NEGATIVES, name="negatives")
+  _checks.one_of(reduction, REDUCTIONS, name="reduction")
+  if not isinstance(symmetric, (bool, np.bool_)):
+    raise TypeError(f"symmetric must be a bool, got {symmetric!r}.")
+  if symmetric and negatives == "all":
+    raise ValueError(
+        'symmetric=True is for negatives="cross" (CLIP\'s two-tower loss); negatives="all" '
+        "already scores every row of both views as an anchor.")
+
+
+def check_extra(extra_negatives, extra_where, dim: int):
+  """Checks a bank of extra negatives `[K, D]` and its optional mask `[K]`."""
+  if extra_negatives is None:
+    if extra_where is not None:
+      raise ValueError("extra_where was given without extra_negatives.")
+    return None, None
+  bank = _checks.float_matrix(extra_negatives, name="extra_negatives")
+  if bank.shape[1] != dim:
+    raise ValueError(f"extra_negatives must have shape [K, {dim}] (the embeddings' D), got "
+                     f"{bank.shape}.")
+  return bank, check_where(extra_where, bank.shape[0], name="extra_where")
+
+
+class Layout(NamedTuple):
+  """The sides of the similarity matrix for one mode, and the positives' cosines.
+
+  `rows`: the anchors; `columns`: the candidates (None when the matrix is `rows rows^T`);
+  `kind`: the engine's matrix kind; `positive_cos`: `[M]` per anchor row (and per column for
+  the two-tower loss, appended after the rows).
+  """
+
+  rows: Side
+  columns: Side | None
+  kind: str
+  positive_cos: jax.Array
+
+
+def layout(u1: jax.Array, u2: jax.Array, *, negatives: str, symmetric: bool,
+           valid: jax.Array | None, offset=0) -> Layout:
+  """Rows and candidates of InfoNCE (see `info_nce`) for unit `u1`, `u2` of `[n, D]`.
+
+  Ids are `offset + 0 .. n-1` for the pairs (`cross`), or `offset + 0 .. 2n-1` for the rows
+  of `concat([u1, u2])` (`all`); `offset` places a device's rows in a sharded batch.
+  """
+  n = u1.shape[0]
+  valid = jnp.ones((n,), bool) if valid is None else valid
+  positive_cos = jnp.sum(u1 * u2, axis=-1)
+  if negatives == "cross":
+    ids = offset + jnp.arange(n, dtype=jnp.int32)
+    rows, columns = Side(u1, ids, ids, valid), Side(u2, ids, ids, valid)
+    if symmetric:
+      return Layout(rows, columns, "rows_and_columns", jnp.concatenate([positive_cos] * 2))
+    return Layout(rows, columns, "rows", positive_cos)
+  ids = offset + jnp.arange(2 * n, dtype=jnp.int32)
+  positive_ids = jnp.concatenate([ids[n:], ids[:n]])
+  both = Side(jnp.concatenate([u1, u2]), ids, positive_ids, jnp.concatenate([valid, valid]))
+  return Layout(both, None, "symmetric", jnp.concatenate([positive_cos] * 2))
+
+
+def bank_side(bank: jax.Array, where: jax.Array | None, dtype) -> Side:
+  """Extra negatives as candidate columns: unit rows, never an anchor's self or positive."""
+  k = bank.shape[0]
+  ids = jnp.full((k,), -3, jnp.int32)
+  valid = jnp.ones((k,), bool) if where is None else where
+  return Side(jax.lax.stop_gradient(unit_rows(bank, dtype)), ids, ids, valid)
+
+
+def anchor_valid(layout_: Layout) -> jax.Array:
+  """`[rows]` (plus `[columns]` for the two-tower loss) bool: which per-row losses count."""
+  if layout_.kind == "rows_and_columns":
+    return jnp.concatenate([layout_.rows.valid, layout_.columns.valid])
+  return layout_.rows.valid
+
+
+def reduce(per_row: jax.Array, valid: jax.Array, reduction: str, *, masked: bool) -> jax.Array:
+  """Zeroes the losses of invalid anchors and reduces (`mean` over valid anchors)."""
+  per_row = jnp.where(valid, per_row, 0.0)
+  if reduction == "none":
+    return per_row
+  if reduction == "sum":
+    return jnp.sum(per_row)
+  count = jnp.maximum(jnp.sum(valid), 1) if masked else per_row.shape[0]
+  return jnp.sum(per_row) / count

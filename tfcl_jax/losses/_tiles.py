@@ -1,0 +1,141 @@
+"""One tile of a contrastive loss: cosines, the candidate mask, and the tile's share of the
+row (and column) statistics, forward and backward.
+
+A tile is `a @ b.T` for a block of anchors `a` and a block of candidates `b`. Everything that
+differs between losses lives in a `Reduction` (InfoNCE's logsumexp here); everything that
+differs between maps lives in the mapping (`Mapping.fn`, and its `exp_form` when it has one).
+A fused kernel replaces `forward` and `backward` one for one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from tfcl_jax.mappings import ExpForm
+
+
+class Side(NamedTuple):
+  """Rows of one side of the similarity matrix.
+
+  `vectors: [M, D]` unit rows; `ids: [M] int32` identities; `positive_ids: [M] int32` the id of
+  each row's positive (excluded from its negatives, as is its own id); `valid: [M] bool`.
+  """
+
+  vectors: jax.Array
+  ids: jax.Array
+  positive_ids: jax.Array
+  valid: jax.Array
+
+
+class MapArgs(NamedTuple):
+  """A mapping made pure: `fn(cos, params, step, *consts)` and its array arguments.
+
+  `consts` are traced values `fn` closed over (e.g. a traced `tau`), hoisted by
+  `jax.closure_convert` so that a custom VJP can return their gradients.
+  """
+
+  params: dict[str, Any]
+  step: jax.Array
+  consts: tuple[jax.Array, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TileMap:
+  """The static part of a mapping inside the kernels: its pure `fn`, or its `exp_form`."""
+
+  fn: Callable[..., jax.Array]
+  exp_form: ExpForm | None
+
+
+def mask(rows: Side, columns: Side) -> jax.Array:
+  """`[m, k]` bool: column j is a negative of row i (and, by symmetry, row i of column j)."""
+  return (rows.valid[:, None] & columns.valid[None, :]
+          & (columns.ids[None, :] != rows.ids[:, None])
+          & (columns.ids[None, :] != rows.positive_ids[:, None]))
+
+
+def _logits(tile_map: TileMap, cos, args: MapArgs):
+  return tile_map.fn(cos, args.params, args.step, *args.consts)
+
+
+def _fold(stats, logits, axis: int):
+  """Online logsumexp: folds `logits` (masked to -inf) into `(max, sum exp(logit - max))`."""
+  m, s = stats
+  m_new = jnp.maximum(m, jnp.max(logits, axis=axis))
+  # A row with no candidate yet keeps m = -inf: shift by 0 there to avoid inf - inf.
+  shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+  expanded = jnp.expand_dims(shift, axis)
+  return m_new, s * jnp.exp(m - shift) + jnp.sum(jnp.exp(logits - expanded), axis=axis)
+
+
+class LogSumExp:
+  """InfoNCE's reduction: `lse_i = log sum_{j negative of i} exp(f(c_ij))` per row (Eq. 1, 11).
+
+  Statistics are `(m, s)` per row, `lse = m + log s`. With a mapping's `exp_form`, `m` stays
+  at its constant `shift` and the tile sums `w(c) = exp(f(c) - shift)` directly; otherwise
+  `m` is the running maximum (FlashAttention's online softmax).
+  """
+
+  @staticmethod
+  def init(num: int, dtype, tile_map: TileMap):
+    if tile_map.exp_form is not None:
+      return jnp.full((num,), tile_map.exp_form.shift, dtype), jnp.zeros((num,), dtype)
+    return jnp.full((num,), -jnp.inf, dtype), jnp.zeros((num,), dtype)
+
+  @staticmethod
+  def finish(stats) -> jax.Array:
+    m, s = stats
+    nonempty = s > 0
+    return jnp.where(nonempty, jnp.log(jnp.where(nonempty, s, 1.0)) + m, -jnp.inf)
+
+  @staticmethod
+  def forward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
+              use_cols):
+    """Folds tile `a @ b.T` into the row stats of `a` and (where `use_cols`) the column
+    stats of `b`. `use_cols` is a traced bool or None (no column side)."""
+    cos = a.vectors @ b.vectors.T
+    keep = mask(a, b)
+    if tile_map.exp_form is not None:
+      w = jnp.where(keep, tile_map.exp_form.weight(cos), 0.0)
+      row_stats = row_stats[0], row_stats[1] + jnp.sum(w, axis=1)
+      if use_cols is not None:
+        col_stats = col_stats[0], col_stats[1] + jnp.where(use_cols, jnp.sum(w, axis=0), 0.0)
+      return row_stats, col_stats
+    logits = jnp.where(keep, _logits(tile_map, cos, args), -jnp.inf)
+    row_stats = _fold(row_stats, logits, axis=1)
+    if use_cols is not None:
+      folded = _fold(col_stats, logits, axis=0)
+      col_stats = jax.tree.map(lambda new, old: jnp.where(use_cols, new, old), folded, col_stats)
+    return row_stats, col_stats
+
+  @staticmethod
+  def backward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_lse, row_g, col_lse,
+               col_g):
+    """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished lse and their
+    cotangents on both sides (`col_g` zero where the tile's columns were not used)."""
+    keep = mask(a, b)
+    cos = a.vectors @ b.vectors.T
+    row_ok, col_ok = jnp.isfinite(row_lse), jnp.isfinite(col_lse)
+    row_lse, col_lse = jnp.where(row_ok, row_lse, 0.0), jnp.where(col_ok, col_lse, 0.0)
+    row_g, col_g = jnp.where(row_ok, row_g, 0.0), jnp.where(col_ok, col_g, 0.0)
+    if tile_map.exp_form is not None:
+      # dlse_i/dc_ij = exp(f_ij - lse_i) f'_ij = exp(shift - lse_i) w'(c_ij).
+      shift = tile_map.exp_form.shift
+      row_scale = row_g * jnp.exp(shift - row_lse)
+      col_scale = col_g * jnp.exp(shift - col_lse)
+      scale = row_scale[:, None] + col_scale[None, :]
+      dcos = jnp.where(keep, scale * tile_map.exp_form.weight_grad(cos), 0.0)
+      return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
+          jnp.zeros_like(k) for k in args.consts)
+    logits, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
+                          *args.consts)
+    logits = jnp.where(keep, logits, -jnp.inf)
+    dlogits = (row_g[:, None] * jnp.exp(logits - row_lse[:, None])
+               + col_g[None, :] * jnp.exp(logits - col_lse[None, :]))
+    dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
+    return dcos, dparams, tuple(dconsts)
