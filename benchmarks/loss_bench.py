@@ -1,15 +1,22 @@
-r"""Loss + gradient time of `info_nce` per mapping, against `optax.losses.ntxent` and a floor.
+r"""Loss + gradient time of the default `info_nce` call against its floor, PyTorch and optax.
 
-The floor is the three dense products no InfoNCE loss + gradient can avoid: the logits
-`U1 U2^T` and the two backward products `dlogits U2`, `dlogits^T U1` (with `2N` rows for
-`negatives="all"`). `optax.losses.ntxent` on `concat([z1, z2])` with pair labels is the same
-loss as `info_nce(..., negatives="all")`; it builds a `[2N, 2N, D]` tensor, so it is compiled
-only where XLA's memory estimate fits (`--optax_max_gib`) and skipped, with a note, elsewhere.
-All functions are jitted, warmed up, timed with `block_until_ready`, interleaved repeat by
-repeat so that machine load hits them alike, and summarised by the median.
+Every function is jitted (PyTorch runs eagerly), warmed up, and timed with
+`block_until_ready`, interleaved repeat by repeat so that machine load hits all alike, and
+summarised by the median. Ratios are of medians measured in this one process.
 
-Run: python -m benchmarks.loss_bench            (N = 512, 2048, 4096; minutes on 2 cores)
-     python -m benchmarks.loss_bench --quick    (N = 256, 512; seconds)
+* floor, `negatives="all"`: the three products any NT-Xent loss + gradient needs,
+  `S = Z Z^T`, `S Z`, `S^T Z` for `Z = [z1; z2]` (`[2N, D]`);
+* floor, `negatives="cross"`: `S = U1 U2^T`, `S U2`, `S^T U1`;
+* ours: `info_nce(z1, z2, mapping=..., negatives=..., symmetric=...)` with no `block_size`
+  (the default call) for `tau = 0.1` and the temperature-free map, loss and gradients of both
+  views; `--mappings` adds learnable / dynamic / annealed rows;
+* PyTorch eager, LightlySSL's NT-Xent formula (`benchmarks/torch_ntxent.py`), `tau = 0.1` and
+  the free map, when torch is installed (`pip install -e ".[bench]"`);
+* `optax.losses.ntxent` (`tau = 0.1`) where XLA's memory estimate for its `[2N, 2N, D]`
+  tensor fits `--optax_max_gib`.
+
+Run: python -m benchmarks.loss_bench              (N = 256 ... 8192; minutes on 2 cores)
+     python -m benchmarks.loss_bench --sizes 512 1024 --repeats 5
 """
 
 from __future__ import annotations
@@ -20,24 +27,38 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from benchmarks import torch_ntxent
 from tfcl_jax import losses, mappings
 
-MAPPINGS = ("tau=0.1", "free", "learnable=0.1", "dynamic=0.1:0.2", "anneal=cosine:0.5:0.1:1000")
+MODES = {"all": ("all", False), "cross": ("cross", False), "symmetric": ("cross", True)}
 
 
-def _loss_and_grad(spec: str, negatives: str):
+def _ours(spec: str, mode: str):
+  negatives, symmetric = MODES[mode]
   mapping = mappings.from_spec(spec)
 
-  def loss(z1, z2, params, step):
-    return losses.info_nce(
-        z1, z2, mapping=lambda cos: mapping(cos, params=params, step=step), negatives=negatives)
+  def loss(z1, z2, mapping):
+    return losses.info_nce(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric)
 
-  # Gradients reach the embeddings and, for the learnable map, its t.
+  # Gradients reach both views and, for a learnable map, its t.
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-  params, step = dict(mapping.params), jnp.asarray(500, jnp.int32)
-  return lambda z1, z2: grad(z1, z2, params, step)
+  return lambda z1, z2: grad(z1, z2, mapping)
+
+
+@jax.jit
+def _floor_all(z1, z2):
+  z = jnp.concatenate([z1, z2])
+  s = z @ z.T
+  return s @ z, s.T @ z
+
+
+@jax.jit
+def _floor_cross(u1, u2):
+  s = u1 @ u2.T
+  return s @ u2, s.T @ u1
 
 
 def _optax(n: int, d: int):
@@ -52,22 +73,9 @@ def _optax(n: int, d: int):
   return compiled, temp_gib
 
 
-@jax.jit
-def _floor(u1, u2, dlogits):
-  """The three `[rows, D] x [D, rows]`-sized products of any loss + gradient."""
-  return u1 @ u2.T, dlogits @ u2, dlogits.T @ u1
+def time_interleaved(fns: dict, repeats: int, few: dict) -> dict:
+  """`fns`: name -> (function, args). Median and min seconds per call, interleaved rounds.
 
-
-def _floor_args(z1, z2, negatives: str):
-  u1, u2 = (z1, z2) if negatives == "cross" else (jnp.concatenate([z1, z2]),) * 2
-  dlogits = jax.random.normal(jax.random.key(1), (u1.shape[0], u1.shape[0]), u1.dtype)
-  return jax.block_until_ready((u1, u2, dlogits))
-
-
-def time_interleaved(fns: dict, repeats: int, few: dict) -> dict[str, tuple[float, float]]:
-  """`fns`: name -> (jitted function, args). (median, min) seconds per call.
-
-  Repeats are interleaved: round r times every function once, so load spikes hit all alike.
   Functions named in `few` (slow baselines) are timed only in their first `few[name]` rounds.
   """
   for fn, args in fns.values():  # warm-up: compile and run once.
@@ -80,69 +88,85 @@ def time_interleaved(fns: dict, repeats: int, few: dict) -> dict[str, tuple[floa
       start = time.perf_counter()
       jax.block_until_ready(fn(*args))
       samples[name].append(time.perf_counter() - start)
-  return {name: (statistics.median(times), min(times)) for name, times in samples.items()}
+  return {name: (statistics.median(t), min(t)) for name, t in samples.items()}
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true", help="N = 256, 512 and fewer repeats.")
-  parser.add_argument("--sizes", type=int, nargs="*", default=None)
+  parser.add_argument("--sizes", type=int, nargs="*",
+                      default=[256, 512, 1024, 2048, 4096, 8192])
   parser.add_argument("--dim", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=None)
-  parser.add_argument("--optax_repeats", type=int, default=2, help="Timed calls of optax.")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--baseline_repeats", type=int, default=3,
+                      help="timed calls of PyTorch and optax")
   parser.add_argument("--optax_max_gib", type=float, default=6.0,
-                      help="Skip optax where XLA's temp-memory estimate exceeds this.")
+                      help="skip optax where XLA's temp-memory estimate exceeds this")
+  parser.add_argument("--mappings", nargs="*", default=["tau=0.1", "free"],
+                      help="mapping specs timed in every mode (tau=0.1 and free are needed "
+                           "for the ratios)")
+  parser.add_argument("--no_torch", action="store_true")
   args = parser.parse_args()
-  sizes = args.sizes or ([256, 512] if args.quick else [512, 1024, 2048, 4096])
-  repeats = args.repeats or (5 if args.quick else 9)
-  print(f"jax {jax.__version__}, optax {optax.__version__}, {jax.devices()[0].platform}, "
-        f"D = {args.dim}, float32, median and min of {repeats} interleaved repeats "
-        f"(optax: {min(args.optax_repeats, repeats)})")
+  use_torch = torch_ntxent.available() and not args.no_torch
+  print(f"jax {jax.__version__}, {jax.devices()[0].platform} ({jax.device_count()} devices), "
+        f"D = {args.dim}, float32, loss + gradient, median of {args.repeats} interleaved "
+        f"repeats (PyTorch, optax: {args.baseline_repeats}); torch: "
+        f"{'yes' if use_torch else 'not installed'}")
 
-  results, notes = {}, []
-  for n in sizes:
-    key1, key2 = jax.random.split(jax.random.key(n))
-    z1 = jax.random.normal(key1, (n, args.dim))
-    z2 = z1 + 0.5 * jax.random.normal(key2, (n, args.dim))
-    fns = {}
-    for negatives in ("cross", "all"):
-      fns[(negatives, "floor")] = (_floor, _floor_args(z1, z2, negatives))
-      for spec in MAPPINGS:
-        fns[(negatives, spec)] = (_loss_and_grad(spec, negatives), (z1, z2))
+  rows, notes = [], []
+  for n in args.sizes:
+    rng = np.random.default_rng(n)
+    a = rng.normal(size=(n, args.dim)).astype(np.float32)
+    b = (a + 0.5 * rng.normal(size=(n, args.dim))).astype(np.float32)
+    z1, z2 = jax.device_put(a), jax.device_put(b)
+    fns = {"floor all": (_floor_all, (z1, z2)), "floor cross": (_floor_cross, (z1, z2))}
+    for mode in MODES:
+      for spec in args.mappings:
+        fns[mode, spec] = (_ours(spec, mode), (z1, z2))
+    few = {}
+    if use_torch:
+      for name, spec in (("torch tau", "tau"), ("torch free", "free")):
+        fns[name] = (torch_ntxent.loss_and_grad_fn(a, b, temperature=0.1, mapping=spec), ())
+        few[name] = args.baseline_repeats
     compiled, temp_gib = _optax(n, args.dim)
     if temp_gib is not None and temp_gib > args.optax_max_gib:
       notes.append(f"optax ntxent skipped at N = {n}: XLA estimates {temp_gib:.1f} GiB of "
                    f"temporaries (> --optax_max_gib {args.optax_max_gib:g}).")
     else:
-      fns[("all", "optax ntxent tau=0.1")] = (compiled, (z1, z2))
-    timings = time_interleaved(fns, repeats, {("all", "optax ntxent tau=0.1"): args.optax_repeats})
-    results.update({(n, *name): t for name, t in timings.items()})
+      fns["optax"] = (compiled, (z1, z2))
+      few["optax"] = args.baseline_repeats
+    timings = {name: t[0] for name, t in time_interleaved(fns, args.repeats, few).items()}
+    rows.append((n, timings))
+    print(f"  N = {n}: done", flush=True)
 
-  print(f"\n{'N':>5} {'negatives':>9} {'loss + grad':>28} {'median ms':>10} {'min ms':>9} "
-        f"{'x floor':>8}")
-  for (n, negatives, name), (median, fastest) in results.items():
-    floor = results[(n, negatives, "floor")][0]
-    print(f"{n:>5} {negatives:>9} {name:>28} {1e3 * median:>10.2f} {1e3 * fastest:>9.2f} "
-          f"{median / floor:>8.2f}")
+  print("\nAbsolute medians (ms):")
+  names = list(rows[0][1])
+  print("| N | " + " | ".join(" ".join(name) if isinstance(name, tuple) else name
+                              for name in names) + " |")
+  print("|---" * (len(names) + 1) + "|")
+  for n, t in rows:
+    print(f"| {n} | " + " | ".join(f"{1e3 * t[name]:.1f}" if name in t else "-"
+                                   for name in names) + " |")
 
-  def ratio(n, negatives, a, b):
-    (median_a, min_a), (median_b, min_b) = results[(n, negatives, a)], results[(n, negatives, b)]
-    return f"{median_a / median_b:7.2f} (min/min {min_a / min_b:6.2f})"
+  def r(x, y):
+    return f"{x / y:.2f}" if x is not None and y is not None else "-"
 
-  print("\nRatios of medians (same process, interleaved):")
-  for n in sizes:
-    for negatives in ("cross", "all"):
-      free_over_tau = ratio(n, negatives, "free", "tau=0.1")
-      print(f"  free / tau=0.1   N = {n:>5} {negatives:>5}: {free_over_tau}  target <= 1.1")
-  for n in sizes:
-    if (n, "all", "optax ntxent tau=0.1") in results:
-      print(f"  optax / ours     N = {n:>5}   all: "
-            f"{ratio(n, 'all', 'optax ntxent tau=0.1', 'tau=0.1')}  target >= 20 at N = 2048")
-  for n in sizes:
-    for negatives in ("cross", "all"):
-      print(f"  ours / floor     N = {n:>5} {negatives:>5}: "
-            f"tau=0.1 {ratio(n, negatives, 'tau=0.1', 'floor')}, "
-            f"free {ratio(n, negatives, 'free', 'floor')}")
+  print("\nRatios of medians, default call (no block_size):")
+  print("| N | all tau / floor | all free / floor | cross tau / floor | cross free / floor "
+        "| symmetric tau / floor | symmetric free / floor | free / tau (all, cross, symmetric) "
+        "| PyTorch tau / ours | PyTorch free / ours | optax / ours |")
+  print("|---" * 11 + "|")
+  for n, t in rows:
+    fa, fc = t["floor all"], t["floor cross"]
+    get = t.get
+    print(f"| {n} | {r(get(('all', 'tau=0.1')), fa)} | {r(get(('all', 'free')), fa)} "
+          f"| {r(get(('cross', 'tau=0.1')), fc)} | {r(get(('cross', 'free')), fc)} "
+          f"| {r(get(('symmetric', 'tau=0.1')), fc)} | {r(get(('symmetric', 'free')), fc)} "
+          f"| {r(get(('all', 'free')), get(('all', 'tau=0.1')))}, "
+          f"{r(get(('cross', 'free')), get(('cross', 'tau=0.1')))}, "
+          f"{r(get(('symmetric', 'free')), get(('symmetric', 'tau=0.1')))} "
+          f"| {r(get('torch tau'), get(('all', 'tau=0.1')))} "
+          f"| {r(get('torch free'), get(('all', 'free')))} "
+          f"| {r(get('optax'), get(('all', 'tau=0.1')))} |")
   for note in notes:
     print("  " + note)
 

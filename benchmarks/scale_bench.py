@@ -1,14 +1,16 @@
-"""Scale benchmark: InfoNCE loss+grad time and peak memory, dense vs blockwise vs baselines.
+"""Scale benchmark: InfoNCE loss+grad time and peak memory, tiled vs one dense tile vs baselines.
 
 Times are measured side by side in one process per (N, D, dtype) group, round robin, best of
 `--reps`; peak memory (VmHWM, the process's peak RSS) in a fresh subprocess per method, so one
-method's peak cannot hide another's. Printed ratios: blockwise / dense, blockwise / floor
-(three dense `[R, D] x [D, R]`-sized products, R = 2N rows), blockwise / PyTorch eager
-NT-Xent (LightlySSL's math), temperature-free / temperature-scaled.
+method's peak cannot hide another's. `tiled` is `info_nce` with `--block_size` (default: the
+automatic choice); `dense` is the same engine with one tile holding all `[R, R]` logits.
+Printed ratios: tiled / dense, tiled / floor (three dense `[R, D] x [D, R]`-sized products,
+R = 2N rows), tiled / PyTorch eager NT-Xent (LightlySSL's math), temperature-free /
+temperature-scaled.
 
   python -m benchmarks.scale_bench --quick
   python -m benchmarks.scale_bench --full
-  python -m benchmarks.scale_bench --largest   # N = 2^17 pairs, D = 256, blockwise only
+  python -m benchmarks.scale_bench --largest   # N = 2^17 pairs, D = 256, tiled only
 
 PyTorch is optional (`pip install torch==2.13.0`); without it the torch column is empty.
 """
@@ -67,9 +69,13 @@ def _loss_fn(method, mapping, negatives, block_size):
 
     return optax_loss
   spec = mappings.from_spec(MAPPINGS[mapping])
-  size = block_size if method == "blockwise" else None
-  return lambda z1, z2: losses.info_nce(z1, z2, mapping=spec, negatives=negatives,
-                                        block_size=size)
+
+  def loss(z1, z2):
+    rows = z1.shape[0] * (2 if negatives == "all" else 1)
+    size = block_size if method == "tiled" else rows
+    return losses.info_nce(z1, z2, mapping=spec, negatives=negatives, block_size=size)
+
+  return loss
 
 
 def build(method, *, n, d, dtype, mapping, negatives, block_size):
@@ -159,7 +165,7 @@ def _entries(n, d, dtype, mapping_names, negatives, has_torch, dense_fits, metho
 
 
 def _all_entries(n, d, dtype, mapping_names, negatives, has_torch, dense_fits):
-  entries = [("blockwise", m) for m in mapping_names] + [("floor", "-")]
+  entries = [("tiled", m) for m in mapping_names] + [("floor", "-")]
   if dense_fits:
     entries += [("dense", m) for m in mapping_names]
     if negatives == "all" and "tau" in mapping_names and n * n * d * 16 <= DENSE_BUDGET_BYTES:
@@ -221,26 +227,26 @@ def _table(rows, mapping_names, clock):
           for r in rows}
   title = "CPU seconds (all threads)" if clock == "cpu_seconds" else "wall seconds"
   lines = [f"Loss + gradient, best of the repetitions, {title}; ratios are ours / baseline.", "",
-           "| N | D | dtype | mapping | blockwise s | dense s | blockwise/dense | "
-           "blockwise/floor | blockwise/torch | blockwise/optax | free/tau (blockwise) | "
-           "dense would need GiB | blockwise peak RSS GiB | dense peak RSS GiB |",
+           "| N | D | dtype | mapping | tiled s | dense s | tiled/dense | "
+           "tiled/floor | tiled/torch | tiled/optax | free/tau (tiled) | "
+           "dense would need GiB | tiled peak RSS GiB | dense peak RSS GiB |",
            "|" + "---|" * 14]
   for n, d, dtype in sorted({(r["n"], r["d"], r["dtype"]) for r in rows}):
     need = next(r["dense_need_gib"] for r in rows if (r["n"], r["d"], r["dtype"]) == (n, d, dtype))
     for mapping in mapping_names:
-      ours = by_key.get((n, d, dtype, "blockwise", mapping))
+      ours = by_key.get((n, d, dtype, "tiled", mapping))
       dense = by_key.get((n, d, dtype, "dense", mapping))
       floor = by_key.get((n, d, dtype, "floor", "-"))
       torch = by_key.get((n, d, dtype, "torch", "tau")) if mapping == "tau" else None
       optax = by_key.get((n, d, dtype, "optax", "tau")) if mapping == "tau" else None
       free_over_tau = "" if mapping != "free" else _ratio(
-          by_key.get((n, d, dtype, "blockwise", "free")),
-          by_key.get((n, d, dtype, "blockwise", "tau")))
+          by_key.get((n, d, dtype, "tiled", "free")),
+          by_key.get((n, d, dtype, "tiled", "tau")))
       lines.append(
           f"| {n} | {d} | {dtype} | {mapping} | {ours:.3f} | "
           f"{'' if dense is None else f'{dense:.3f}'} | {_ratio(ours, dense)} | "
           f"{_ratio(ours, floor)} | {_ratio(ours, torch)} | {_ratio(ours, optax)} | "
-          f"{free_over_tau} | {need:.1f} | {_gib(peak.get((n, d, dtype, 'blockwise', mapping)))} | "
+          f"{free_over_tau} | {need:.1f} | {_gib(peak.get((n, d, dtype, 'tiled', mapping)))} | "
           f"{_gib(peak.get((n, d, dtype, 'dense', mapping)))} |")
   return "\n".join(lines)
 
@@ -250,10 +256,10 @@ def largest(*, n, d, negatives, block_size):
   need = dense_bytes(n=n, d=d, dtype="float32", negatives=negatives, mapping="free")
   print(f"dense loss+grad at N={n}, D={d}, negatives={negatives}: XLA plans "
         f"{need / 2**30:.1f} GiB", flush=True)
-  stats = measure_memory("blockwise", "free", **config)
+  stats = measure_memory("tiled", "free", **config)
   print(json.dumps(dict(config, mapping="free", **stats)), flush=True)
   if "peak_rss" in stats:
-    print(f"blockwise loss+grad: peak RSS {stats['peak_rss'] / 2**30:.2f} GiB "
+    print(f"tiled loss+grad: peak RSS {stats['peak_rss'] / 2**30:.2f} GiB "
           f"(process before building: {stats['baseline_rss'] / 2**30:.2f} GiB), "
           f"{stats['seconds']:.0f} s wall, {stats['cpu_seconds']:.0f} CPU s per call "
           f"({stats['first_call_s']:.0f} s wall with compile); "
@@ -265,14 +271,15 @@ def main(argv=None):
   mode = parser.add_mutually_exclusive_group()
   mode.add_argument("--quick", action="store_true", help="N in {1k, 4k}, D 128, f32, tau/free")
   mode.add_argument("--full", action="store_true", help="the whole grid (hours on 2 cores)")
-  mode.add_argument("--largest", action="store_true", help="N = 2^17, D = 256, blockwise")
+  mode.add_argument("--largest", action="store_true", help="N = 2^17, D = 256, tiled")
   mode.add_argument("--worker", help=argparse.SUPPRESS)
   parser.add_argument("--negatives", default="all", choices=["cross", "all"])
-  parser.add_argument("--block_size", type=int, default=512)
+  parser.add_argument("--block_size", type=int, default=None,
+                      help="tile side of the tiled loss (default: automatic)")
   parser.add_argument("--reps", type=int, default=3)
   parser.add_argument("--no_memory", action="store_true", help="skip the per-method RSS runs")
   parser.add_argument("--methods", default=None,
-                      help="comma-separated subset of blockwise,dense,floor,optax,torch")
+                      help="comma-separated subset of tiled,dense,floor,optax,torch")
   parser.add_argument("--workdir", default=None, help="write results.csv / results.md here")
   parser.add_argument("--n", type=int, default=2**17, help="pairs for --largest")
   parser.add_argument("--d", type=int, default=256, help="dimension for --largest")

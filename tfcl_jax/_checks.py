@@ -38,6 +38,15 @@ def positive_scalar(value, *, name: str):
   return value
 
 
+def positive_int(value, *, name: str, minimum: int = 1) -> int:
+  """Checks that `value` is an int (not a bool) `>= minimum` and returns it as `int`."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}.")
+  if value < minimum:
+    raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
+  return int(value)
+
+
 def float_matrix(x, *, name: str) -> jax.Array:
   """Checks that `x` is a rank-2 floating array and returns it as a `jax.Array`."""
   dtype = getattr(x, "dtype", None)

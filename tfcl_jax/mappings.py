@@ -132,7 +132,18 @@ class Mapping:
     parameters (their gradient goes through `fn`), or its logits span more than the dtype can
     hold under one shift (e.g. `tau < 1/30` in float32).
     """
-    declare = getattr(self.fn, "exp_form", None)
+    return self._declared("exp_form", dtype)
+
+  def log_sigmoid_form(self, dtype) -> LogSigmoidForm | None:
+    """The map's closed form of `-log sigmoid(s f(c))`, `s = +-1`, if it has one.
+
+    The sigmoid (SigLIP) loss uses it instead of `softplus(-s f(c))`. Eq. 11 has one:
+    `sigmoid(2 artanh c) = (1 + c) / 2`. None as for `exp_form`.
+    """
+    return self._declared("log_sigmoid_form", dtype)
+
+  def _declared(self, name: str, dtype):
+    declare = getattr(self.fn, name, None)
     if declare is None or self.params:
       return None
     return declare(jnp.dtype(dtype))
@@ -149,6 +160,14 @@ class ExpForm:
   shift: float
   weight: Callable[[jax.Array], jax.Array]
   weight_grad: Callable[[jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSigmoidForm:
+  """`t(c, s) = -log sigmoid(s f(c))` and `dt/dc` in closed form, `s = +-1` (the pair's label)."""
+
+  term: Callable[[jax.Array, jax.Array], jax.Array]
+  term_grad: Callable[[jax.Array, jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +234,21 @@ def max_free_logit(dtype) -> float:
   return math.log((2.0 - margin) / margin)
 
 
+def _clip_slope(cos, low, high):
+  """`d clip(c, low, high) / dc` as `jnp.clip` differentiates it: 1 inside, 1/2 on a bound."""
+  return jnp.where((cos > low) & (cos < high), 1.0,
+                   jnp.where((cos == low) | (cos == high), 0.5, 0.0))
+
+
+def _weight_grad_of(low, high):
+  def weight_grad(cos):
+    # d/dc (1 + c)/(1 - c) = 2 / (1 - c)^2, times the clamp's slope.
+    inverse = 1.0 / (1.0 - jnp.clip(cos, low, high))
+    return 2.0 * inverse * inverse * _clip_slope(cos, low, high)
+
+  return weight_grad
+
+
 @dataclasses.dataclass(frozen=True)
 class _Free:
   """Eq. 11, `log1p(c) - log1p(-c)` after an 8-ulp clamp; `exp` of it is `(1 + c) / (1 - c)`."""
@@ -231,16 +265,20 @@ class _Free:
       cos = jnp.clip(cos, low, high)
       return (1.0 + cos) / (1.0 - cos)
 
-    def weight_grad(cos):
-      # d/dc (1 + c)/(1 - c) = 2 / (1 - c)^2, times the clamp's slope as jnp.clip
-      # differentiates it: 1 inside, 1/2 on a bound, 0 beyond.
-      inverse = 1.0 / (1.0 - jnp.clip(cos, low, high))
-      slope = jnp.where((cos > low) & (cos < high), 1.0,
-                        jnp.where((cos == low) | (cos == high), 0.5, 0.0))
-      return 2.0 * inverse * inverse * slope
-
     # After the clamp w <= 2 / margin (4.2e6 in float32): sums of it need no shift.
-    return ExpForm(0.0, weight, weight_grad)
+    return ExpForm(0.0, weight, _weight_grad_of(low, high))
+
+  def log_sigmoid_form(self, dtype) -> LogSigmoidForm:
+    low, high = -1.0 + _free_margin(dtype), 1.0 - _free_margin(dtype)
+
+    def term(cos, sign):
+      # sigmoid(s 2 artanh c) = (1 + s c) / 2 exactly: -log of it, finite after the clamp.
+      return math.log(2.0) - jnp.log1p(sign * jnp.clip(cos, low, high))
+
+    def term_grad(cos, sign):
+      return -sign / (1.0 + sign * jnp.clip(cos, low, high)) * _clip_slope(cos, low, high)
+
+    return LogSigmoidForm(term, term_grad)
 
 
 def temperature_free() -> Mapping:

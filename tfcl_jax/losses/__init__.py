@@ -1,9 +1,9 @@
 """Contrastive losses with a pluggable similarity-to-logit map: one tiled engine for all of them.
 
 InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the default
-temperature-free map), with extra negatives from a queue; the same losses across devices; the
-supervised contrastive loss. Every call runs the tiled engine: dense logits are its one-tile
-case, chosen automatically where they are faster.
+temperature-free map), with extra negatives from a queue; SigLIP's sigmoid loss; the same
+losses across devices; the supervised contrastive loss. Every call runs the tiled engine:
+dense logits are its one-tile case, chosen automatically where they are faster.
 """
 
 from tfcl_jax.losses import queue
@@ -11,6 +11,12 @@ from tfcl_jax.losses._engine import auto_block_size, balanced_tile
 from tfcl_jax.losses._info_nce import info_nce
 from tfcl_jax.losses._layout import check_block_size, l2_normalize, norm_floor
 from tfcl_jax.losses._sharded import STRATEGIES, info_nce_on_mesh, sharded_info_nce
+from tfcl_jax.losses._sigmoid import (
+    sharded_sigmoid_loss,
+    sigmoid_bias_init,
+    sigmoid_loss,
+    sigmoid_loss_on_mesh,
+)
 from tfcl_jax.losses._supervised import supervised_info_nce
 
 __all__ = [
@@ -24,5 +30,9 @@ __all__ = [
     "norm_floor",
     "queue",
     "sharded_info_nce",
+    "sharded_sigmoid_loss",
+    "sigmoid_bias_init",
+    "sigmoid_loss",
+    "sigmoid_loss_on_mesh",
     "supervised_info_nce",
 ]

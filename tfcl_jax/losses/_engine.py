@@ -40,6 +40,7 @@ class Plan:
   block_cols: int
   tile_map: TileMap
   column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
+  reduction: type = LogSumExp  # what a tile folds into per-row statistics (see _tiles)
 
 
 def balanced_tile(block_size: int, n: int) -> int:
@@ -140,7 +141,7 @@ def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, 
     use_cols = _column_use(plan, i, j)
     columns_stats = _get(row_stats if plan.kind == "symmetric" else col_stats, j) if (
         use_cols is not None) else None
-    new_rows, new_cols = LogSumExp.forward(plan.tile_map, args, _get(row_blocks, i),
+    new_rows, new_cols = plan.reduction.forward(plan.tile_map, args, _get(row_blocks, i),
                                            _get(col_blocks, j), _get(row_stats, i),
                                            columns_stats, use_cols)
     row_stats = _set(row_stats, i, new_rows)
@@ -160,7 +161,9 @@ def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, 
 
 def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_lse, row_g,
                      col_lse, col_g, grads):
-  """Adds the gradients of `sum_i g_i lse_i (+ sum_j g'_j lse'_j)` over every tile.
+  """Adds the gradients of `sum_i g_i out_i (+ sum_j g'_j out'_j)` over every tile.
+
+  `row_lse`, `col_lse` are the reduction's finished outputs (InfoNCE's logsumexp).
 
   `grads = (drows [M, D], dcolumns [K, D] or None, dparams, dconsts)`; for `"symmetric"` the
   column gradients go into `drows`.
@@ -189,7 +192,7 @@ def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_l
       c_g = c_lse
     else:
       c_lse, c_g = col_lse[j], jnp.where(use_cols, col_g[j], 0.0)
-    dcos, dp, dk = LogSumExp.backward(plan.tile_map, args, a, b, row_lse[i], row_g[i], c_lse,
+    dcos, dp, dk = plan.reduction.backward(plan.tile_map, args, a, b, row_lse[i], row_g[i], c_lse,
                                       c_g)
     drows = drows.at[i].add(dcos @ b.vectors)
     if plan.kind == "symmetric":
@@ -208,10 +211,10 @@ def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_l
 
 def init_stats(plan: Plan, rows: Side, columns: Side | None):
   dtype = rows.vectors.dtype
-  row_stats = LogSumExp.init(rows.ids.shape[0], dtype, plan.tile_map)
+  row_stats = plan.reduction.init(rows.ids.shape[0], dtype, plan.tile_map)
   col_stats = None
   if plan.kind == "rows_and_columns":
-    col_stats = LogSumExp.init(columns.ids.shape[0], dtype, plan.tile_map)
+    col_stats = plan.reduction.init(columns.ids.shape[0], dtype, plan.tile_map)
   return row_stats, col_stats
 
 
@@ -228,7 +231,8 @@ def _lse(plan: Plan, rows: Side, columns: Side | None, args: MapArgs):
   stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
   row_stats, col_stats = accumulate(plan, args, rows, rows if columns is None else columns,
                                     *stats)
-  return LogSumExp.finish(row_stats), None if col_stats is None else LogSumExp.finish(col_stats)
+  finish = plan.reduction.finish
+  return finish(row_stats), None if col_stats is None else finish(col_stats)
 
 
 def _lse_fwd(plan, rows, columns, args):
@@ -249,18 +253,19 @@ def _lse_bwd(plan, residuals, cotangents):
 _lse.defvjp(_lse_fwd, _lse_bwd)
 
 
-def pure_map(mapping, dtype, tile_shape, *, like=None) -> tuple[TileMap, MapArgs]:
+def pure_map(mapping, dtype, tile_shape, *, like=None, reduction=LogSumExp
+             ) -> tuple[TileMap, MapArgs]:
   """The static `TileMap` and array `MapArgs` of a `Mapping` for tiles of `dtype`.
 
-  A mapping with an `exp_form` for `dtype` is used through it; any other is made pure with
-  `jax.closure_convert` (traced values it closes over become `consts`). Inside `shard_map`,
-  the arguments are cast to vary like `like`.
+  A mapping with a closed form the `reduction` asks for (`reduction.fast_form`) is used
+  through it; any other is made pure with `jax.closure_convert` (traced values it closes over
+  become `consts`). Inside `shard_map`, the arguments are cast to vary like `like`.
   """
-  exp_form = mapping.exp_form(dtype)
+  fast = reduction.fast_form(mapping, jnp.dtype(dtype))
   step = mapping.bound_step()
-  if exp_form is not None:
-    return TileMap(mapping.fn, exp_form), MapArgs({}, step, ())
-  params = {name: jnp.asarray(value) for name, value in mapping.params.items()}
+  if fast is not None:
+    return TileMap(mapping.fn, fast), MapArgs({}, step, ())
+  params = jax.tree.map(jnp.asarray, mapping.params)
   example = jnp.zeros(tile_shape, dtype)
   if like is not None:
     example, params = match_varying((example, params), like)
@@ -271,9 +276,11 @@ def pure_map(mapping, dtype, tile_shape, *, like=None) -> tuple[TileMap, MapArgs
   return TileMap(fn, None), MapArgs(params, step, consts)
 
 
-def negatives_logsumexp(rows: Side, columns: Side | None, *, mapping, kind: str,
-                        block_size: int | None, column_grad: bool = True):
-  """`(row_lse, col_lse)`: the logsumexp of each row's (and column's) negatives' logits.
+def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
+                block_size: int | None, column_grad: bool = True, reduction=LogSumExp):
+  """`(row_out, col_out)`: a reduction over each row's (and column's) tile entries.
+
+  With `LogSumExp`, the logsumexp of each row's (and column's) negatives' logits.
 
   Args:
     rows: the anchors.
@@ -282,10 +289,11 @@ def negatives_logsumexp(rows: Side, columns: Side | None, *, mapping, kind: str,
     kind: one of `KINDS`.
     block_size: the largest tile side, or None for `auto_block_size`.
     column_grad: False when the candidates take no gradient (extra negatives).
+    reduction: `LogSumExp` (InfoNCE) or `SigmoidSum` (SigLIP), from `_tiles`.
 
   Returns:
-    `row_lse [M]` and `col_lse [K]` (None unless `"rows_and_columns"`); `-inf` for a row
-    without negatives.
+    `row_out [M]` and `col_out [K]` (None unless `"rows_and_columns"`); for `LogSumExp`,
+    `-inf` for a row without negatives.
   """
   num_rows = rows.ids.shape[0]
   num_cols = num_rows if columns is None else columns.ids.shape[0]
@@ -294,8 +302,8 @@ def negatives_logsumexp(rows: Side, columns: Side | None, *, mapping, kind: str,
   block_rows = balanced_tile(block_size, num_rows)
   block_cols = block_rows if columns is None else balanced_tile(block_size, num_cols)
   tile_map, args = pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
-                            like=rows.vectors)
-  plan = Plan(kind, block_rows, block_cols, tile_map, column_grad)
+                            like=rows.vectors, reduction=reduction)
+  plan = Plan(kind, block_rows, block_cols, tile_map, column_grad, reduction)
   padded_rows = pad_side(rows, block_rows)
   padded_cols = None if columns is None else pad_side(columns, block_cols)
   if not column_grad:

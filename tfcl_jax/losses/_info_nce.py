@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from tfcl_jax import _checks
 from tfcl_jax.losses import _layout
-from tfcl_jax.losses._engine import negatives_logsumexp
+from tfcl_jax.losses._engine import tile_reduce
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -20,7 +20,7 @@ def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
-                  lse_fn=negatives_logsumexp) -> jax.Array:
+                  lse_fn=tile_reduce) -> jax.Array:
   """Per anchor, the logsumexp of its negatives' logits (in-batch, then the extra bank).
 
   `lse_fn` computes the in-batch part (the single-device engine, or a cross-device one).
@@ -29,7 +29,7 @@ def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
                             block_size=block_size)
   if bank is not None:
     def bank_lse(anchors):
-      return negatives_logsumexp(anchors, bank, mapping=mapping, kind="rows",
+      return tile_reduce(anchors, bank, mapping=mapping, kind="rows",
                                  block_size=block_size, column_grad=False)[0]
 
     row_lse = log_add(row_lse, bank_lse(layout.rows))

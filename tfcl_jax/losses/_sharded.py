@@ -21,13 +21,15 @@ from tfcl_jax.losses._tiles import LogSumExp, Side
 STRATEGIES = ("all_gather", "ring")
 
 
-def _axis_size(axis_name) -> int:
+def axis_size(axis_name, *, loss: str = "sharded_info_nce",
+              wrapper: str = "info_nce_on_mesh") -> int:
+  """The size of the bound mesh axis `axis_name`; a clear error when it is not bound."""
   try:
     return jax.lax.axis_size(axis_name)
   except NameError:
     raise ValueError(
-        f"axis_name {axis_name!r} is not bound: call sharded_info_nce inside jax.shard_map "
-        f"over a mesh with that axis (or use info_nce_on_mesh).") from None
+        f"axis_name {axis_name!r} is not bound: call {loss} inside jax.shard_map "
+        f"over a mesh with that axis (or use {wrapper}).") from None
 
 
 def _ring(axis_name):
@@ -37,7 +39,7 @@ def _ring(axis_name):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _ring_lse(plan, axis_name, rows: Side, columns: Side, args):
+def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
   size, send = _ring(axis_name)
   like = rows.vectors
   row_stats, col_stats = _engine.match_varying(_engine.init_stats(plan, rows, columns), like)
@@ -52,16 +54,16 @@ def _ring_lse(plan, axis_name, rows: Side, columns: Side, args):
 
   carry = (_engine.match_varying(columns, like), row_stats, col_stats)
   _, row_stats, col_stats = jax.lax.fori_loop(0, size, hop, carry)
-  col_lse = None if col_stats is None else LogSumExp.finish(col_stats)
-  return LogSumExp.finish(row_stats), col_lse
+  finish = plan.reduction.finish
+  return finish(row_stats), None if col_stats is None else finish(col_stats)
 
 
-def _ring_lse_fwd(plan, axis_name, rows, columns, args):
-  out = _ring_lse(plan, axis_name, rows, columns, args)
+def _ring_reduce_fwd(plan, axis_name, rows, columns, args):
+  out = _ring_reduce(plan, axis_name, rows, columns, args)
   return out, (rows, columns, args, out)
 
 
-def _ring_lse_bwd(plan, axis_name, residuals, cotangents):
+def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
   rows, columns, args, (row_lse, col_lse) = residuals
   row_g, col_g = cotangents
   size, send = _ring(axis_name)
@@ -84,20 +86,22 @@ def _ring_lse_bwd(plan, axis_name, residuals, cotangents):
           args._replace(params=dparams, step=None, consts=dconsts))
 
 
-_ring_lse.defvjp(_ring_lse_fwd, _ring_lse_bwd)
+_ring_reduce.defvjp(_ring_reduce_fwd, _ring_reduce_bwd)
 
 
-def _device_logsumexp(axis_name, strategy):
-  """The in-batch lse of `negatives_lse` with the candidates of every device."""
+def device_reduce(axis_name, strategy):
+  """`tile_reduce` with the candidates of every device (for `negatives_lse` and the sigmoid
+  loss): a device's rows against everyone's columns."""
 
-  def lse_fn(rows, columns, *, mapping, kind, block_size):
+  def lse_fn(rows, columns, *, mapping, kind, block_size, reduction=LogSumExp):
     if kind == "symmetric":  # a device's rows against everyone's: not symmetric any more
       columns, kind = rows, "rows"
     if strategy == "all_gather":
       gathered = Side(*(jax.lax.all_gather(x, axis_name, tiled=True) for x in columns))
-      row_lse, col_lse = _engine.negatives_logsumexp(rows, gathered, mapping=mapping, kind=kind,
-                                                     block_size=block_size)
+      row_lse, col_lse = _engine.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
+                                             block_size=block_size, reduction=reduction)
       if col_lse is not None:  # this device's rows only: combine over devices, keep ours
+        assert reduction is LogSumExp, "only InfoNCE's two-tower loss has column outputs"
         col_lse = _global_logsumexp(col_lse, axis_name)
         n = columns.ids.shape[0]
         col_lse = jax.lax.dynamic_slice_in_dim(col_lse, jax.lax.axis_index(axis_name) * n, n)
@@ -107,9 +111,9 @@ def _device_logsumexp(axis_name, strategy):
     block_rows = _engine.balanced_tile(block_size, rows.ids.shape[0])
     block_cols = _engine.balanced_tile(block_size, columns.ids.shape[0])
     tile_map, args = _engine.pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
-                                      like=rows.vectors)
-    plan = _engine.Plan(kind, block_rows, block_cols, tile_map)
-    row_lse, col_lse = _ring_lse(plan, axis_name, _engine.pad_side(rows, block_rows),
+                                      like=rows.vectors, reduction=reduction)
+    plan = _engine.Plan(kind, block_rows, block_cols, tile_map, reduction=reduction)
+    row_lse, col_lse = _ring_reduce(plan, axis_name, _engine.pad_side(rows, block_rows),
                                  _engine.pad_side(columns, block_cols), args)
     num_rows, num_cols = rows.ids.shape[0], columns.ids.shape[0]
     return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
@@ -190,7 +194,7 @@ def sharded_info_nce(
   Returns:
     A scalar (mean, sum) or this device's per-row losses.
   """
-  size = _axis_size(axis_name)
+  size = axis_size(axis_name)
   z1, z2 = _layout.check_pair(z1, z2, local=True)
   _layout.check_mode(negatives, symmetric, reduction)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
@@ -210,7 +214,7 @@ def sharded_info_nce(
                         offset=offset)
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
   lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank,
-                      lse_fn=_device_logsumexp(axis_name, strategy))
+                      lse_fn=device_reduce(axis_name, strategy))
   valid_rows = _layout.anchor_valid(rows)
   per_row = jnp.where(valid_rows, row_losses(rows, lse, mapping), 0.0)
   if reduction == "none":
@@ -267,6 +271,14 @@ def info_nce_on_mesh(
   Returns:
     The loss (scalar) or the global per-row losses.
   """
+  kwargs.update(where=where, reduction=reduction, extra_negatives=extra_negatives,
+                extra_where=extra_where)
+  return on_mesh(sharded_info_nce, z1, z2, mesh=mesh, axis_name=axis_name, **kwargs)
+
+
+def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where, reduction, extra_negatives=None,
+            extra_where=None, **kwargs):
+  """Runs `local_loss` (a sharded loss) under `jax.shard_map` on global `[N, D]` views."""
   if axis_name not in mesh.axis_names:
     raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}.")
   z1, z2 = _layout.check_pair(z1, z2)
@@ -278,23 +290,22 @@ def info_nce_on_mesh(
   where = _layout.check_where(where, z1.shape[0])
   bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
   batch, replicated = PartitionSpec(axis_name), PartitionSpec()
+  extra = {} if bank is None else dict(extra_negatives=bank, extra_where=bank_where)
 
-  def local(a, b, mask, extra, extra_mask):
-    return sharded_info_nce(a, b, axis_name=axis_name, where=mask, reduction=reduction,
-                            extra_negatives=extra, extra_where=extra_mask, **kwargs)
+  def local(a, b, mask, extra):
+    return local_loss(a, b, axis_name=axis_name, where=mask, reduction=reduction, **extra,
+                      **kwargs)
 
-  in_specs = (batch, batch, batch, replicated, replicated)
+  in_specs = (batch, batch, batch, replicated)
   out_specs = batch if reduction == "none" else replicated
   # shard_map over an Auto-axes copy of the mesh: it places unplaced inputs itself, so the
   # loss and its gradient work on `jax.make_mesh`'s Explicit meshes without `jax.set_mesh`.
   auto = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
                            axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
   result = jax.shard_map(local, mesh=auto, in_specs=in_specs, out_specs=out_specs)(
-      z1, z2, where, bank, bank_where)
-  if reduction == "none":
-    per_device = 2 if (kwargs.get("negatives", "cross") == "all" or kwargs.get("symmetric")) \
-        else 1
-    if per_device == 2:
-      # Per device: its first rows then its second rows; reorder to all first, then all second.
-      result = result.reshape(size, 2, -1).transpose(1, 0, 2).reshape(-1)
+      z1, z2, where, extra)
+  two_sets = kwargs.get("negatives", "cross") == "all" or kwargs.get("symmetric", False)
+  if reduction == "none" and two_sets:
+    # Per device: its first rows then its second rows; reorder to all first, then all second.
+    result = result.reshape(size, 2, -1).transpose(1, 0, 2).reshape(-1)
   return result

@@ -46,10 +46,12 @@ class MapArgs(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class TileMap:
-  """The static part of a mapping inside the kernels: its pure `fn`, or its `exp_form`."""
+  """The static part of a mapping inside the kernels: its pure `fn`, and the closed form the
+  reduction asked the mapping for (`exp_form` for InfoNCE, `log_sigmoid_form` for SigLIP), or
+  None."""
 
   fn: Callable[..., jax.Array]
-  exp_form: ExpForm | None
+  fast: Any
 
 
 def mask(rows: Side, columns: Side) -> jax.Array:
@@ -82,9 +84,13 @@ class LogSumExp:
   """
 
   @staticmethod
+  def fast_form(mapping, dtype) -> ExpForm | None:
+    return mapping.exp_form(dtype)
+
+  @staticmethod
   def init(num: int, dtype, tile_map: TileMap):
-    if tile_map.exp_form is not None:
-      return jnp.full((num,), tile_map.exp_form.shift, dtype), jnp.zeros((num,), dtype)
+    if tile_map.fast is not None:
+      return jnp.full((num,), tile_map.fast.shift, dtype), jnp.zeros((num,), dtype)
     return jnp.full((num,), -jnp.inf, dtype), jnp.zeros((num,), dtype)
 
   @staticmethod
@@ -100,8 +106,8 @@ class LogSumExp:
     stats of `b`. `use_cols` is a traced bool or None (no column side)."""
     cos = a.vectors @ b.vectors.T
     keep = mask(a, b)
-    if tile_map.exp_form is not None:
-      w = jnp.where(keep, tile_map.exp_form.weight(cos), 0.0)
+    if tile_map.fast is not None:
+      w = jnp.where(keep, tile_map.fast.weight(cos), 0.0)
       row_stats = row_stats[0], row_stats[1] + jnp.sum(w, axis=1)
       if use_cols is not None:
         col_stats = col_stats[0], col_stats[1] + jnp.where(use_cols, jnp.sum(w, axis=0), 0.0)
@@ -123,13 +129,13 @@ class LogSumExp:
     row_ok, col_ok = jnp.isfinite(row_lse), jnp.isfinite(col_lse)
     row_lse, col_lse = jnp.where(row_ok, row_lse, 0.0), jnp.where(col_ok, col_lse, 0.0)
     row_g, col_g = jnp.where(row_ok, row_g, 0.0), jnp.where(col_ok, col_g, 0.0)
-    if tile_map.exp_form is not None:
+    if tile_map.fast is not None:
       # dlse_i/dc_ij = exp(f_ij - lse_i) f'_ij = exp(shift - lse_i) w'(c_ij).
-      shift = tile_map.exp_form.shift
+      shift = tile_map.fast.shift
       row_scale = row_g * jnp.exp(shift - row_lse)
       col_scale = col_g * jnp.exp(shift - col_lse)
       scale = row_scale[:, None] + col_scale[None, :]
-      dcos = jnp.where(keep, scale * tile_map.exp_form.weight_grad(cos), 0.0)
+      dcos = jnp.where(keep, scale * tile_map.fast.weight_grad(cos), 0.0)
       return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
           jnp.zeros_like(k) for k in args.consts)
     logits, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
@@ -137,5 +143,68 @@ class LogSumExp:
     logits = jnp.where(keep, logits, -jnp.inf)
     dlogits = (row_g[:, None] * jnp.exp(logits - row_lse[:, None])
                + col_g[None, :] * jnp.exp(logits - col_lse[None, :]))
+    dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
+    return dcos, dparams, tuple(dconsts)
+
+
+def pair_mask(rows: Side, columns: Side) -> jax.Array:
+  """`[m, k]` bool: the pair (i, j) is scored: both valid, and j is not i itself (unless j is
+  i's positive, as in `cross`, where a row and its positive share an id)."""
+  return (rows.valid[:, None] & columns.valid[None, :]
+          & ((columns.ids[None, :] != rows.ids[:, None])
+             | (columns.ids[None, :] == rows.positive_ids[:, None])))
+
+
+class SigmoidSum:
+  """SigLIP's reduction: `sum_j -log sigmoid(l_ij (f(c_ij) + b))` per row, `l_ij = +1` on the
+  positive, `-1` elsewhere; the bias is folded into the map. Maps with a closed form of the
+  log-sigmoid (`log_sigmoid_form`; Eq. 11's `sigmoid(2 artanh c) = (1 + c)/2`) use it."""
+
+  @staticmethod
+  def fast_form(mapping, dtype):
+    return mapping.log_sigmoid_form(dtype)
+
+  @staticmethod
+  def init(num: int, dtype, tile_map: TileMap):
+    return (jnp.zeros((num,), dtype),)
+
+  @staticmethod
+  def finish(stats) -> jax.Array:
+    return stats[0]
+
+  @staticmethod
+  def _signs(a: Side, b: Side):
+    return jnp.where(b.ids[None, :] == a.positive_ids[:, None], 1.0, -1.0)
+
+  @staticmethod
+  def forward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
+              use_cols):
+    cos = a.vectors @ b.vectors.T
+    sign = SigmoidSum._signs(a, b).astype(cos.dtype)
+    if tile_map.fast is not None:
+      terms = tile_map.fast.term(cos, sign)
+    else:
+      terms = jax.nn.softplus(-sign * _logits(tile_map, cos, args))
+    terms = jnp.where(pair_mask(a, b), terms, 0.0)
+    row_stats = (row_stats[0] + jnp.sum(terms, axis=1),)
+    if use_cols is not None:
+      col_stats = (col_stats[0] + jnp.where(use_cols, jnp.sum(terms, axis=0), 0.0),)
+    return row_stats, col_stats
+
+  @staticmethod
+  def backward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
+               col_g):
+    cos = a.vectors @ b.vectors.T
+    sign = SigmoidSum._signs(a, b).astype(cos.dtype)
+    keep = pair_mask(a, b)
+    scale = row_g[:, None] + col_g[None, :]
+    if tile_map.fast is not None:
+      dcos = jnp.where(keep, scale * tile_map.fast.term_grad(cos, sign), 0.0)
+      return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
+          jnp.zeros_like(k) for k in args.consts)
+    logits, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
+                          *args.consts)
+    # d softplus(-s x)/dx = -s sigmoid(-s x)
+    dlogits = jnp.where(keep, scale * -sign * jax.nn.sigmoid(-sign * logits), 0.0)
     dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
     return dcos, dparams, tuple(dconsts)

@@ -1,0 +1,265 @@
+r"""The sigmoid contrastive loss (SigLIP) with any similarity-to-logit map, on the same tiles."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tfcl_jax import _checks
+from tfcl_jax import mappings as mappings_lib
+from tfcl_jax.losses import _layout
+from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._sharded import STRATEGIES, axis_size, device_reduce, on_mesh
+from tfcl_jax.losses._tiles import SigmoidSum
+
+BIAS_INITS = ("siglip", "prior")
+
+
+def sigmoid_bias_init(kind: str = "siglip", *, num_candidates: int | None = None) -> float:
+  """The bias a sigmoid loss starts from.
+
+  * `"siglip"`: -10, SigLIP's init (with `t = log 10`).
+  * `"prior"`: `log(p / (1 - p))` with `p = 1 / num_candidates`, the log-odds of one positive
+    among `num_candidates` (open_clip's note on the init): the loss starts at its minimum for
+    uninformative embeddings.
+
+  Examples:
+    >>> from tfcl_jax import losses
+    >>> losses.sigmoid_bias_init(), round(losses.sigmoid_bias_init("prior", num_candidates=1024), 4)
+    (-10.0, -6.9305)
+  """
+  _checks.one_of(kind, BIAS_INITS, name="kind")
+  if kind == "siglip":
+    return -10.0
+  _checks.positive_int(num_candidates, name="num_candidates", minimum=2)
+  p = 1.0 / num_candidates
+  return math.log(p / (1.0 - p))
+
+
+def _check_bias(bias, name: str = "bias"):
+  if isinstance(bias, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a float or a float scalar array, got a bool ({bias!r}).")
+  if isinstance(bias, numbers.Real):
+    return float(bias)
+  dtype = getattr(bias, "dtype", None)
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{name} must be a float or a float scalar array, got "
+                    f"{type(bias).__name__}{'' if dtype is None else f' of dtype {dtype}'}.")
+  if jnp.shape(bias) != ():
+    raise ValueError(f"{name} must be a scalar (shape ()), got shape {jnp.shape(bias)}.")
+  return bias
+
+
+def _biased(mapping: mappings_lib.Mapping, bias, relative_bias) -> mappings_lib.Mapping:
+  """`mapping` with the bias folded in: `f(c) + b`, or `f(c) - f(r)` for a relative bias `r`."""
+  if relative_bias is None and isinstance(bias, float) and bias == 0.0:
+    return mapping  # keeps the map's closed forms (Eq. 11: sigmoid(f) = (1 + c) / 2)
+  inner = mapping.fn
+
+  if relative_bias is None:
+    def fn(cos, params, step):
+      return inner(cos, params["mapping"], step) + jnp.asarray(params["bias"], cos.dtype)
+    value = bias
+  else:
+    def fn(cos, params, step):
+      reference = jnp.asarray(params["bias"], cos.dtype)
+      return inner(cos, params["mapping"], step) - inner(reference, params["mapping"], step)
+    value = relative_bias
+  return mappings_lib.Mapping(mapping.spec, fn, {"mapping": mapping.params, "bias": value},
+                              mapping.scheduled, mapping.step)
+
+
+def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, local=False):
+  z1, z2 = _layout.check_pair(z1, z2, local=local)
+  _layout.check_mode(negatives, False, reduction)
+  mapping = _layout.check_mapping(mapping)
+  bias = _check_bias(bias)
+  if relative_bias is not None:
+    relative_bias = _check_bias(relative_bias, "relative_bias")
+    if not (isinstance(bias, float) and bias == 0.0):
+      raise ValueError("give bias or relative_bias, not both (relative_bias replaces the bias "
+                       f"by -f(relative_bias)); got bias={bias!r}.")
+  return z1, z2, _biased(mapping, bias, relative_bias)
+
+
+def sigmoid_loss(
+    z1: jax.typing.ArrayLike,
+    z2: jax.typing.ArrayLike,
+    *,
+    mapping: Callable[[jax.Array], jax.Array] | None = None,
+    bias: float | jax.typing.ArrayLike = 0.0,
+    relative_bias: float | jax.typing.ArrayLike | None = None,
+    negatives: str = "cross",
+    reduction: str = "mean",
+    where: jax.typing.ArrayLike | None = None,
+    block_size: int | None = None,
+) -> jax.Array:
+  r"""The sigmoid contrastive loss (SigLIP) with a pluggable similarity-to-logit map.
+
+  Every scored pair is an independent binary term:
+
+  .. math:: L_i = -\sum_{j} \log \sigma\big(\ell_{ij} (f(c_{ij}) + b)\big),
+            \quad \ell_{ij} = +1 \text{ on the positive}, -1 \text{ elsewhere}
+
+  and the loss is the mean of `L_i` over anchors (SigLIP's `sum / N`). With
+  `f = exp(t) cos` and a learnable `b` this is SigLIP (Zhai et al. 2023; init `t = log 10`,
+  `b = -10`); with the temperature-free map (Eq. 11) and `b = 0` the positive term is exact,
+  `sigmoid(2 artanh c) = (1 + c)/2`, and the loss is
+  `-sum_j log((1 + l_ij c_ij) / 2)`: the tiles use that closed form.
+
+  * `negatives="cross"`: anchor `z1[i]`, pairs with every row of `z2` (`N^2` terms).
+  * `negatives="all"`: the `2N` rows of `concat([z1, z2])` each against the other `2N - 1`;
+    `S = U U^T` is symmetric and each off-diagonal tile serves its rows and columns.
+  * `relative_bias=r` (Bangachev et al. 2025): logits `f(c) - f(r)`, i.e. `T (c - r)` for
+    `f = T c`: the bias moves with the scale.
+
+  Computed tile by tile with a custom VJP like `info_nce` (memory O(N * block + N * D)).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import losses, mappings
+    >>> z1 = jax.random.normal(jax.random.key(0), (8, 16))
+    >>> z2 = z1 + 0.1 * jax.random.normal(jax.random.key(1), (8, 16))
+    >>> free = losses.sigmoid_loss(z1, z2)  # temperature-free, no bias
+    >>> siglip = losses.sigmoid_loss(z1, z2, bias=jnp.array(-10.0),
+    ...     mapping=mappings.learnable_temperature(tau=0.1))
+    >>> free.shape, bool(siglip > 0)
+    ((), True)
+
+  Args:
+    z1: `[N, D]` float embeddings of the first view (images).
+    z2: `[N, D]` float embeddings of the second view (texts); row `i` pairs with `z1[i]`.
+    mapping: a `tfcl_jax.mappings.Mapping` or a callable `cos -> logits`; default
+      `mappings.temperature_free()`.
+    bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
+      state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).
+    relative_bias: `r` of the relative form instead of `bias`; a float or scalar array.
+    negatives: `"cross"` or `"all"`.
+    reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row sums).
+    where: optional `[N]` bool mask of valid pairs (padded batches).
+    block_size: the largest tile side, or None (automatic).
+
+  Returns:
+    A float32 (float64 under x64 inputs) scalar, or `[N]` (`cross`) / `[2N]` (`all`)
+    per-row losses.
+
+  References:
+    Zhai et al., Sigmoid Loss for Language Image Pre-Training, ICCV 2023; Bangachev et al.,
+    arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
+  """
+  z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction)
+  valid = _layout.check_where(where, z1.shape[0])
+  block_size = _layout.check_block_size(block_size)
+  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
+  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
+  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid)
+  per_row, _ = tile_reduce(rows.rows, rows.columns, mapping=mapping, kind=rows.kind,
+                           block_size=block_size, reduction=SigmoidSum)
+  return _layout.reduce(per_row, rows.rows.valid, reduction, masked=where is not None)
+
+
+def sharded_sigmoid_loss(
+    z1: jax.typing.ArrayLike,
+    z2: jax.typing.ArrayLike,
+    *,
+    mapping=None,
+    bias: float | jax.typing.ArrayLike = 0.0,
+    relative_bias: float | jax.typing.ArrayLike | None = None,
+    negatives: str = "cross",
+    axis_name: str = "data",
+    strategy: str = "ring",
+    block_size: int | None = None,
+    where: jax.typing.ArrayLike | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+  """`sigmoid_loss` over the global batch, called inside `jax.shard_map` on each device's pairs.
+
+  With `strategy="ring"` (the default) the candidates' blocks travel round the devices by
+  `lax.ppermute` and every device scores its rows against each block as it passes: SigLIP's
+  chunked form (open_clip's neighbour exchange), memory O(n D) per device, never the gathered
+  batch. `"all_gather"` gathers the candidates first. The result equals `sigmoid_loss` on the
+  concatenated batch, and each device's gradients its slice of the single-device ones.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from tfcl_jax import losses
+    >>> mesh = jax.sharding.Mesh(jax.devices(), ("data",))
+    >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
+    >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
+    >>> loss_fn = jax.shard_map(lambda a, b: losses.sharded_sigmoid_loss(a, b, bias=-1.0),
+    ...     mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P())
+    >>> bool(jnp.allclose(loss_fn(z1, z2), losses.sigmoid_loss(z1, z2, bias=-1.0), atol=1e-5))
+    True
+
+  Args:
+    z1, z2: `[n, D]` float, this device's pairs.
+    mapping, bias, relative_bias, negatives, block_size: as in `sigmoid_loss`.
+    axis_name: the mesh axis the batch is split over; must be bound by `shard_map`.
+    strategy: `"ring"` or `"all_gather"`.
+    where: optional `[n]` bool mask of this device's valid pairs.
+    reduction: `"mean"` (global), `"sum"` (global), or `"none"` (this device's rows).
+
+  Returns:
+    A scalar (mean, sum) or this device's per-row losses.
+  """
+  size = axis_size(axis_name, loss="sharded_sigmoid_loss", wrapper="sigmoid_loss_on_mesh")
+  z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, local=True)
+  _checks.one_of(strategy, STRATEGIES, name="strategy")
+  n = z1.shape[0]
+  if n * size < 2:
+    raise ValueError(f"the global batch needs N >= 2 pairs, got N = {n * size}.")
+  valid = _layout.check_where(where, n)
+  block_size = _layout.check_block_size(block_size)
+  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
+  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
+  rows_per_device = n if negatives == "cross" else 2 * n
+  offset = jax.lax.axis_index(axis_name) * rows_per_device
+  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid, offset=offset)
+  per_row, _ = device_reduce(axis_name, strategy)(
+      rows.rows, rows.columns, mapping=mapping, kind=rows.kind, block_size=block_size,
+      reduction=SigmoidSum)
+  per_row = jnp.where(rows.rows.valid, per_row, 0.0)
+  if reduction == "none":
+    return per_row
+  total = jax.lax.psum(jnp.sum(per_row), axis_name)
+  if reduction == "sum":
+    return total
+  if where is None:
+    return total / (per_row.shape[0] * size)
+  return total / jnp.maximum(jax.lax.psum(jnp.sum(rows.rows.valid), axis_name), 1)
+
+
+def sigmoid_loss_on_mesh(z1, z2, *, mesh: jax.sharding.Mesh, axis_name: str = "data",
+                         where=None, reduction: str = "mean", **kwargs) -> jax.Array:
+  """`sharded_sigmoid_loss` on global `[N, D]` arrays, split over `mesh[axis_name]`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import losses
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
+    >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
+    >>> loss = losses.sigmoid_loss_on_mesh(z1, z2, mesh=mesh, negatives="all")
+    >>> bool(jnp.allclose(loss, losses.sigmoid_loss(z1, z2, negatives="all"), atol=1e-5))
+    True
+
+  Args:
+    z1, z2: `[N, D]` float views; `N` divisible by the devices on `axis_name`.
+    mesh: a `jax.sharding.Mesh` with an axis `axis_name`.
+    axis_name: the mesh axis to split the batch over.
+    where: optional `[N]` bool mask of valid pairs.
+    reduction: `"mean"`, `"sum"` or `"none"` (global per-row losses in `sigmoid_loss`'s order).
+    **kwargs: `mapping`, `bias`, `relative_bias`, `negatives`, `strategy`, `block_size`.
+
+  Returns:
+    The loss or the global per-row losses.
+  """
+  return on_mesh(sharded_sigmoid_loss, z1, z2, mesh=mesh, axis_name=axis_name, where=where,
+                 reduction=reduction, **kwargs)
+
