@@ -1,7 +1,9 @@
-r"""Figures 2-5 and Eq. 10 of Kim & Kim (arXiv 2501.17683): gradient scales at [C, -C, ..., -C].
+r"""Figures 2-5 and Eq. 10 of Kim & Kim (arXiv 2501.17683): gradient scales at [C, -C, ..., -C],
+and the same for the sigmoid (SigLIP) loss.
 
-Each figure draws the closed form (`tfcl_jax.analysis.eq4/eq7/eq10/eq13`) as a line and the
-autodiff value through `losses.info_nce` (`analysis.gradient_scale`) as points on top, and
+Each figure draws the closed form (`tfcl_jax.analysis.eq4/eq7/eq10/eq13`, `analysis.sigmoid`)
+as a line and the autodiff value through the library's loss (`analysis.gradient_scale`,
+`analysis.sigmoid.sigmoid_gradient_scale`) as points on top, and
 `gradient_scales.csv` lists both at every point. Command: see `configs/gradient_scales_paper.py`.
 """
 
@@ -22,6 +24,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 
 from experiments import cli  # noqa: E402
 from tfcl_jax import analysis, mappings  # noqa: E402
+from tfcl_jax.analysis import sigmoid  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "gradient_scales_paper.py")
 CSV_COLUMNS = ("figure", "curve", "x", "closed_form", "autodiff", "abs_diff")
@@ -105,7 +108,46 @@ def eq10_figure(config):
               title="Eq. 10: |dL/dt| of CLIP's learnable exp(t) (N = 2), zero at C = 0")
 
 
-FIGURES = (figure2, figure3, figure4, figure5, eq10_figure)
+def sigmoid_figure(config):
+  """|dL/dC| of the sigmoid loss: division by tau, the free map (b = 0, the best b at C = 1,
+  and the doubled log-odds), N = config.sigmoid_n."""
+  n = config.sigmoid_n
+  x = _c_grid(config, config.autodiff_points, start=0.025)
+  line_x = np.linspace(0.0, 1.0, config.line_points)
+  free = mappings.temperature_free()
+  best_b = -0.5 * np.log(n - 1.0)
+  cases = [(f"tau={tau:g}, b=0", mappings.temperature(tau), 0.0,
+            lambda c, tau=tau: sigmoid.sigmoid_gradient_scale_tau(c, tau, n))
+           for tau in config.sigmoid_taus]
+  cases += [("free, b=0", free, 0.0, lambda c: sigmoid.sigmoid_gradient_scale_free(c, n)),
+            (f"free, b={best_b:.2f}", free, best_b,
+             lambda c: sigmoid.sigmoid_gradient_scale_free(c, n, b=best_b)),
+            ("free x2 (4 artanh c), b=0", lambda c: 2.0 * free(c), 0.0,
+             lambda c: sigmoid.sigmoid_gradient_scale_free(c, n, k=2.0))]
+  curves = [(label, line_x, np.asarray(closed(line_x)), x, np.asarray(closed(x)),
+             np.asarray(sigmoid.sigmoid_gradient_scale(mapping, x, n, bias=b)))
+            for label, mapping, b, closed in cases]
+  return dict(name="sigmoid_scale", xlabel="C", curves=curves,
+              title=f"Sigmoid loss: |dL/dC| at [C, -C, ...] (N = {n})")
+
+
+def sigmoid_t_figure(config):
+  """|dL/dt| of the sigmoid loss with SigLIP's exp(t) cos + b: zero at C = 0 (Eq. 10's analogue)."""
+  n = config.sigmoid_n
+  x = _c_grid(config, config.autodiff_points, start=0.0)
+  line_x = np.linspace(0.0, 1.0, config.line_points)
+  curves = []
+  for t in config.sigmoid_ts:
+    for b in config.sigmoid_biases:
+      dt, _ = sigmoid.sigmoid_parameter_gradients(x, t, n, bias=b)
+      curves.append((f"t={t:g}, b={b:g}", line_x,
+                     np.asarray(sigmoid.sigmoid_gradient_t(line_x, t, n, b=b)), x,
+                     np.asarray(sigmoid.sigmoid_gradient_t(x, t, n, b=b)), np.abs(dt)))
+  return dict(name="sigmoid_learnable_t", xlabel="C", ylabel="|dL/dt|", curves=curves,
+              title=f"Sigmoid loss: |dL/dt| of exp(t) cos + b (N = {n}), zero at C = 0")
+
+
+FIGURES = (figure2, figure3, figure4, figure5, eq10_figure, sigmoid_figure, sigmoid_t_figure)
 
 
 def _plot(figure, path: str) -> None:
@@ -114,10 +156,11 @@ def _plot(figure, path: str) -> None:
     color = f"C{k}"
     ax.plot(line_x, line_y, color=color, label=label)
     ax.plot(x, auto, "o", color=color, markersize=3.5, markerfacecolor="none")
-  ax.plot([], [], "ko", markersize=3.5, markerfacecolor="none", label="autodiff (info_nce)")
+  ax.plot([], [], "ko", markersize=3.5, markerfacecolor="none", label="autodiff (the loss)")
   ax.set_xscale(figure.get("xscale", "linear"))
   ax.set_xlabel(figure["xlabel"])
-  ax.set_ylabel("gradient scale" if figure["name"] != "eq10_learnable_t" else "|dL/dt|")
+  default_label = "gradient scale" if figure["name"] != "eq10_learnable_t" else "|dL/dt|"
+  ax.set_ylabel(figure.get("ylabel", default_label))
   ax.set_title(figure["title"], fontsize=9)
   ax.set_ylim(bottom=0.0)
   ax.grid(alpha=0.3)
@@ -161,7 +204,7 @@ def _write_csv(path, rows, columns) -> None:
 
 
 def _write_markdown(path, summary, config) -> None:
-  lines = ["# Gradient scales at [C, -C, ..., -C]: closed form vs autodiff through info_nce", "",
+  lines = ["# Gradient scales at [C, -C, ..., -C]: closed form vs autodiff through the losses", "",
            f"float64: {config.x64}. `scale_at_largest_x` is the closed form at the last marker "
            f"(C = 1 - {config.c_one_offset:g} on C axes, tau = {config.figure3_tau_range[1]:g} "
            "in Figure 3).", "",

@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 
-FIGURES = ("figure2_eq4", "figure3_eq4_tau", "figure4_eq7", "figure5_eq13", "eq10_learnable_t")
+FIGURES = ("figure2_eq4", "figure3_eq4_tau", "figure4_eq7", "figure5_eq13", "eq10_learnable_t",
+           "sigmoid_scale", "sigmoid_learnable_t")
 
 
 def test_gradient_scales_cli(tmp_path):
@@ -19,7 +20,7 @@ def test_gradient_scales_cli(tmp_path):
       [sys.executable, "-m", "experiments.gradient_scales", f"--out={tmp_path}",
        # Fewer points and curves than the paper's config: the grids are covered by unit tests.
        "--config.autodiff_points=6", "--config.line_points=50", "--config.ns=(2, 16)",
-       "--config.eq10_ts=(0.0, 2.0)"],
+       "--config.eq10_ts=(0.0, 2.0)", "--config.sigmoid_taus=(0.5,)", "--config.sigmoid_ts=(2.0,)"],
       cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "max |closed form - autodiff|" in result.stdout
@@ -31,8 +32,8 @@ def test_gradient_scales_cli(tmp_path):
   with open(tmp_path / "gradient_scales.csv") as f:
     rows = list(csv.DictReader(f))
   assert list(rows[0]) == ["figure", "curve", "x", "closed_form", "autodiff", "abs_diff"]
-  # Figures 2-5 and Eq. 10 with 4 + 4 + 2 + 2 + 2 curves of 6 points each.
-  assert len(rows) == 14 * 6
+  # Figures 2-5, Eq. 10 and the sigmoid pair: 4 + 4 + 2 + 2 + 2 + 4 + 2 curves of 6 points.
+  assert len(rows) == 20 * 6
   assert {r["figure"] for r in rows} == set(FIGURES)
   closed = np.array([float(r["closed_form"]) for r in rows])
   auto = np.array([float(r["autodiff"]) for r in rows])

@@ -1,4 +1,5 @@
-r"""Gradient-scale figures of Sections 3-4 (Figures 2-5 and Eq. 10), closed form vs autodiff.
+r"""Gradient-scale figures of Sections 3-4 (Figures 2-5 and Eq. 10) and their sigmoid-loss
+analogues, closed form vs autodiff.
 
 Run (seconds on 2 cores):
   python -m experiments.gradient_scales --out=/tmp/gradient_scales
@@ -20,6 +21,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.ns = (2, 4, 8, 16)  # Figures 4 and 5.
   # Eq. 10 curves; the last is CLIP's initial t = log(1 / 0.07).
   config.eq10_ts = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 / 0.07), 4))
+  # The sigmoid (SigLIP) loss at the same pattern: N candidates, fixed tau and the free map.
+  config.sigmoid_n = 16
+  config.sigmoid_taus = (0.1, 0.5, 1.0)
+  config.sigmoid_ts = (0.0, round(math.log(10.0), 4))  # SigLIP's initial t = log 10
+  config.sigmoid_biases = (0.0, -10.0)  # SigLIP's initial b = -10
   config.line_points = 400  # closed-form curve resolution.
   config.autodiff_points = 20  # autodiff markers per curve.
   # Autodiff cannot reach |C| = 1 (the cosine is quadratic at the pole): C = 1 is read at 1 - this.
