@@ -179,7 +179,8 @@ def sigmoid_gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int, 
     >>> import jax.numpy as jnp
     >>> from tfcl_jax import mappings
     >>> from tfcl_jax.analysis import sigmoid
-    >>> scale = sigmoid.sigmoid_gradient_scale(mappings.temperature_free(), jnp.array([0.0, 0.5]), 4)
+    >>> free = mappings.temperature_free()
+    >>> scale = sigmoid.sigmoid_gradient_scale(free, jnp.array([0.0, 0.5]), 4)
     >>> [round(s, 4) for s in scale.tolist()]  # N / (1 + C)
     [4.0, 2.6667]
 
