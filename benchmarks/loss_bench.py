@@ -1,15 +1,18 @@
 r"""Loss + gradient time of the default `info_nce` call against its floor, PyTorch and optax.
 
 Every function is jitted (PyTorch runs eagerly), warmed up, and timed with
-`block_until_ready`, interleaved repeat by repeat so that machine load hits all alike, and
-summarised by the median. Ratios are of medians measured in this one process.
+`block_until_ready`, interleaved repeat by repeat so that machine load hits all alike (small
+sizes repeat until the rounds take `--min_seconds`), and summarised by the median. PyTorch is
+timed after the JAX functions of each size, not interleaved with them (two thread pools would
+contend). Ratios are of medians measured in this one process.
 
 * floor, `negatives="all"`: the three products any NT-Xent loss + gradient needs,
   `S = Z Z^T`, `S Z`, `S^T Z` for `Z = [z1; z2]` (`[2N, D]`);
 * floor, `negatives="cross"`: `S = U1 U2^T`, `S U2`, `S^T U1`;
-* ours: `info_nce(z1, z2, mapping=..., negatives=..., symmetric=...)` with no `block_size`
-  (the default call) for `tau = 0.1` and the temperature-free map, loss and gradients of both
-  views; `--mappings` adds learnable / dynamic / annealed rows;
+* ours: `info_nce(z1, z2, mapping=..., negatives=..., symmetric=...)` and
+  `sigmoid_loss(z1, z2, mapping=..., negatives=...)` with no `block_size` (the default call)
+  for `tau = 0.1` and the temperature-free map, loss and gradients of both views;
+  `--mappings` adds learnable / dynamic / annealed rows;
 * PyTorch eager, LightlySSL's NT-Xent formula (`benchmarks/torch_ntxent.py`), `tau = 0.1` and
   the free map, when torch is installed (`pip install -e ".[bench]"`);
 * `optax.losses.ntxent` (`tau = 0.1`) where XLA's memory estimate for its `[2N, 2N, D]`
@@ -33,7 +36,8 @@ import optax
 from benchmarks import torch_ntxent
 from tfcl_jax import losses, mappings
 
-MODES = {"all": ("all", False), "cross": ("cross", False), "symmetric": ("cross", True)}
+MODES = {"all": ("all", False), "cross": ("cross", False), "symmetric": ("cross", True),
+         "sigmoid all": ("all", None), "sigmoid cross": ("cross", None)}
 
 
 def _ours(spec: str, mode: str):
@@ -41,6 +45,8 @@ def _ours(spec: str, mode: str):
   mapping = mappings.from_spec(spec)
 
   def loss(z1, z2, mapping):
+    if symmetric is None:  # SigLIP's loss, bias 0: the free map's closed form applies
+      return losses.sigmoid_loss(z1, z2, mapping=mapping, negatives=negatives)
     return losses.info_nce(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric)
 
   # Gradients reach both views and, for a learnable map, its t.
@@ -73,13 +79,20 @@ def _optax(n: int, d: int):
   return compiled, temp_gib
 
 
-def time_interleaved(fns: dict, repeats: int, few: dict) -> dict:
+def time_interleaved(fns: dict, repeats: int, few: dict, *, min_seconds: float = 0.0) -> dict:
   """`fns`: name -> (function, args). Median and min seconds per call, interleaved rounds.
 
   Functions named in `few` (slow baselines) are timed only in their first `few[name]` rounds.
+  Small sizes get more rounds, until a round's total reaches `min_seconds` over all rounds.
   """
-  for fn, args in fns.values():  # warm-up: compile and run once.
+  warm = {}
+  for name, (fn, args) in fns.items():  # warm-up: compile and run once, then time one call.
     jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    warm[name] = time.perf_counter() - start
+  per_round = sum(t for name, t in warm.items() if name not in few)
+  repeats = max(repeats, min(200, int(min_seconds / max(per_round, 1e-6))))
   samples = {name: [] for name in fns}
   for round_ in range(repeats):
     for name, (fn, args) in fns.items():
@@ -97,6 +110,8 @@ def main() -> None:
                       default=[256, 512, 1024, 2048, 4096, 8192])
   parser.add_argument("--dim", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--min_seconds", type=float, default=3.0,
+                      help="small sizes repeat until the rounds take this long")
   parser.add_argument("--baseline_repeats", type=int, default=3,
                       help="timed calls of PyTorch and optax")
   parser.add_argument("--optax_max_gib", type=float, default=6.0,
@@ -123,10 +138,6 @@ def main() -> None:
       for spec in args.mappings:
         fns[mode, spec] = (_ours(spec, mode), (z1, z2))
     few = {}
-    if use_torch:
-      for name, spec in (("torch tau", "tau"), ("torch free", "free")):
-        fns[name] = (torch_ntxent.loss_and_grad_fn(a, b, temperature=0.1, mapping=spec), ())
-        few[name] = args.baseline_repeats
     compiled, temp_gib = _optax(n, args.dim)
     if temp_gib is not None and temp_gib > args.optax_max_gib:
       notes.append(f"optax ntxent skipped at N = {n}: XLA estimates {temp_gib:.1f} GiB of "
@@ -134,7 +145,13 @@ def main() -> None:
     else:
       fns["optax"] = (compiled, (z1, z2))
       few["optax"] = args.baseline_repeats
-    timings = {name: t[0] for name, t in time_interleaved(fns, args.repeats, few).items()}
+    timings = {name: t[0] for name, t in time_interleaved(
+        fns, args.repeats, few, min_seconds=args.min_seconds).items()}
+    if use_torch:  # after the JAX functions, not interleaved: two thread pools would contend
+      torch_fns = {name: (torch_ntxent.loss_and_grad_fn(a, b, temperature=0.1, mapping=spec), ())
+                   for name, spec in (("torch tau", "tau"), ("torch free", "free"))}
+      timings.update({name: t[0] for name, t in time_interleaved(
+          torch_fns, args.baseline_repeats, {}).items()})
     rows.append((n, timings))
     print(f"  N = {n}: done", flush=True)
 
@@ -167,6 +184,14 @@ def main() -> None:
           f"| {r(get('torch tau'), get(('all', 'tau=0.1')))} "
           f"| {r(get('torch free'), get(('all', 'free')))} "
           f"| {r(get('optax'), get(('all', 'tau=0.1')))} |")
+  print("\nSigmoid loss / InfoNCE, same mapping and negatives, default call:")
+  print("| N | all tau | all free | cross tau | cross free |")
+  print("|---|---|---|---|---|")
+  for n, t in rows:
+    get = t.get
+    print(f"| {n} | " + " | ".join(
+        r(get((f"sigmoid {mode}", spec)), get((mode, spec)))
+        for mode in ("all", "cross") for spec in ("tau=0.1", "free")) + " |")
   for note in notes:
     print("  " + note)
 

@@ -213,7 +213,7 @@ def load_planetoid(name: str, *, root: str | os.PathLike) -> PlanetoidGraph:
     >>> import os
     >>> from tfcl_jax.data import planetoid
     >>> root = os.path.join(os.path.dirname(__file__), "../../../shared/data/planetoid")
-    >>> if os.path.isdir(root):  # CI and this machine have it; users pass their own folder.
+    >>> if os.path.isdir(root):  # users pass their own folder
     ...   graph = planetoid.load_planetoid("cora", root=root)
     ...   assert graph.features.shape == (2708, 1433) and graph.edge_index.shape == (2, 10556)
 
