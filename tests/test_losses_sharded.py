@@ -84,6 +84,23 @@ def test_gradient_on_an_explicit_mesh_without_set_mesh():
   chex.assert_trees_all_close(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("loss_on_mesh, loss", [
+    (losses.info_nce_on_mesh, losses.info_nce), (losses.sigmoid_loss_on_mesh, losses.sigmoid_loss)])
+def test_gradient_of_inputs_placed_on_an_explicit_mesh(loss_on_mesh, loss):
+  # Inputs whose type carries the sharding (`device_put` on a `make_mesh` mesh, as the global
+  # arrays of a multi-process run): the cotangents must carry the same sharding type.
+  z1, z2, where, _ = _views()
+  mesh = jax.make_mesh((8,), ("data",))
+  placed = jax.sharding.NamedSharding(mesh, PartitionSpec("data"))
+  a, b = jax.device_put(z1, placed), jax.device_put(z2, placed)
+  for kwargs in (dict(negatives="all"), dict(negatives="cross", where=where)):
+    got = jax.jit(jax.value_and_grad(
+        lambda x, y, kw=kwargs: loss_on_mesh(x, y, mesh=mesh, **kw), argnums=(0, 1)))(a, b)
+    expected = jax.value_and_grad(lambda x, y, kw=kwargs: loss(x, y, **kw), argnums=(0, 1))(z1, z2)
+    chex.assert_trees_all_close(got, expected, atol=1e-5)
+    assert got[1][0].sharding.spec == PartitionSpec("data", None)
+
+
 def test_unbound_axis_name_raises():
   z = jnp.ones((4, 2))
   with pytest.raises(ValueError, match="axis_name 'data' is not bound"):

@@ -11,7 +11,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from tfcl_jax import _checks
 from tfcl_jax.losses import _engine, _layout
@@ -276,6 +276,14 @@ def info_nce_on_mesh(
   return on_mesh(sharded_info_nce, z1, z2, mesh=mesh, axis_name=axis_name, **kwargs)
 
 
+def _explicitly_sharded(x) -> bool:
+  """Whether `x`'s type carries a sharding on Explicit mesh axes (sharding in types)."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  return bool(mesh is not None and mesh.axis_names and any(
+      t == jax.sharding.AxisType.Explicit for t in mesh.axis_types))
+
+
 def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where, reduction, extra_negatives=None,
             extra_where=None, **kwargs):
   """Runs `local_loss` (a sharded loss) under `jax.shard_map` on global `[N, D]` views."""
@@ -298,11 +306,22 @@ def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where, reduction, extra_nega
 
   in_specs = (batch, batch, batch, replicated)
   out_specs = batch if reduction == "none" else replicated
-  # shard_map over an Auto-axes copy of the mesh: it places unplaced inputs itself, so the
-  # loss and its gradient work on `jax.make_mesh`'s Explicit meshes without `jax.set_mesh`.
-  auto = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
-                           axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
-  result = jax.shard_map(local, mesh=auto, in_specs=in_specs, out_specs=out_specs)(
+  if _explicitly_sharded(z1) or _explicitly_sharded(z2):
+    # Inputs typed with an Explicit sharding (`jax.make_mesh` + `device_put`, multi-process
+    # global arrays): shard_map on that mesh, the other inputs resharded to their specs, so the
+    # gradient's cotangents carry the same sharding types as the inputs.
+    explicit = jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(
+        jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+    place = jax.sharding.reshard
+    z1, z2, where = (place(x, NamedSharding(explicit, batch)) for x in (z1, z2, where))
+    extra = jax.tree.map(lambda x: place(x, NamedSharding(explicit, replicated)), extra)
+    run_mesh = explicit
+  else:
+    # An Auto-axes copy of the mesh: shard_map places unplaced inputs itself, so the loss and
+    # its gradient work on `jax.make_mesh`'s Explicit meshes without `jax.set_mesh`.
+    run_mesh = jax.sharding.Mesh(mesh.devices, mesh.axis_names,
+                                 axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+  result = jax.shard_map(local, mesh=run_mesh, in_specs=in_specs, out_specs=out_specs)(
       z1, z2, where, extra)
   two_sets = kwargs.get("negatives", "cross") == "all" or kwargs.get("symmetric", False)
   if reduction == "none" and two_sets:

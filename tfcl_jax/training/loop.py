@@ -208,12 +208,12 @@ def train(
   if resume:
     restored = checkpoint.restore_latest(manager, state)
     state = state if restored is None else restored
-  state = jax.device_put(state, sharding.replicated(mesh))
+  state = sharding.replicate(state, mesh)
   start = int(jax.device_get(state.step))
   metrics_log = _CsvLog(os.path.join(workdir, METRICS_FILE), keep_through_step=start)
   eval_log = _CsvLog(os.path.join(workdir, EVAL_FILE), keep_through_step=start)
   writer = _summary_writer(workdir) if jax.process_index() == 0 else None
-  key = jax.device_put(key, sharding.replicated(mesh))
+  key = sharding.replicate(key, mesh)
 
   def evaluate(step_number):
     if eval_fn is None:

@@ -42,6 +42,43 @@ def data_sharded(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """Places every leaf of `tree` on every device of `mesh`, across processes too.
+
+  `jax.device_put` onto a sharding that spans several processes takes process-local arrays
+  (each process passes the same value), but neither typed PRNG keys (they travel as their key
+  data) nor arrays committed to other devices (a restored checkpoint, a replicated global
+  array on another mesh): those are re-placed from this process's copy through the host, as
+  CPU backends have no cross-host transfers.
+
+  Examples:
+    >>> import jax
+    >>> from tfcl_jax.training import sharding
+    >>> mesh = sharding.make_mesh(jax.devices()[:1])
+    >>> key = sharding.replicate(jax.random.key(0), mesh)
+    >>> key.sharding.is_fully_replicated, jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    (True, True)
+  """
+  target = replicated(mesh)
+
+  def put(leaf):
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      data = put(jax.random.key_data(leaf))
+      return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+    if isinstance(leaf, jax.Array) and not target.is_fully_addressable:
+      if leaf.sharding.is_equivalent_to(target, leaf.ndim):
+        return leaf
+      if not leaf.is_fully_addressable:
+        if not leaf.sharding.is_fully_replicated:
+          raise ValueError(f"cannot replicate an array sharded as {leaf.sharding} across "
+                           "processes; gather it first.")
+        leaf = leaf.addressable_data(0)  # this process's copy of a replicated global array
+      leaf = np.asarray(leaf)  # through the host: committed arrays would need device transfers
+    return jax.device_put(leaf, target)
+
+  return jax.tree.map(put, tree)
+
+
 def check_batch_size(batch_size: int, mesh: Mesh, *, name: str = "batch_size") -> int:
   """Raises `ValueError` unless `batch_size` is a positive multiple of the device count.
 
@@ -74,7 +111,7 @@ def shard_batch(batch: Any, mesh: Mesh, *, sharded: bool = True) -> Any:
     (4, 2)
   """
   if not sharded:
-    return jax.device_put(batch, replicated(mesh))
+    return replicate(batch, mesh)
   target = data_sharded(mesh)
   local_devices = mesh.local_mesh.size
 

@@ -105,7 +105,7 @@ def make_train_step(
     # A fresh state (host step counter, single-device arrays) would compile a second program,
     # for an input placement that differs from the replicated states the step returns.
     if getattr(state.step, "sharding", None) != replicated:
-      state = jax.device_put(state, replicated)
+      state = sharding.replicate(state, mesh)
     return jitted(state, batch, key)
 
   placed_step.jitted = jitted
