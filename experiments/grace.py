@@ -8,6 +8,10 @@ LREvaluator on the frozen embeddings (`evaluation.logistic.lr_evaluate`).
 Run: python -m experiments.grace --config=experiments/configs/grace_citeseer.py --workdir=DIR
   [--config.mappings=free,tau=0.5 --config.seeds=20 --config.epochs=1000]
 
+`config.mappings` lists loss specs (`tfcl_jax.losses.from_spec`): a mapping spec trains with
+InfoNCE, `sigmoid/<mapping>[/b=<init> | /learn_b=<init>]` with the sigmoid loss (SigLIP:
+`sigmoid/learnable=0.1/learn_b=siglip`).
+
 Writes DIR/results.csv (one row per (mapping, seed), appended as each run ends: an interrupted
 run resumes where it stopped), DIR/results.md (Table 3 beside the paper) and DIR/f1_micro.png.
 """
@@ -31,7 +35,7 @@ from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
 
 RESULT_FIELDS = ("dataset", "mapping", "seed", "f1_micro", "f1_macro", "val_f1_micro",
-                 "best_epoch", "final_loss", "final_t", "train_seconds", "epochs")
+                 "best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_b")
 
 # Table 3 (CiteSeer, 20 runs): F1-micro (std), F1-macro (std), in %.
 PAPER_TABLE3 = {
@@ -55,15 +59,18 @@ jax.tree_util.register_dataclass(GraphBatch, data_fields=["features", "edge_inde
                                  meta_fields=[])
 
 
-def make_loss_fn(model: gcn.GRACE, mapping: mappings.Mapping, *, edge_rate: float,
-                 feature_rate: float, block_size: int | None = None):
+def make_loss_fn(model: gcn.GRACE, objective: losses.LossSpec | mappings.Mapping, *,
+                 edge_rate: float, feature_rate: float, block_size: int | None = None):
   """GRACE's loss in the training stack's signature `(params, model_state, batch, key, step)`.
 
-  Two views (`graph_augment.grace_view`), their projections, and
-  `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`, Eq. 11 with `free`) under `mapping`
-  with the learnable parameters `params["mapping"]`; `block_size` is the loss's tile side
-  (None: automatic).
+  Two views (`graph_augment.grace_view`), their projections, and the objective on them with
+  intra- and inter-view negatives: `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`,
+  Eq. 11 with `free`) for a `Mapping` or an InfoNCE `LossSpec`, the sigmoid loss for a sigmoid
+  `LossSpec` (`losses.from_spec`); the learnable values are `params["mapping"]`;
+  `block_size` is the loss's tile side (None: automatic).
   """
+  if isinstance(objective, mappings.Mapping):
+    objective = losses.LossSpec(objective.spec, "info_nce", objective)
 
   def loss_fn(params, model_state, batch: GraphBatch, key, step):
     num_nodes, num_edges = batch.features.shape[0], batch.edge_index.shape[1]
@@ -75,11 +82,16 @@ def make_loss_fn(model: gcn.GRACE, mapping: mappings.Mapping, *, edge_rate: floa
                                       edge_weight=view.edge_weight)
       projections.append(model.apply({"params": params["model"]}, view.features, propagation)[1])
 
-    loss = losses.info_nce(*projections, negatives="all", block_size=block_size,
-                           mapping=mapping.bind(params=params["mapping"], step=step))
+    loss = objective(*projections, params=params["mapping"], step=step, negatives="all",
+                     block_size=block_size)
     return loss, (model_state, {})
 
   return loss_fn
+
+
+def parse_spec(spec: str, num_nodes: int) -> losses.LossSpec:
+  """`losses.from_spec` for GRACE's loss: `2 * num_nodes - 1` candidates per anchor."""
+  return losses.from_spec(spec, num_candidates=2 * num_nodes - 1)
 
 
 def load_graph(config) -> tuple[planetoid.PlanetoidGraph, GraphBatch]:
@@ -95,7 +107,7 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: GraphBatch, spec: st
   The run's `metrics.csv` and checkpoints go to `workdir/runs/<spec>_seed<seed>/`; a killed run
   resumes from its last checkpoint. Returns a results row.
   """
-  mapping = mappings.from_spec(spec)
+  objective = parse_spec(spec, graph.num_nodes)
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
                     projection_dim=config.projection_dim)
   init_key, train_key, eval_key = jax.random.split(jax.random.key(seed), 3)
@@ -104,10 +116,10 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: GraphBatch, spec: st
       model_params=model.init(init_key, batch.features, full)["params"],
       tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
                                  total_steps=config.epochs, schedule="constant"),
-      apply_fn=model.apply, mapping_params=mapping.params)
+      apply_fn=model.apply, mapping_params=objective.params)
   # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  loss_fn = make_loss_fn(model, mapping, edge_rate=config.edge_rate,
+  loss_fn = make_loss_fn(model, objective, edge_rate=config.edge_rate,
                          feature_rate=config.feature_rate, block_size=config.block_size)
   train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
   batch = training.sharding.shard_batch(batch, mesh, sharded=False)
@@ -117,9 +129,9 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: GraphBatch, spec: st
       state, train_step=train_step,
       batches=lambda first: itertools.repeat(batch, config.epochs - first),
       num_steps=config.epochs, workdir=run_dir, key=train_key, mesh=mesh,
-      config={"spec": mapping.spec, "seed": seed, **config.to_dict()}, resume=True,
+      config={"spec": objective.spec, "seed": seed, **config.to_dict()}, resume=True,
       batch_sharded=False, checkpoint_every=config.checkpoint_every, log_every=config.log_every,
-      progress=progress, desc=f"{mapping.spec} seed {seed}")
+      progress=progress, desc=f"{objective.spec} seed {seed}")
   seconds = time.perf_counter() - start
   history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))["loss"]
   params = state.params
@@ -129,14 +141,14 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: GraphBatch, spec: st
       embeddings, graph.labels, key=eval_key, num_classes=graph.num_classes,
       train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.eval_epochs,
       learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
-  t = params["mapping"].get("t")
+  t, b = params["mapping"].get("t"), params["mapping"].get("bias")
   return {
-      "dataset": graph.name, "mapping": mapping.spec,
+      "dataset": graph.name, "mapping": objective.spec,
       "seed": seed, "f1_micro": scores["f1_micro"], "f1_macro": scores["f1_macro"],
       "val_f1_micro": scores["val_f1_micro"], "best_epoch": scores["best_epoch"],
       "final_loss": float(history[-1]) if len(history) else float("nan"),
       "final_t": float(t) if t is not None else "", "train_seconds": round(seconds, 2),
-      "epochs": config.epochs,
+      "epochs": config.epochs, "final_b": float(b) if b is not None else "",
   }
 
 
@@ -148,7 +160,20 @@ def read_results(path: str) -> list[dict]:
 
 
 def append_result(path: str, row: dict) -> None:
+  """Appends `row`; a file written with fewer `RESULT_FIELDS` is first rewritten with all."""
   new = not os.path.exists(path)
+  if not new:
+    with open(path, newline="") as f:
+      header = next(csv.reader(f), [])
+    if tuple(header) != RESULT_FIELDS:
+      if not set(header) <= set(RESULT_FIELDS):
+        raise ValueError(f"{path} has columns {header}, not a subset of {RESULT_FIELDS}: "
+                         "use a fresh workdir.")
+      old = read_results(path)
+      with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, RESULT_FIELDS, restval="")
+        writer.writeheader()
+        writer.writerows(old)
   with open(path, "a", newline="") as f:
     writer = csv.DictWriter(f, RESULT_FIELDS)
     if new:
@@ -267,7 +292,7 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
   """Runs every (seed, mapping) not yet in `workdir/results.csv`; rewrites the tables."""
   specs = [s.strip() for s in config.mappings.split(",") if s.strip()]
   for spec in specs:
-    mappings.from_spec(spec)  # fail before any training on a bad spec
+    parse_spec(spec, 2)  # fail before any training on a bad spec
   if config.seeds < 1 or config.epochs < 1:
     raise ValueError(f"seeds and epochs must be >= 1, got {config.seeds}, {config.epochs}.")
   os.makedirs(workdir, exist_ok=True)
@@ -278,7 +303,7 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
   todo = [(seed, spec) for seed in range(config.seed_offset, config.seed_offset + config.seeds)
           for spec in specs]
   for seed, spec in tqdm.tqdm(todo, desc="runs", disable=not progress):
-    if (mappings.from_spec(spec).spec, seed, config.epochs) in done:
+    if (parse_spec(spec, graph.num_nodes).spec, seed, config.epochs) in done:
       continue
     append_result(csv_path, run_one(config, graph, batch, spec, seed, workdir=workdir,
                                     progress=progress))
@@ -290,7 +315,7 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
 def _write_tables(config, workdir, specs, command):
   rows = [r for r in read_results(os.path.join(workdir, "results.csv"))
           if int(r["epochs"]) == config.epochs]
-  names = [mappings.from_spec(s).spec for s in specs]
+  names = [parse_spec(s, 2).spec for s in specs]
   table = summarize(rows, names)
   write_markdown(os.path.join(workdir, "results.md"), table, dataset=config.dataset,
                  command=command, epochs=config.epochs, paired=paired_differences(rows, names))

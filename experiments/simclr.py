@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from experiments import cli, simclr_report, sweep
-from tfcl_jax import augment, data, mappings, models
+from tfcl_jax import augment, data, losses, models
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
 from tfcl_jax.training import loop, optim, sharding, simclr, state, step
@@ -40,7 +41,7 @@ class Run:
   batch_size: int
 
   def directory(self, workdir: str) -> str:
-    name = self.mapping.replace("=", "_").replace(":", "_")
+    name = re.sub(r"[=:/]", "_", self.mapping)
     return os.path.join(workdir, "runs", f"bs{self.batch_size}", name, f"seed{self.seed}")
 
 
@@ -62,7 +63,8 @@ def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
   else:
     specs = _split_list(config.n_mappings, name="n_mappings")
     batch_sizes = [int(b) for b in _split_list(config.n_batch_sizes, name="n_batch_sizes")]
-  specs = [mappings.from_spec(spec).spec for spec in specs]  # ValueError naming bad specs
+  # ValueError naming bad specs; a prior bias's value depends on N, its spec does not.
+  specs = [losses.from_spec(spec, num_candidates=3).spec for spec in specs]
   return [Run(spec, seed, batch_size)
           for batch_size in batch_sizes for spec in specs for seed in range(config.seeds)]
 
@@ -136,7 +138,7 @@ class Experiment:
           momentum=c.momentum, weight_decay=c.weight_decay)
     return self._optimizers[batch_size]
 
-  def train_step(self, mapping: mappings.Mapping):
+  def train_step(self, mapping: losses.LossSpec):
     if mapping.spec not in self._steps:
       loss_fn = simclr.make_simclr_loss(self.model, mapping=mapping, augment=self.augment,
                                         negatives=self.config.negatives)
@@ -180,7 +182,7 @@ class Experiment:
   def run(self, run: Run, workdir: str) -> dict:
     """Trains one (mapping, seed, batch size) run in its own directory; returns its results."""
     c = self.config
-    mapping = mappings.from_spec(run.mapping)
+    mapping = losses.from_spec(run.mapping, num_candidates=2 * run.batch_size - 1)
     steps_per_epoch = self.steps_per_epoch(run.batch_size)
     num_steps = c.epochs * steps_per_epoch
     init_key, step_key = jax.random.split(jax.random.key(run.seed))

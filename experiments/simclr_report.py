@@ -18,7 +18,7 @@ from scipy import stats  # noqa: E402
 from tfcl_jax.training import loop  # noqa: E402
 
 COLUMNS = ("mapping", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss", "final_t",
-           "steps")
+           "steps", "final_bias")
 
 
 def write_results(results: list[dict], workdir: str, *, mode: str) -> None:

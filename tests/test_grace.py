@@ -150,3 +150,46 @@ def test_paired_differences_match_a_hand_computation():
   t = diffs.mean() / (diffs.std(ddof=1) / np.sqrt(3))
   np.testing.assert_allclose(first["p_value"], 1 - t / np.sqrt(t * t + 2), rtol=1e-6)
   assert table[1]["seeds"] == 1 and np.isnan(table[1]["p_value"])  # one shared seed: no test
+
+
+def _siglip_all(h1, h2, t, b):
+  """Sigmoid loss with negatives 'all' in NumPy: each of 2N rows against the other 2N - 1."""
+  u = np.concatenate([h1, h2])
+  u = u / np.linalg.norm(u, axis=1, keepdims=True)
+  n = len(h1)
+  logits = np.exp(t) * (u @ u.T) + b
+  labels = -np.ones_like(logits)
+  labels[np.arange(2 * n), (np.arange(2 * n) + n) % (2 * n)] = 1.0
+  terms = np.logaddexp(0.0, -labels * logits)  # -log sigmoid(l z)
+  np.fill_diagonal(terms, 0.0)
+  return terms.sum(axis=1).mean()
+
+
+def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
+  """`sigmoid/learnable=0.1/learn_b=siglip` on GRACE's views = SigLIP's formula in NumPy; the
+  train state carries t and b and both get gradients."""
+  graph = _tiny_graph(seed=4)
+  batch = _batch(graph)
+  model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
+  objective = grace.parse_spec("sigmoid/learnable=0.1/learn_b=siglip", graph.num_nodes)
+  assert sorted(objective.params) == ["bias", "t"]
+  full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
+  params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
+            "mapping": {"t": jnp.float32(1.5), "bias": jnp.float32(-3.0)}}
+  loss_fn = grace.make_loss_fn(model, objective, edge_rate=0.3, feature_rate=0.3, block_size=16)
+  key = jax.random.key(5)
+  (loss, _), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, {}, batch, key, 0)
+
+  @jax.jit
+  def projection(view_key):
+    view = graph_augment.grace_view(view_key, batch.features, batch.edge_index.shape[1])
+    prop = gcn.gcn_normalize(batch.edge_index, num_nodes=40, edge_weight=view.edge_weight)
+    return model.apply({"params": params["model"]}, view.features, prop)[1]
+
+  h1, h2 = (np.asarray(projection(k), np.float64) for k in jax.random.split(key))
+  np.testing.assert_allclose(loss, _siglip_all(h1, h2, 1.5, -3.0), rtol=1e-5)
+  # dL/db by central differences of the NumPy loss.
+  eps = 1e-4
+  fd = (_siglip_all(h1, h2, 1.5, -3.0 + eps) - _siglip_all(h1, h2, 1.5, -3.0 - eps)) / (2 * eps)
+  np.testing.assert_allclose(grads["mapping"]["bias"], fd, rtol=1e-4)
+  assert float(grads["mapping"]["t"]) != 0.0

@@ -2,8 +2,9 @@
 
 InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the default
 temperature-free map), with extra negatives from a queue; SigLIP's sigmoid loss; the same
-losses across devices; the supervised contrastive loss. Every call runs the tiled engine:
-dense logits are its one-tile case, chosen automatically where they are faster.
+losses across devices; the supervised contrastive loss; `from_spec` names one of them in a
+config. Every call runs the tiled engine: dense logits are its one-tile case, chosen
+automatically where they are faster.
 """
 
 from tfcl_jax.losses import queue
@@ -18,12 +19,15 @@ from tfcl_jax.losses._sigmoid import (
     sigmoid_loss_on_mesh,
 )
 from tfcl_jax.losses._supervised import supervised_info_nce
+from tfcl_jax.losses.spec import LossSpec, from_spec
 
 __all__ = [
+    "LossSpec",
     "STRATEGIES",
     "auto_block_size",
     "balanced_tile",
     "check_block_size",
+    "from_spec",
     "info_nce",
     "info_nce_on_mesh",
     "l2_normalize",

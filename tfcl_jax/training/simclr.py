@@ -42,7 +42,7 @@ def cosine_diagnostics(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike) -> di
 def make_simclr_loss(
     model: nn.Module,
     *,
-    mapping: mappings_lib.Mapping,
+    mapping: mappings_lib.Mapping | losses.LossSpec,
     augment: AugmentFn,
     negatives: str = "all",
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
@@ -50,7 +50,8 @@ def make_simclr_loss(
 
   Both views go through the model in one call (BatchNorm statistics over the 2B views, as in
   SimCLR); the loss is `losses.info_nce(z1, z2, negatives=negatives)` with
-  `mapping.bind(params=params["mapping"], step=step)` (Eq. 1 for `tau=...`, Eq. 11 for `free`).
+  `mapping.bind(params=params["mapping"], step=step)` (Eq. 1 for `tau=...`, Eq. 11 for `free`),
+  or the loss a `losses.LossSpec` names (the sigmoid loss: SigCLR) with those params.
   Metrics: `pos_cos`, `neg_cos` (`cosine_diagnostics` of the projections).
 
   Examples:
@@ -74,7 +75,8 @@ def make_simclr_loss(
   Args:
     model: returns `(features, projections)` given `(images, train=...)`
       (`models.ContrastiveModel`).
-    mapping: the similarity-to-logit map (`mappings.from_spec(...)`).
+    mapping: the similarity-to-logit map (`mappings.from_spec(...)`), or a `losses.LossSpec`
+      (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its mapping and bias).
     augment: `augment(key, images) -> (view1, view2)`, e.g.
       `functools.partial(tfcl_jax.augment.two_views, recipe="digits")`.
     negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`.
@@ -82,8 +84,11 @@ def make_simclr_loss(
   Returns:
     The loss function.
   """
-  if not isinstance(mapping, mappings_lib.Mapping):
-    raise TypeError(f"mapping must be a tfcl_jax.mappings.Mapping, got {type(mapping).__name__}.")
+  if isinstance(mapping, mappings_lib.Mapping):
+    mapping = losses.LossSpec(mapping.spec, "info_nce", mapping)
+  if not isinstance(mapping, losses.LossSpec):
+    raise TypeError("mapping must be a tfcl_jax.mappings.Mapping or a losses.LossSpec, got "
+                    f"{type(mapping).__name__}.")
 
   def loss_fn(params, model_state, batch, key, step):
     view1, view2 = augment(key, batch["image"])
@@ -92,8 +97,7 @@ def make_simclr_loss(
         {"params": params["model"], **model_state}, views, train=True,
         mutable=list(model_state))
     z1, z2 = jnp.split(projections, 2, axis=0)
-    logits_map = mapping.bind(params=params["mapping"], step=step)
-    loss = losses.info_nce(z1, z2, mapping=logits_map, negatives=negatives)
+    loss = mapping(z1, z2, params=params["mapping"], step=step, negatives=negatives)
     return loss, (new_model_state, cosine_diagnostics(z1, z2))
 
   return loss_fn
