@@ -40,6 +40,12 @@ def run_main(
   workdir = flags.DEFINE_string("workdir", None, "output directory")
   for alias in workdir_aliases:
     flags.DEFINE_alias(alias, "workdir")
+  distributed = flags.DEFINE_bool(
+      "distributed", False, "call jax.distributed.initialize() first (one process per host; "
+      "SLURM, Open MPI and TPU pods are detected, else give the three flags below)")
+  coordinator = flags.DEFINE_string("coordinator_address", None, "host:port of process 0")
+  num_processes = flags.DEFINE_integer("num_processes", None, "processes in the job")
+  process_id = flags.DEFINE_integer("process_id", None, "this process's index")
 
   def main(argv):
     if len(argv) > 1:
@@ -48,6 +54,15 @@ def run_main(
       raise app.UsageError(usage)
     if quiet_logs:
       logging.set_verbosity(logging.WARNING)
+    if distributed.value or coordinator.value:
+      import jax  # noqa: PLC0415
+
+      try:
+        jax.distributed.initialize(coordinator.value, num_processes.value, process_id.value)
+      except ValueError as error:  # no cluster detected and no coordinator given
+        print(f"error: --distributed: {error} (no cluster was detected: pass "
+              "--coordinator_address, --num_processes and --process_id)", file=sys.stderr)
+        sys.exit(2)
     try:
       run(config.value, workdir.value)
     except user_errors as error:

@@ -118,3 +118,14 @@ def test_a_dead_process_ends_the_other_with_an_error(tmp_path):
   assert code1 == 3
   assert code0 != 0, out0[-2000:]
   assert time.monotonic() - start < 120
+
+
+def test_distributed_flag_without_a_cluster_is_a_one_line_error(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.simclr", "--config=experiments/configs/simclr_digits.py",
+       f"--workdir={tmp_path}", "--distributed"], cwd=ROOT, env=env, capture_output=True,
+      text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().startswith("error: --distributed:")
+  assert "--coordinator_address" in result.stderr and "Traceback" not in result.stderr

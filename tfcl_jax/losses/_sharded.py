@@ -251,7 +251,8 @@ def info_nce_on_mesh(
     >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))  # 1, 2, 4 or 8 devices
     >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
     >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
-    >>> grad = jax.grad(lambda a: losses.info_nce_on_mesh(a, z2, mesh=mesh, negatives="all"))
+    >>> grad = jax.jit(jax.grad(
+    ...     lambda a: losses.info_nce_on_mesh(a, z2, mesh=mesh, negatives="all")))
     >>> expected = jax.grad(lambda a: losses.info_nce(a, z2, negatives="all"))(z1)
     >>> bool(jnp.allclose(grad(z1), expected, atol=1e-5))
     True
