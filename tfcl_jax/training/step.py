@@ -87,7 +87,7 @@ def make_train_step(
     new_state = state.apply_gradients(grads=grads, model_state=model_state)
     metrics = dict(metrics)
     metrics["loss"] = loss
-    metrics["grad_norm"] = optax.global_norm(grads["model"])
+    metrics["grad_norm"] = optax.tree.norm(grads["model"])
     for name, value in state.params["mapping"].items():
       metrics[f"mapping/{name}"] = value
     return new_state, metrics
