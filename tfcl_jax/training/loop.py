@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import tqdm.auto as tqdm
 from jax.sharding import Mesh
 
 from tfcl_jax.training import checkpoint, sharding
@@ -126,6 +125,30 @@ def _summary_writer(workdir: str):
   return tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
 
 
+class _NoBar:
+  """Stands in for a tqdm bar when progress is off (tqdm is an optional dependency)."""
+
+  def update(self, n=1):
+    del n
+
+  def set_postfix(self, *args, **kwargs):
+    del args, kwargs
+
+  def close(self):
+    pass
+
+
+def _progress_bar(*, total: int, initial: int, desc: str, enabled: bool):
+  if not enabled:
+    return _NoBar()
+  try:
+    import tqdm.auto as tqdm  # noqa: PLC0415
+  except ImportError as error:
+    raise ImportError("progress=True needs tqdm: pip install 'tfcl_jax[experiments]' (or tqdm), "
+                      "or pass progress=False.") from error
+  return tqdm.tqdm(total=total, initial=initial, desc=desc, leave=False)
+
+
 def train(
     state: TrainState,
     *,
@@ -224,7 +247,7 @@ def train(
       for name, value in row.items():
         writer.add_scalar(f"eval/{name}", value, step_number)
 
-  bar = tqdm.tqdm(total=num_steps, initial=start, desc=desc, disable=not progress, leave=False)
+  bar = _progress_bar(total=num_steps, initial=start, desc=desc, enabled=progress)
   iterator: Iterator[Any] = iter(batches(start))
   pending: list[dict] = []
   window_start, window_steps = time.perf_counter(), 0
