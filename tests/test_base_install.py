@@ -1,5 +1,6 @@
-"""The base install (`pip install tfcl_jax`, no extras): every library module imports, and
-training runs without the experiments' extras (tqdm, matplotlib, scikit-learn, ...)."""
+"""The base install (`pip install tfcl_jax`, no extras): every library module imports, training
+runs without the experiments' extras (tqdm, matplotlib, scikit-learn, ...), and what needs an
+extra says which."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ except ImportError as error:
   assert "progress=False" in str(error), error
 else:
   raise AssertionError("progress=True without tqdm must say how to fix it")
+from tfcl_jax import data
+try:
+  data.load_arrays("digits", "train")
+except ImportError as error:
+  assert "tfcl_jax[experiments]" in str(error), error
+else:
+  raise AssertionError("digits without scikit-learn must name the extra")
 print("ok")
 """
 

@@ -13,9 +13,20 @@ _SPLIT_SEED = 0
 _TEST_FRACTION = 0.2
 
 
+def _sklearn(module: str):
+  """`sklearn.<module>`; scikit-learn (it embeds the digits) is in the `experiments` extra."""
+  import importlib  # noqa: PLC0415
+
+  try:
+    return importlib.import_module(f"sklearn.{module}")
+  except ImportError as error:
+    raise ImportError("the digits dataset is scikit-learn's load_digits: pip install "
+                      "'tfcl_jax[experiments]' (or scikit-learn).") from error
+
+
 @functools.lru_cache(maxsize=1)
 def _all_digits() -> tuple[np.ndarray, np.ndarray]:
-  from sklearn import datasets  # noqa: PLC0415  (scikit-learn is an optional dependency)
+  datasets = _sklearn("datasets")
 
   bunch = datasets.load_digits()
   # Pixel values are 0..16 (counts of set pixels in 4x4 blocks); scale to the uint8 range.
@@ -25,7 +36,7 @@ def _all_digits() -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=2)
 def _split_indices(split: str) -> np.ndarray:
-  from sklearn import model_selection  # noqa: PLC0415
+  model_selection = _sklearn("model_selection")
 
   _, labels = _all_digits()
   train, test = model_selection.train_test_split(

@@ -162,7 +162,11 @@ def restricted_load(data: bytes, *, file: str = "<bytes>"):
 def _read(root: str, name: str, suffix: str):
   path = os.path.join(root, f"ind.{name}.{suffix}")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"Planetoid file {path} not found (dataset {name!r}, folder {root!r}).")
+    raise FileNotFoundError(
+        f"Planetoid file {path} not found (dataset {name!r}, folder {root!r}). The raw files "
+        f"ind.{name}.{{x,tx,allx,y,ty,ally,graph,test.index}} come from "
+        "https://github.com/kimiyoung/planetoid/tree/master/data; put them in one folder and "
+        "pass it as root (experiments: --config.data_dir).")
   if suffix == "test.index":
     try:
       return np.loadtxt(path, dtype=np.int64, ndmin=1)
@@ -210,12 +214,16 @@ def load_planetoid(name: str, *, root: str | os.PathLike) -> PlanetoidGraph:
   makes edges symmetric without self-loops or duplicates, and row-normalises features.
 
   Examples:
-    >>> import os
+    A folder without the files says which file is missing and where the files come from
+    (with them, Cora has `features.shape == (2708, 1433)`, `edge_index.shape == (2, 10556)`):
+
+    >>> import tempfile
     >>> from tfcl_jax.data import planetoid
-    >>> root = os.path.join(os.path.dirname(__file__), "../../../shared/data/planetoid")
-    >>> if os.path.isdir(root):  # users pass their own folder
-    ...   graph = planetoid.load_planetoid("cora", root=root)
-    ...   assert graph.features.shape == (2708, 1433) and graph.edge_index.shape == (2, 10556)
+    >>> try:
+    ...   planetoid.load_planetoid("cora", root=tempfile.mkdtemp())
+    ... except FileNotFoundError as error:
+    ...   print("kimiyoung/planetoid" in str(error))
+    True
 
   Args:
     name: `"citeseer"` or `"cora"` (case-insensitive).
