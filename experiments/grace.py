@@ -29,6 +29,7 @@ import jax
 import numpy as np
 import tqdm
 
+from experiments import cli
 from tfcl_jax import graph_augment, losses, mappings, training
 from tfcl_jax.data import planetoid
 from tfcl_jax.evaluation import logistic
@@ -288,15 +289,33 @@ def write_plot(path: str, rows: list[dict], table: list[dict], *, dataset: str):
   plt.close(fig)
 
 
+ConfigError = cli.ConfigError
+
+
 def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
-  """Runs every (seed, mapping) not yet in `workdir/results.csv`; rewrites the tables."""
-  specs = [s.strip() for s in config.mappings.split(",") if s.strip()]
-  for spec in specs:
-    parse_spec(spec, 2)  # fail before any training on a bad spec
+  """Runs every (seed, mapping) not yet in `workdir/results.csv`; rewrites the tables.
+
+  Raises:
+    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, seeds or epochs
+      below 1, or a data folder without the Planetoid files: before any training.
+  """
+  specs = [s.strip() for s in str(config.mappings).split(",") if s.strip()]
+  if not specs:
+    raise ConfigError(f"config.mappings must list at least one loss spec, got "
+                      f"{config.mappings!r} (e.g. --config.mappings=free,tau=0.5).")
+  try:
+    for spec in specs:
+      parse_spec(spec, 2)  # fail before any training on a bad spec
+  except ValueError as error:
+    raise ConfigError(f"config.mappings: {error}") from error
   if config.seeds < 1 or config.epochs < 1:
-    raise ValueError(f"seeds and epochs must be >= 1, got {config.seeds}, {config.epochs}.")
+    raise ConfigError(f"config.seeds and config.epochs must be >= 1, got {config.seeds}, "
+                      f"{config.epochs}.")
+  try:
+    graph, batch = load_graph(config)
+  except FileNotFoundError as error:
+    raise ConfigError(f"config.data_dir: {error}") from error
   os.makedirs(workdir, exist_ok=True)
-  graph, batch = load_graph(config)
   csv_path = os.path.join(workdir, "results.csv")
   done = {(r["mapping"], int(r["seed"]), int(r["epochs"])) for r in read_results(csv_path)}
   # Seed-major order: an interrupted run has the same number of seeds for every mapping.
@@ -323,24 +342,11 @@ def _write_tables(config, workdir, specs, command):
     write_plot(os.path.join(workdir, "f1_micro.png"), rows, table, dataset=config.dataset)
 
 
-def main(argv):
-  del argv
-  import sys  # noqa: PLC0415
-
-  from absl import flags, logging  # noqa: PLC0415
-
-  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint save at INFO
-  config = flags.FLAGS.config
-  command = "python -m experiments.grace " + " ".join(sys.argv[1:])
-  run(config, flags.FLAGS.workdir, command=command)
-
-
 if __name__ == "__main__":
-  from absl import app, flags
-  from ml_collections import config_flags
+  import sys
 
-  config_flags.DEFINE_config_file("config", None, "experiments/configs/grace_*.py",
-                                  lock_config=True)
-  flags.DEFINE_string("workdir", None, "output directory")
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  cli.run_main(
+      lambda config, workdir: run(config, workdir,
+                                  command="python -m experiments.grace " + " ".join(sys.argv[1:])),
+      usage="pass --config=experiments/configs/grace_citeseer.py --workdir=DIR",
+      user_errors=(ConfigError,))

@@ -193,3 +193,31 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
   fd = (_siglip_all(h1, h2, 1.5, -3.0 + eps) - _siglip_all(h1, h2, 1.5, -3.0 - eps)) / (2 * eps)
   np.testing.assert_allclose(grads["mapping"]["bias"], fd, rtol=1e-4)
   assert float(grads["mapping"]["t"]) != 0.0
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("mappings", "", "at least one loss spec"),
+    ("mappings", "free,tua=0.1", "config.mappings: Invalid loss spec 'tua=0.1'"),
+    ("seeds", 0, "config.seeds"),
+    ("data_dir", "/nonexistent/planetoid", "config.data_dir: .*kimiyoung/planetoid"),
+])
+def test_config_errors_name_the_field_before_training(tmp_path, field, value, message):
+  config = grace_citeseer.get_config()
+  config[field] = value
+  with pytest.raises(grace.ConfigError, match=message):
+    grace.run(config, str(tmp_path / "out"), progress=False)
+  assert not (tmp_path / "out").exists()
+
+
+def test_command_line_error_is_one_line_and_exit_2(tmp_path):
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.grace", "--config=experiments/configs/grace_citeseer.py",
+       f"--workdir={tmp_path}", "--config.mappings=tua=0.1"], cwd=root, capture_output=True,
+      text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.startswith("error: config.mappings: Invalid loss spec 'tua=0.1'")
+  assert "Traceback" not in result.stderr

@@ -159,14 +159,17 @@ def restricted_load(data: bytes, *, file: str = "<bytes>"):
   return obj
 
 
+_WHERE_FROM = (
+    "The raw files ind.{name}.{{x,tx,allx,y,ty,ally,graph,test.index}} come from "
+    "https://github.com/kimiyoung/planetoid/tree/master/data; put them in one folder and pass "
+    "it as root (experiments: --config.data_dir).")
+
+
 def _read(root: str, name: str, suffix: str):
   path = os.path.join(root, f"ind.{name}.{suffix}")
   if not os.path.isfile(path):
-    raise FileNotFoundError(
-        f"Planetoid file {path} not found (dataset {name!r}, folder {root!r}). The raw files "
-        f"ind.{name}.{{x,tx,allx,y,ty,ally,graph,test.index}} come from "
-        "https://github.com/kimiyoung/planetoid/tree/master/data; put them in one folder and "
-        "pass it as root (experiments: --config.data_dir).")
+    raise FileNotFoundError(f"Planetoid file {path} not found (dataset {name!r}, folder "
+                            f"{root!r}). {_WHERE_FROM.format(name=name)}")
   if suffix == "test.index":
     try:
       return np.loadtxt(path, dtype=np.int64, ndmin=1)
@@ -246,7 +249,7 @@ def load_planetoid(name: str, *, root: str | os.PathLike) -> PlanetoidGraph:
   name = name.lower()
   root = os.fspath(root)
   if not os.path.isdir(root):
-    raise FileNotFoundError(f"Planetoid folder {root!r} not found.")
+    raise FileNotFoundError(f"Planetoid folder {root!r} not found. {_WHERE_FROM.format(name=name)}")
   x, tx, allx, y, ty, ally, adjacency = (_read(root, name, s) for s in _PICKLED)
   test_index = _read(root, name, "test.index")
   sorted_test = np.sort(test_index)
