@@ -6,6 +6,7 @@ can import each other (MSC pretrains with SimCLR) and the tests can import them 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -69,4 +70,109 @@ def run_main(
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
 
-  app.run(main)
+  def parse_flags(argv):
+    if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
+      print(help_text(argv, usage=usage, default_config=default_config))
+      sys.exit(0)
+    problem = check_overrides(argv, default_config=default_config)
+    if problem:
+      print(f"error: {problem}", file=sys.stderr)
+      sys.exit(2)
+    try:
+      return flags.FLAGS(argv)
+    except (flags.Error, ValueError, TypeError, AttributeError, KeyError) as error:
+      print(f"error: {error}", file=sys.stderr)
+      sys.exit(2)
+
+  try:
+    app.run(main, flags_parser=parse_flags)
+  except KeyboardInterrupt:
+    print("interrupted: finished runs and the last checkpoint are on disk; rerun the same "
+          "command to resume.", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: interpreter shutdown would join the loader's prefetch threads and the
+    # checkpointer's event loop mid-step and print their noise after the line above.
+    os._exit(130)
+
+
+def _config_path(argv: list[str], default_config: str | None) -> str | None:
+  for index, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and index + 1 < len(argv):
+      return argv[index + 1]
+  return default_config
+
+
+def load_config(path: str):
+  """`get_config()` of a config file (`FILE` or `FILE:ARG`), as `--config` loads it."""
+  import importlib.util  # noqa: PLC0415
+
+  path, _, arg = path.partition(":")
+  spec = importlib.util.spec_from_file_location("_experiment_config", path)
+  if spec is None or not path.endswith(".py"):
+    raise FileNotFoundError(f"--config={path}: not a Python config file.")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _fields(config, prefix: str = "") -> dict[str, object]:
+  """Every field of a ConfigDict, nested ones dotted, with its value."""
+  out = {}
+  for name, value in config.items():
+    if hasattr(value, "items") and not isinstance(value, dict):
+      out.update(_fields(value, f"{prefix}{name}."))
+    else:
+      out[f"{prefix}{name}"] = value
+  return out
+
+
+def check_overrides(argv: list[str], *, default_config: str | None = None) -> str | None:
+  """A one-line problem with the `--config.FIELD=VALUE` overrides in `argv`, or None.
+
+  Names an unknown field with the closest known ones (`difflib`), and a missing config file.
+  """
+  import difflib  # noqa: PLC0415
+  import os  # noqa: PLC0415
+
+  overrides = [arg[len("--config."):].split("=", 1)[0] for arg in argv
+               if arg.startswith("--config.")]
+  path = _config_path(argv, default_config)
+  if path is None:
+    return None  # main() says --config is missing
+  if not os.path.isfile(path.partition(":")[0]):
+    return f"--config={path}: no such file."
+  if not overrides:
+    return None
+  fields = _fields(load_config(path))
+  for name in overrides:
+    if name not in fields:
+      initials = [f for f in fields
+                  if "".join(part[:1] for part in f.split(".")[-1].split("_")) == name]
+      close = list(dict.fromkeys(
+          initials + difflib.get_close_matches(name, list(fields), n=3, cutoff=0.5)))[:3]
+      hint = f"; did you mean {', '.join(close)}?" if close else ""
+      return (f"unknown config field {name!r}{hint} (`--help` lists the fields of "
+              f"{path.partition(':')[0]})")
+  return None
+
+
+def help_text(argv: list[str], *, usage: str, default_config: str | None = None) -> str:
+  """Usage, the common flags, and every config field with its default."""
+  import os  # noqa: PLC0415
+
+  script = os.path.splitext(os.path.relpath(sys.argv[0]))[0].replace(os.sep, ".")
+  lines = [f"usage: python -m {script} --config=FILE "
+           "--workdir=DIR [--config.FIELD=VALUE ...]", f"  ({usage})", "",
+           "  --distributed | --coordinator_address=HOST:PORT --num_processes=N --process_id=I",
+           "      run as one process of a multi-host job (jax.distributed.initialize)", ""]
+  path = _config_path(argv, default_config)
+  if path is None:
+    lines.append("config fields: pass --config=FILE --help to list them.")
+  else:
+    lines.append(f"config fields of {path} (override with --config.FIELD=VALUE):")
+    for name, value in _fields(load_config(path)).items():
+      lines.append(f"  {name} = {value!r}")
+  return "\n".join(lines)

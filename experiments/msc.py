@@ -297,7 +297,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> tuple
                 if os.path.exists(os.path.join(workdir, n))]
     if existing:
       raise ValueError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
-                       f"--config.resume=True or choose a new workdir. Nothing was overwritten.")
+                       f"--config.resume=True (the default) or choose a new workdir. Nothing was "
+                       "overwritten.")
   loop.prepare_workdir(workdir, record, resume=config.resume)
   return runs, experiment
 

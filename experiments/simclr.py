@@ -6,7 +6,9 @@
 Trains one run per (mapping, seed) (or per (batch size, mapping, seed) with
 `--config.mode=n_sensitivity`) with `tfcl_jax.training`, each in `DIR/runs/...`, and writes
 `DIR/results.csv`, `DIR/results.md` and PNG plots (`experiments/simclr_report.py`).
-Everything a run needs is checked before the first step; `--config.resume=True` continues.
+Everything a run needs is checked before the first step; rerunning the command continues the
+workdir (`config.resume`, default True: finished runs kept, an interrupted one resumed from its
+last checkpoint, a workdir made with another config refused).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> list[
     existing = [n for n in ("results.csv", "runs") if os.path.exists(os.path.join(workdir, n))]
     if existing:
       raise ValueError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
-                       f"--config.resume=True or choose a new workdir. Nothing was overwritten.")
+                       f"--config.resume=True (the default) or choose a new workdir. Nothing was "
+                       "overwritten.")
   loop.prepare_workdir(workdir, record, resume=config.resume)
   return runs
 

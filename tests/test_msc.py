@@ -339,6 +339,7 @@ def test_experiment_end_to_end_from_a_checkpoint_and_resume(tmp_path):
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| free |" in table and "| pretrained (no MSC) |" in table
   assert os.path.getsize(os.path.join(workdir, "roc_auc.png")) > 0
+  config.resume = False
   with pytest.raises(msc_experiment.ConfigError, match="already holds"):
     msc_experiment.run_experiment(config, workdir)
   config.resume = True

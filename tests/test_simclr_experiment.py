@@ -64,7 +64,7 @@ def test_run_writes_results_and_resume_is_checked(tmp_path):
     assert os.path.getsize(os.path.join(workdir, name)) > 0
   before = open(os.path.join(workdir, "results.csv")).read()
   with pytest.raises(experiment.ConfigError, match="already holds"):
-    experiment.run_experiment(_tiny_config(), workdir)
+    experiment.run_experiment(_tiny_config(resume=False), workdir)
   with pytest.raises(experiment.ConfigError, match="config differs.*epochs: recorded 1, now 2"):
     experiment.run_experiment(_tiny_config(epochs=2, resume=True), workdir)
   assert open(os.path.join(workdir, "results.csv")).read() == before

@@ -47,7 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_epochs = 0  # ROC-AUC during training too; 0 = only at the end
   config.log_every = 10
   config.devices = 0  # devices in the mesh; 0 = all
-  config.resume = False
+  # Rerunning a command continues its workdir (see simclr_digits.py); False refuses it.
+  config.resume = True
   config.progress = True
 
   # Unlabelled pretraining of the encoder with experiments/simclr.py (one mapping, one seed).

@@ -1,0 +1,104 @@
+"""The shared command line (experiments/cli.py): config-field checks, --help, Ctrl-C, resume."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIMCLR = os.path.join(ROOT, "experiments", "configs", "simclr_digits.py")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("--config.epochs=3", None),
+    ("--config.lr=0.1", "unknown config field 'lr'; did you mean learning_rate?"),
+    ("--config.epoch=3", "unknown config field 'epoch'; did you mean epochs"),
+    ("--config.zzzz=1", "unknown config field 'zzzz' (`--help`"),
+])
+def test_overrides_are_checked_against_the_config_fields(override, expected):
+  problem = cli.check_overrides(["prog", f"--config={SIMCLR}", override])
+  if expected is None:
+    assert problem is None
+  else:
+    assert problem.startswith(expected), problem
+
+
+def test_missing_config_file_is_named():
+  assert cli.check_overrides(["prog", "--config=nope.py"]) == "--config=nope.py: no such file."
+
+
+def test_help_lists_every_field_with_its_default():
+  text = cli.help_text(["prog", f"--config={SIMCLR}"], usage="u")
+  config = cli.load_config(SIMCLR)
+  for name, value in config.items():
+    assert f"  {name} = {value!r}" in text
+
+
+def _simclr(workdir, *extra):
+  """Starts the SimCLR digits experiment; returns the process and the file its stderr goes to
+  (a file, not a pipe: a progress bar filling an unread pipe would block the child)."""
+  log = open(f"{workdir}.{time.monotonic_ns()}.err", "w+")  # noqa: SIM115
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "experiments.simclr", f"--config={SIMCLR}", f"--workdir={workdir}",
+       "--config.mappings=free", "--config.seeds=1", "--config.width=4",
+       "--config.probe_epochs=0", "--config.eval_every_epochs=0",
+       "--config.checkpoint_every_steps=5", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
+      stderr=log, text=True)
+  return proc, log
+
+
+def _finish(proc, log, timeout=120) -> str:
+  proc.wait(timeout=timeout)
+  log.seek(0)
+  text = log.read()
+  log.close()
+  return text
+
+
+def test_unknown_field_is_one_line_and_exit_2(tmp_path):
+  err = _finish(*_simclr(tmp_path, "--config.epoch=3"))
+  assert err.startswith("error: unknown config field 'epoch'") and "Traceback" not in err
+  assert not os.listdir(tmp_path)
+
+
+def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
+  proc, log = _simclr(tmp_path, "--config.epochs=400", "--config.log_every=1")
+  metrics = tmp_path / "runs" / "bs256" / "free" / "seed0" / "metrics.csv"
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline:  # wait for the first checkpoint (step 5)
+    if (metrics.parent / "checkpoints" / "5").exists():
+      break
+    time.sleep(0.5)
+  else:
+    proc.kill()
+    pytest.fail("no checkpoint within 120 s")
+  proc.send_signal(signal.SIGINT)
+  err = _finish(proc, log, timeout=60)
+  assert proc.returncode == 130, err[-2000:]
+  assert err.strip().splitlines()[-1].startswith("interrupted: ") and "Traceback" not in err
+  with open(metrics) as f:
+    stopped_at = int(list(csv.DictReader(f))[-1]["step"])
+  assert stopped_at < 2000
+  # The same command with fewer epochs is another config: refused, nothing touched.
+  err = _finish(*_simclr(tmp_path, "--config.epochs=1", "--config.log_every=1"))
+  assert "config differs" in err and "epochs" in err
+  # The same command continues from the last checkpoint (step numbers go on, not from 1).
+  resumed, log = _simclr(tmp_path, "--config.epochs=400", "--config.log_every=1")
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline:
+    with open(metrics) as f:
+      steps = [int(row["step"]) for row in csv.DictReader(f)]
+    if steps and steps[-1] > stopped_at + 2:
+      break
+    time.sleep(0.5)
+  resumed.send_signal(signal.SIGINT)
+  _finish(resumed, log, timeout=60)
+  assert steps == list(range(1, len(steps) + 1)), "one row per step, no restart from step 1"
