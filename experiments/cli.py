@@ -69,6 +69,10 @@ def run_main(
     except user_errors as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
+    import jax  # noqa: PLC0415
+
+    if jax.process_index() == 0:
+      print(summary(workdir.value))
 
   def parse_flags(argv):
     if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
@@ -94,6 +98,20 @@ def run_main(
     # Not sys.exit: interpreter shutdown would join the loader's prefetch threads and the
     # checkpointer's event loop mid-step and print their noise after the line above.
     os._exit(130)
+
+
+def summary(workdir: str) -> str:
+  """What a finished command prints: its results table (`results.md`) and the files it wrote."""
+  lines = []
+  table = os.path.join(workdir, "results.md")
+  if os.path.isfile(table):
+    with open(table) as f:
+      lines += [f.read().rstrip(), ""]
+  names = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+  lines.append(f"wrote {os.path.abspath(workdir)}/: " + (", ".join(
+      name + ("/" if os.path.isdir(os.path.join(workdir, name)) else "") for name in names)
+      or "nothing"))
+  return "\n".join(lines)
 
 
 def _config_path(argv: list[str], default_config: str | None) -> str | None:

@@ -102,3 +102,10 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
   resumed.send_signal(signal.SIGINT)
   _finish(resumed, log, timeout=60)
   assert steps == list(range(1, len(steps) + 1)), "one row per step, no restart from step 1"
+
+
+def test_summary_prints_the_table_and_the_files(tmp_path):
+  (tmp_path / "results.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+  (tmp_path / "runs").mkdir()
+  text = cli.summary(str(tmp_path))
+  assert text.startswith("| a | b |") and text.endswith("results.md, runs/")

@@ -172,8 +172,9 @@ def train(
   """Runs `train_step` from the state's step (or the latest checkpoint) to `num_steps`.
 
   Files in `workdir`: `config.json` (checked on resume), `metrics.csv` (one row per step: `step`,
-  the step's metrics, `examples_per_sec`), `eval.csv` (`eval_fn` results every `eval_every` steps
-  and at the end), `checkpoints/` (orbax, every `checkpoint_every` steps and at the end).
+  the step's metrics, `examples_per_sec` when `examples_per_step` is given), `eval.csv`
+  (`eval_fn` results every `eval_every` steps and at the end), `checkpoints/` (orbax, every
+  `checkpoint_every` steps and at the end).
   Resuming (`resume=True`) restores the latest checkpoint and asks `batches(step)` to continue
   the data where it stopped; with the step's `fold_in(key, step)` randomness the final
   parameters equal those of an uninterrupted run. A non-finite loss stops the run with
@@ -267,9 +268,11 @@ def train(
       if step_number % log_every == 0 or last:
         rows = jax.device_get(pending)
         elapsed = time.perf_counter() - window_start
-        rate = window_steps * (examples_per_step or 0) / max(elapsed, 1e-9)
+        # Throughput only where the examples per step are known (a full-graph step has none).
+        rate = {} if examples_per_step is None else {
+            "examples_per_sec": window_steps * examples_per_step / max(elapsed, 1e-9)}
         rows = [{"step": step_number - len(rows) + 1 + i,
-                 **{k: float(v) for k, v in row.items()}, "examples_per_sec": rate}
+                 **{k: float(v) for k, v in row.items()}, **rate}
                 for i, row in enumerate(rows)]
         bad = [row["step"] for row in rows if not math.isfinite(row["loss"])]
         metrics_log.write(rows)
@@ -281,7 +284,10 @@ def train(
           for row in rows:
             for name, value in row.items():
               writer.add_scalar(f"train/{name}", value, row["step"])
-        bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}", ex_per_s=f"{rate:.0f}")
+        postfix = {"loss": f"{rows[-1]['loss']:.4f}"}
+        if rate:
+          postfix["ex_per_s"] = f"{rate['examples_per_sec']:.0f}"
+        bar.set_postfix(**postfix)
         bar.update(len(rows))
         pending, window_start, window_steps = [], time.perf_counter(), 0
       if checkpoint_every and step_number % checkpoint_every == 0 and not last:
