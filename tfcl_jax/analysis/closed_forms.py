@@ -9,11 +9,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax.analysis import _validate
+from tfcl_jax import _checks
 
 
 def _cast(*arrays):
-  dtype = _validate.float_dtype(*arrays)
+  dtype = _checks.float_dtype(*arrays)
   return [jnp.asarray(a, dtype) for a in arrays]
 
 
@@ -45,7 +45,7 @@ def eq3(C: jax.typing.ArrayLike, tau: jax.typing.ArrayLike) -> jax.Array:
   References:
     Kim & Kim, arXiv 2501.17683, Example 3.2, Eq. 3.
   """
-  C, tau = _cast(_validate.cosine(C), _validate.temperature(tau))
+  C, tau = _cast(_checks.cosine(C), _checks.temperature(tau))
   return jax.nn.softplus(-2.0 * C / tau)
 
 
@@ -72,7 +72,7 @@ def eq4(C: jax.typing.ArrayLike, tau: jax.typing.ArrayLike) -> jax.Array:
   References:
     Kim & Kim, arXiv 2501.17683, Example 3.2, Eq. 4.
   """
-  C, tau = _cast(_validate.cosine(C), _validate.temperature(tau))
+  C, tau = _cast(_checks.cosine(C), _checks.temperature(tau))
   return 2.0 / tau * jax.nn.sigmoid(-2.0 * C / tau)
 
 
@@ -99,7 +99,7 @@ def eq6(C: jax.typing.ArrayLike, tau: jax.typing.ArrayLike, N: jax.typing.ArrayL
   References:
     Kim & Kim, arXiv 2501.17683, Example 3.3, Eq. 6.
   """
-  C, tau, N = _cast(_validate.cosine(C), _validate.temperature(tau), _validate.count(N))
+  C, tau, N = _cast(_checks.cosine(C), _checks.temperature(tau), _checks.count(N))
   return jax.nn.softplus(jnp.log(N - 1.0) - 2.0 * C / tau)
 
 
@@ -126,7 +126,7 @@ def eq7(C: jax.typing.ArrayLike, tau: jax.typing.ArrayLike, N: jax.typing.ArrayL
   References:
     Kim & Kim, arXiv 2501.17683, Example 3.3, Eq. 7.
   """
-  C, tau, N = _cast(_validate.cosine(C), _validate.temperature(tau), _validate.count(N))
+  C, tau, N = _cast(_checks.cosine(C), _checks.temperature(tau), _checks.count(N))
   return 2.0 / tau * jax.nn.sigmoid(jnp.log(N - 1.0) - 2.0 * C / tau)
 
 
@@ -150,7 +150,7 @@ def eq9(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike) -> jax.Array:
   References:
     Kim & Kim, arXiv 2501.17683, Example 3.4, Eq. 9; Radford et al. 2021 (CLIP).
   """
-  C, t = _cast(_validate.cosine(C), _validate.log_scale(t))
+  C, t = _cast(_checks.cosine(C), _checks.log_scale(t))
   return jax.nn.softplus(-2.0 * C * jnp.exp(t))
 
 
@@ -177,7 +177,7 @@ def eq10(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike) -> jax.Array:
   References:
     Kim & Kim, arXiv 2501.17683, Example 3.4, Eq. 10.
   """
-  C, t = _cast(_validate.cosine(C), _validate.log_scale(t))
+  C, t = _cast(_checks.cosine(C), _checks.log_scale(t))
   scale = jnp.exp(t)
   return 2.0 * jnp.abs(C) * scale * jax.nn.sigmoid(-2.0 * C * scale)
 
@@ -205,7 +205,7 @@ def eq12(C: jax.typing.ArrayLike, N: jax.typing.ArrayLike) -> jax.Array:
   References:
     Kim & Kim, arXiv 2501.17683, Example 4.1, Eq. 12.
   """
-  C, N = _cast(_validate.cosine(C, low_open=True), _validate.count(N))
+  C, N = _cast(_checks.cosine(C, low_open=True), _checks.count(N))
   return jax.nn.softplus(jnp.log(N - 1.0) - 4.0 * _artanh(C))
 
 
@@ -234,7 +234,7 @@ def eq13(C: jax.typing.ArrayLike, N: jax.typing.ArrayLike) -> jax.Array:
   References:
     Kim & Kim, arXiv 2501.17683, Example 4.1, Eq. 13.
   """
-  C, N = _cast(_validate.cosine(C, low_open=True), _validate.count(N))
+  C, N = _cast(_checks.cosine(C, low_open=True), _checks.count(N))
   denominator = (1.0 + C) * (jnp.square(1.0 + C) + (N - 1.0) * jnp.square(1.0 - C))
   return 4.0 * (N - 1.0) * (1.0 - C) / denominator
 
@@ -265,5 +265,5 @@ def softmax_ceiling(tau: jax.typing.ArrayLike) -> jax.Array:
   References:
     Kim & Kim, arXiv 2501.17683, Example 3.1.
   """
-  (tau,) = _cast(_validate.temperature(tau))
+  (tau,) = _cast(_checks.temperature(tau))
   return jax.nn.sigmoid(2.0 / tau)

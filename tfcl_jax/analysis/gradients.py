@@ -12,8 +12,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import losses, mappings
-from tfcl_jax.analysis import _validate
+from tfcl_jax import _checks, losses, mappings
 
 MappingFn = Callable[[jax.Array], jax.Array]
 
@@ -101,9 +100,9 @@ def gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int) -> jax.A
     Kim & Kim, arXiv 2501.17683, Eq. 4, 7 and 13.
   """
   mapping = _check_mapping(mapping)
-  C = _validate.cosine(C, low_open=True, high_open=True)
-  n = _validate.static_count(N)
-  C = C.astype(_validate.float_dtype(C))
+  C = _checks.cosine(C, low_open=True, high_open=True)
+  n = _checks.static_count(N)
+  C = C.astype(_checks.float_dtype(C))
   derivative = jax.grad(lambda c: _row0_loss(_pattern(c, n), mapping))
   # One compiled program: op-by-op eager dispatch of the vmapped grad is ~10x slower.
   flat = jax.jit(jax.vmap(derivative))(C.reshape(-1))
@@ -131,9 +130,9 @@ def temperature_gradient_scale(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike)
   References:
     Kim & Kim, arXiv 2501.17683, Eq. 10; Radford et al. 2021 (CLIP).
   """
-  C = _validate.cosine(C, low_open=True, high_open=True)
-  t = _validate.log_scale(t)
-  dtype = _validate.float_dtype(C, t)
+  C = _checks.cosine(C, low_open=True, high_open=True)
+  t = _checks.log_scale(t)
+  dtype = _checks.float_dtype(C, t)
   C, t = jnp.broadcast_arrays(C.astype(dtype), t.astype(dtype))
 
   def loss(t_value, c):
@@ -168,18 +167,18 @@ def optimum_probability(mapping: MappingFn, *, N: int = 2) -> jax.Array:
     A float32 scalar (float64 under x64).
   """
   mapping = _check_mapping(mapping)
-  n = _validate.static_count(N)
+  n = _checks.static_count(N)
   cosines = jnp.concatenate([jnp.ones((1,)), -jnp.ones((n - 1,))])
   return jax.nn.softmax(mapping(cosines))[0]
 
 
 def _hardness_inputs(cos_positive, cos_negatives):
-  cos_positive = _validate.cosine(cos_positive, name="cos_positive")
-  cos_negatives = _validate.cosine(cos_negatives, name="cos_negatives")
+  cos_positive = _checks.cosine(cos_positive, name="cos_positive")
+  cos_negatives = _checks.cosine(cos_negatives, name="cos_negatives")
   if cos_negatives.ndim < 1 or cos_negatives.shape[-1] < 1:
     raise ValueError(f"cos_negatives must have a last axis of negatives ([..., K], K >= 1), "
                      f"got shape {cos_negatives.shape}.")
-  dtype = _validate.float_dtype(cos_positive, cos_negatives)
+  dtype = _checks.float_dtype(cos_positive, cos_negatives)
   batch = jnp.broadcast_shapes(cos_positive.shape, cos_negatives.shape[:-1])
   cos_positive = jnp.broadcast_to(cos_positive.astype(dtype), batch)
   cos_negatives = jnp.broadcast_to(cos_negatives.astype(dtype), batch + cos_negatives.shape[-1:])
@@ -253,8 +252,8 @@ def negative_gradients(
     Wang & Liu, CVPR 2021.
   """
   mapping = _check_mapping(mapping)
-  _validate.cosine(cos_positive, name="cos_positive", low_open=True, high_open=True)
-  _validate.cosine(cos_negatives, name="cos_negatives", low_open=True, high_open=True)
+  _checks.cosine(cos_positive, name="cos_positive", low_open=True, high_open=True)
+  _checks.cosine(cos_negatives, name="cos_negatives", low_open=True, high_open=True)
   cos_positive, cos_negatives = _hardness_inputs(cos_positive, cos_negatives)
   batch = cos_positive.shape
   k = cos_negatives.shape[-1]

@@ -16,13 +16,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import losses, mappings
-from tfcl_jax.analysis import _validate
+from tfcl_jax import _checks, losses, mappings
 from tfcl_jax.analysis.gradients import MappingFn, _check_mapping, _pattern, pattern_embeddings
 
 
 def _cast(*arrays):
-  dtype = _validate.float_dtype(*arrays)
+  dtype = _checks.float_dtype(*arrays)
   return [jnp.asarray(a, dtype) for a in arrays]
 
 
@@ -46,7 +45,7 @@ def sigmoid_loss_tau(C, tau, N, *, b=0.0) -> jax.Array:
   Returns:
     The broadcast loss.
   """
-  C, tau, N, b = _cast(_validate.cosine(C), _validate.temperature(tau), _validate.count(N), b)
+  C, tau, N, b = _cast(_checks.cosine(C), _checks.temperature(tau), _checks.count(N), b)
   x = C / tau
   return jax.nn.softplus(-x - b) + (N - 1.0) * jax.nn.softplus(b - x)
 
@@ -72,7 +71,7 @@ def sigmoid_gradient_scale_tau(C, tau, N, *, b=0.0) -> jax.Array:
   Returns:
     The broadcast gradient scale.
   """
-  C, tau, N, b = _cast(_validate.cosine(C), _validate.temperature(tau), _validate.count(N), b)
+  C, tau, N, b = _cast(_checks.cosine(C), _checks.temperature(tau), _checks.count(N), b)
   return _bracket(C / tau, b, N) / tau
 
 
@@ -104,8 +103,8 @@ def sigmoid_gradient_scale_free(C, N, *, b=0.0, k=1.0) -> jax.Array:
   Returns:
     The broadcast gradient scale.
   """
-  C, N, b, k = _cast(_validate.cosine(C, low_open=True), _validate.count(N), b,
-                     _validate.temperature(k, name="k"))
+  C, N, b, k = _cast(_checks.cosine(C, low_open=True), _checks.count(N), b,
+                     _checks.temperature(k, name="k"))
   # sigma(-x - b) = (1 - C)^k / ((1 - C)^k + e^b (1 + C)^k), etc.: the (1 - C) factors cancel
   # 1/(1 - C^2)'s pole, so C = 1 is evaluated without 0/0.
   minus, plus = (1.0 - C) ** k, (1.0 + C) ** k
@@ -135,7 +134,7 @@ def sigmoid_gradient_t(C, t, N, *, b=0.0) -> jax.Array:
   Returns:
     The broadcast gradient scale.
   """
-  C, t, N, b = _cast(_validate.cosine(C), _validate.log_scale(t), _validate.count(N), b)
+  C, t, N, b = _cast(_checks.cosine(C), _checks.log_scale(t), _checks.count(N), b)
   x = jnp.exp(t) * C
   return jnp.abs(x) * _bracket(x, b, N)
 
@@ -157,7 +156,7 @@ def sigmoid_gradient_b(C, t, N, *, b=0.0) -> jax.Array:
   Returns:
     The broadcast derivative.
   """
-  C, t, N, b = _cast(_validate.cosine(C), _validate.log_scale(t), _validate.count(N), b)
+  C, t, N, b = _cast(_checks.cosine(C), _checks.log_scale(t), _checks.count(N), b)
   x = jnp.exp(t) * C
   return -jax.nn.sigmoid(-x - b) + (N - 1.0) * jax.nn.sigmoid(b - x)
 
@@ -194,9 +193,9 @@ def sigmoid_gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int, 
     `|dL/dC|`, with the shape of `C`.
   """
   mapping = _check_mapping(mapping)
-  C = _validate.cosine(C, low_open=True, high_open=True)
-  n = _validate.static_count(N)
-  C = C.astype(_validate.float_dtype(C))
+  C = _checks.cosine(C, low_open=True, high_open=True)
+  n = _checks.static_count(N)
+  C = C.astype(_checks.float_dtype(C))
   derivative = jax.grad(lambda c: _row0_sigmoid(_pattern(c, n), mapping, bias))
   flat = jax.jit(jax.vmap(derivative))(C.reshape(-1))
   return jnp.abs(flat).reshape(C.shape)
@@ -221,9 +220,9 @@ def sigmoid_parameter_gradients(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike
   Returns:
     The signed derivatives, broadcast.
   """
-  C = _validate.cosine(C, low_open=True, high_open=True)
-  n = _validate.static_count(N)
-  C, t, bias = _cast(C, _validate.log_scale(t), bias)
+  C = _checks.cosine(C, low_open=True, high_open=True)
+  n = _checks.static_count(N)
+  C, t, bias = _cast(C, _checks.log_scale(t), bias)
   C, t, bias = jnp.broadcast_arrays(C, t, bias)
 
   def loss(c, t, b):
