@@ -8,8 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
-from tfcl_jax.losses import _layout
+from tfcl_jax.losses import _layout, _pallas
 from tfcl_jax.losses._engine import tile_reduce
+
+IMPLEMENTATIONS = ("xla", "pallas")
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -60,6 +62,7 @@ def info_nce(
     block_size: int | None = None,
     extra_negatives: jax.typing.ArrayLike | None = None,
     extra_where: jax.typing.ArrayLike | None = None,
+    implementation: str = "xla",
 ) -> jax.Array:
   r"""InfoNCE of two views with a pluggable similarity-to-logit map (Eq. 1, 11).
 
@@ -121,6 +124,9 @@ def info_nce(
       tile), or None: chosen from the sizes and the backend (`losses.auto_block_size`).
     extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient).
     extra_where: optional `[K]` bool mask of valid extra negatives.
+    implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
+      for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
+      Pallas interpreter elsewhere, which is slow and meant for tests).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or the per-row losses: `[N]` (`cross`) or
@@ -141,6 +147,13 @@ def info_nce(
   u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
-  lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank)
+  _checks.one_of(implementation, IMPLEMENTATIONS, name="implementation")
+  lse_fn = tile_reduce
+  if implementation == "pallas":
+    if not _pallas.supports(mapping):
+      raise ValueError("implementation='pallas' needs a tfcl_jax.mappings.Mapping whose params "
+                       f"are scalars, got {mapping!r}; use implementation='xla'.")
+    lse_fn = _pallas.pallas_reduce
+  lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank, lse_fn=lse_fn)
   per_row = row_losses(rows, lse, mapping)
   return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)
