@@ -87,9 +87,6 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
   with open(metrics) as f:
     stopped_at = int(list(csv.DictReader(f))[-1]["step"])
   assert stopped_at < 2000
-  # The same command with fewer epochs is another config: refused, nothing touched.
-  err = _finish(*_simclr(tmp_path, "--config.epochs=1", "--config.log_every=1"))
-  assert "config differs" in err and "epochs" in err
   # The same command continues from the last checkpoint (step numbers go on, not from 1).
   resumed, log = _simclr(tmp_path, "--config.epochs=400", "--config.log_every=1")
   deadline = time.monotonic() + 120
