@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
+from tfcl_jax.evaluation import chunks
 
 
 def knn_score(
@@ -56,8 +57,7 @@ def knn_score(
         f"bank and query must have the same feature size, got {bank.shape} and {query.shape}.")
   if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= bank.shape[0]:
     raise ValueError(f"k must be an int in [1, M = {bank.shape[0]}], got {k!r}.")
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+  _checks.positive_int(chunk_size, name="chunk_size")
   return _knn_score(bank, query, k=k, squared=bool(squared), chunk_size=chunk_size)
 
 
@@ -74,11 +74,7 @@ def _knn_score(bank, query, *, k, squared, chunk_size):
     nearest = -jax.lax.top_k(-distance, k)[0]
     return jnp.sum(nearest if squared else jnp.sqrt(nearest), axis=-1)
 
-  q = query.shape[0]
-  chunk_size = min(chunk_size, q)
-  padded = -(-q // chunk_size) * chunk_size
-  query = jnp.pad(query, ((0, padded - q), (0, 0)))
-  return jax.lax.map(score, query.reshape(-1, chunk_size, query.shape[1])).reshape(padded)[:q]
+  return chunks.map_chunks(score, query, chunk_size=chunk_size)
 
 
 def roc_auc(labels: jax.typing.ArrayLike, scores: jax.typing.ArrayLike) -> jax.Array:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, losses
+from tfcl_jax.evaluation import chunks
 
 
 def knn_predict(
@@ -65,6 +66,7 @@ def knn_predict(
   if k < 1:
     raise ValueError(f"k must be >= 1, got {k}.")
   _checks.positive_scalar(tau, name="tau")
+  _checks.positive_int(chunk_size, name="chunk_size")
   return _knn_scores(query, bank, bank_labels, num_classes=num_classes,
                      k=min(k, bank.shape[0]), tau=float(tau), chunk_size=chunk_size)
 
@@ -80,11 +82,7 @@ def _knn_scores(query, bank, bank_labels, *, num_classes, k, tau, chunk_size):
     weights = jnp.exp(top_similarity / tau)
     return jnp.einsum("qk,qkc->qc", weights, one_hot[top_index])
 
-  q = query.shape[0]
-  padded = -(-q // chunk_size) * chunk_size
-  query = jnp.pad(query, ((0, padded - q), (0, 0)))
-  return jax.lax.map(scores, query.reshape(-1, chunk_size, query.shape[1])).reshape(
-      padded, num_classes)[:q]
+  return chunks.map_chunks(scores, query, chunk_size=chunk_size)
 
 
 def knn_top1(
