@@ -23,7 +23,8 @@ import optax
 
 from experiments import grace
 from experiments.configs import grace_citeseer
-from tfcl_jax import graph_augment, losses, mappings, training
+from tfcl_jax import losses, mappings, training
+from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.models import gcn
 
 

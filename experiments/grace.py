@@ -30,7 +30,8 @@ import numpy as np
 import tqdm
 
 from experiments import cli
-from tfcl_jax import graph_augment, losses, mappings, training
+from tfcl_jax import losses, mappings, training
+from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.data import planetoid
 from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
@@ -64,7 +65,7 @@ def make_loss_fn(model: gcn.GRACE, objective: losses.LossSpec | mappings.Mapping
                  edge_rate: float, feature_rate: float, block_size: int | None = None):
   """GRACE's loss in the training stack's signature `(params, model_state, batch, key, step)`.
 
-  Two views (`graph_augment.grace_view`), their projections, and the objective on them with
+  Two views (`augment.graph.grace_view`), their projections, and the objective on them with
   intra- and inter-view negatives: `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`,
   Eq. 11 with `free`) for a `Mapping` or an InfoNCE `LossSpec`, the sigmoid loss for a sigmoid
   `LossSpec` (`losses.from_spec`); the learnable values are `params["mapping"]`;

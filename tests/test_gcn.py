@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.experimental import sparse
 
-from tfcl_jax import graph_augment
+from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.models import gcn
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from experiments import grace
 from experiments.configs import grace_citeseer
-from tfcl_jax import graph_augment, mappings, training
+from tfcl_jax import mappings, training
+from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.data import planetoid
 from tfcl_jax.models import gcn
 

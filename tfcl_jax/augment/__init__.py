@@ -1,10 +1,11 @@
 """On-device image augmentations for contrastive learning: two random views per image (SimCLR).
 
 `two_views` and `center_view` are the batched entry points; the per-image building blocks live
-in `geometry`, `colour` and `blur`.
+in `geometry`, `colour` and `blur`. `graph`: GRACE's graph views (edge removing, feature
+masking).
 """
 
-from tfcl_jax.augment import blur, colour, geometry, recipes
+from tfcl_jax.augment import blur, colour, geometry, graph, recipes
 from tfcl_jax.augment.recipes import RECIPES, Recipe, center_view, two_views
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "center_view",
     "colour",
     "geometry",
+    "graph",
     "recipes",
     "two_views",
 ]

@@ -31,7 +31,7 @@ def gcn_normalize(edge_index: jax.typing.ArrayLike, *, num_nodes: int,
   r"""GCN's symmetric normalisation :math:`\hat D^{-1/2} (A + I) \hat D^{-1/2}` (PyG `gcn_norm`).
 
   Adds a weight-1 self-loop per node; the degree :math:`\hat D_{ii} = 1 + \sum_{j \to i} w_{ji}`
-  counts incoming weights, so a removed edge (weight 0, see `graph_augment.drop_edges`) is
+  counts incoming weights, so a removed edge (weight 0, see `augment.graph.drop_edges`) is
   absent from both the sum and the degrees, as if deleted.
 
   Examples:

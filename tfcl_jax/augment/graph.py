@@ -28,7 +28,7 @@ def drop_edges(key: jax.Array, num_edges: int, *, rate: float) -> jax.Array:
 
   Examples:
     >>> import jax
-    >>> from tfcl_jax import graph_augment
+    >>> from tfcl_jax.augment import graph as graph_augment
     >>> w = graph_augment.drop_edges(jax.random.key(0), 10_000, rate=0.3)
     >>> round(float(w.mean()), 1)
     0.7
@@ -54,7 +54,7 @@ def mask_features(key: jax.Array, features: jax.Array | sparse.BCOO, *,
 
   Examples:
     >>> import jax, jax.numpy as jnp
-    >>> from tfcl_jax import graph_augment
+    >>> from tfcl_jax.augment import graph as graph_augment
     >>> x = graph_augment.mask_features(jax.random.key(0), jnp.ones((2, 1000)), rate=0.3)
     >>> bool((x[0] == x[1]).all()), round(float(x.mean()), 1)
     (True, 0.7)
@@ -92,7 +92,7 @@ def grace_view(key: jax.Array, features: jax.Array | sparse.BCOO, num_edges: int
 
   Examples:
     >>> import jax, jax.numpy as jnp
-    >>> from tfcl_jax import graph_augment
+    >>> from tfcl_jax.augment import graph as graph_augment
     >>> view = graph_augment.grace_view(jax.random.key(0), jnp.ones((3, 4)), 6)
     >>> view.features.shape, view.edge_weight.shape
     ((3, 4), (6,))
