@@ -294,14 +294,3 @@ def affine_from_uniforms(
   center = size / 2 + uniforms[2:4] * (extent - size) + shift
   angle = jnp.deg2rad(_between(uniforms[6], -max_degrees, max_degrees))
   return affine_warp(image, center=center, size=size, angle=angle, out_size=out_size)
-
-
-def random_affine(key: jax.Array, image: jax.typing.ArrayLike, **options) -> jax.Array:
-  """`affine_from_uniforms` with its uniforms drawn from `key`; `options` are its keywords.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> random_affine(jax.random.key(0), jnp.ones((8, 8, 1)), out_size=8).shape
-    (8, 8, 1)
-  """
-  return affine_from_uniforms(jax.random.uniform(key, (AFFINE_UNIFORMS,)), image, **options)
