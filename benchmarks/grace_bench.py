@@ -26,6 +26,7 @@ from experiments.configs import grace_citeseer
 from tfcl_jax import losses, mappings, training
 from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.models import gcn
+from tfcl_jax.objectives import grace as grace_objective
 
 
 def _time(fn, *args, repeats: int) -> tuple[float, float]:
@@ -57,7 +58,7 @@ def main():
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
             "mapping": dict(mapping.params)}
   def step_fn(block):
-    loss_fn = grace.make_loss_fn(model, mapping, edge_rate=config.edge_rate,
+    loss_fn = grace_objective.make_grace_loss(model, mapping, edge_rate=config.edge_rate,
                                  feature_rate=config.feature_rate, block_size=block)
     return training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False, donate=False)
 

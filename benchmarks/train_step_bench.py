@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import augment, losses, mappings, models
-from tfcl_jax.training import optim, sharding, simclr, state, step
+from tfcl_jax.objectives import simclr
+from tfcl_jax.training import optim, sharding, state, step
 
 CASES = {
     # name: (backbone, width, image size, channels, recipe, proj hidden, proj dim, batch)

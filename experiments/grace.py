@@ -19,7 +19,6 @@ run resumes where it stopped), DIR/results.md (Table 3 beside the paper) and DIR
 from __future__ import annotations
 
 import csv
-import dataclasses
 import itertools
 import os
 import re
@@ -30,11 +29,11 @@ import numpy as np
 import tqdm
 
 from experiments import cli
-from tfcl_jax import losses, mappings, training
-from tfcl_jax.augment import graph as graph_augment
+from tfcl_jax import losses, training
 from tfcl_jax.data import planetoid
 from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
+from tfcl_jax.objectives import grace as grace_objective
 
 RESULT_FIELDS = ("dataset", "mapping", "seed", "f1_micro", "f1_macro", "val_f1_micro",
                  "best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_b")
@@ -49,61 +48,20 @@ PAPER_TABLE3 = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class GraphBatch:
-  """The whole graph, one full batch: a pytree of sparse features and the edge list."""
-
-  features: object  # [N, F] BCOO
-  edge_index: jax.Array  # [2, E] int32
-
-
-jax.tree_util.register_dataclass(GraphBatch, data_fields=["features", "edge_index"],
-                                 meta_fields=[])
-
-
-def make_loss_fn(model: gcn.GRACE, objective: losses.LossSpec | mappings.Mapping, *,
-                 edge_rate: float, feature_rate: float, block_size: int | None = None):
-  """GRACE's loss in the training stack's signature `(params, model_state, batch, key, step)`.
-
-  Two views (`augment.graph.grace_view`), their projections, and the objective on them with
-  intra- and inter-view negatives: `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`,
-  Eq. 11 with `free`) for a `Mapping` or an InfoNCE `LossSpec`, the sigmoid loss for a sigmoid
-  `LossSpec` (`losses.from_spec`); the learnable values are `params["mapping"]`;
-  `block_size` is the loss's tile side (None: automatic).
-  """
-  if isinstance(objective, mappings.Mapping):
-    objective = losses.LossSpec(objective.spec, "info_nce", objective)
-
-  def loss_fn(params, model_state, batch: GraphBatch, key, step):
-    num_nodes, num_edges = batch.features.shape[0], batch.edge_index.shape[1]
-    projections = []
-    for view_key in jax.random.split(key):
-      view = graph_augment.grace_view(view_key, batch.features, num_edges, edge_rate=edge_rate,
-                                      feature_rate=feature_rate)
-      propagation = gcn.gcn_normalize(batch.edge_index, num_nodes=num_nodes,
-                                      edge_weight=view.edge_weight)
-      projections.append(model.apply({"params": params["model"]}, view.features, propagation)[1])
-
-    loss = objective(*projections, params=params["mapping"], step=step, negatives="all",
-                     block_size=block_size)
-    return loss, (model_state, {})
-
-  return loss_fn
-
-
 def parse_spec(spec: str, num_nodes: int) -> losses.LossSpec:
   """`losses.from_spec` for GRACE's loss: `2 * num_nodes - 1` candidates per anchor."""
   return losses.from_spec(spec, num_candidates=2 * num_nodes - 1)
 
 
-def load_graph(config) -> tuple[planetoid.PlanetoidGraph, GraphBatch]:
+def load_graph(config) -> tuple[planetoid.PlanetoidGraph, grace_objective.GraphBatch]:
   graph = planetoid.load_planetoid(config.dataset, root=config.data_dir)
-  batch = GraphBatch(gcn.sparse_features(graph.features), jax.numpy.asarray(graph.edge_index))
+  batch = grace_objective.GraphBatch(gcn.sparse_features(graph.features),
+                                     jax.numpy.asarray(graph.edge_index))
   return graph, batch
 
 
-def run_one(config, graph: planetoid.PlanetoidGraph, batch: GraphBatch, spec: str, seed: int,
-            *, workdir: str, progress: bool = True) -> dict:
+def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch, spec: str,
+            seed: int, *, workdir: str, progress: bool = True) -> dict:
   """Trains GRACE with mapping `spec` and `seed` (`tfcl_jax.training`), evaluates it.
 
   The run's `metrics.csv` and checkpoints go to `workdir/runs/<spec>_seed<seed>/`; a killed run
@@ -121,7 +79,7 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: GraphBatch, spec: st
       apply_fn=model.apply, mapping_params=objective.params)
   # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  loss_fn = make_loss_fn(model, objective, edge_rate=config.edge_rate,
+  loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=config.edge_rate,
                          feature_rate=config.feature_rate, block_size=config.block_size)
   train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
   batch = training.sharding.shard_batch(batch, mesh, sharded=False)

@@ -27,7 +27,9 @@ from experiments import cli, msc_report, sweep
 from experiments import simclr as simclr_experiment
 from tfcl_jax import augment, data, mappings, models
 from tfcl_jax.anomaly import msc, scores, weights
-from tfcl_jax.training import loop, optim, sharding, simclr, state, step
+from tfcl_jax.objectives import msc as msc_objective
+from tfcl_jax.objectives import simclr
+from tfcl_jax.training import loop, optim, sharding, state, step
 
 PRETRAIN_DIR = "pretrain"
 _IGNORED_ON_RESUME = ("resume", "progress")
@@ -197,7 +199,7 @@ class Experiment:
 
   def train_step(self, mapping: mappings.Mapping):
     if mapping.spec not in self._steps:
-      loss_fn = msc.make_msc_loss(self.encoder, mapping=mapping, augment=self.augment,
+      loss_fn = msc_objective.make_msc_loss(self.encoder, mapping=mapping, augment=self.augment,
                                   angular=self.config.angular)
       self._steps[mapping.spec] = step.make_train_step(loss_fn, mesh=self.mesh)
     return self._steps[mapping.spec]

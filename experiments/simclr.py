@@ -27,7 +27,8 @@ from experiments import cli, simclr_report, sweep
 from tfcl_jax import augment, data, losses, models
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
-from tfcl_jax.training import loop, optim, sharding, simclr, state, step
+from tfcl_jax.objectives import simclr
+from tfcl_jax.training import loop, optim, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
 _IGNORED_ON_RESUME = ("resume", "progress")

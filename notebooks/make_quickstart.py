@@ -40,7 +40,8 @@ import optax
 
 from tfcl_jax import augment, data, losses, mappings, models
 from tfcl_jax.evaluation import knn
-from tfcl_jax.training import optim, sharding, simclr, state, step
+from tfcl_jax.objectives import simclr
+from tfcl_jax.training import optim, sharding, state, step
 
 # TFCL_QUICKSTART_EPOCHS shrinks the run (the test suite executes this notebook with 1).
 EPOCHS = int(os.environ.get("TFCL_QUICKSTART_EPOCHS", "15"))

@@ -88,7 +88,7 @@ def simclr_parts():
   import optax  # noqa: PLC0415
 
   from tfcl_jax import mappings, models, training  # noqa: PLC0415
-  from tfcl_jax.training import simclr  # noqa: PLC0415
+  from tfcl_jax.objectives import simclr  # noqa: PLC0415
 
   class Flat(nn.Module):
     """A one-layer backbone: compiling it on 8 devices takes a second, not a conv's twenty."""

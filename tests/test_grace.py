@@ -18,6 +18,7 @@ from tfcl_jax import mappings, training
 from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.data import planetoid
 from tfcl_jax.models import gcn
+from tfcl_jax.objectives import grace as grace_objective
 
 
 def _tiny_graph(n=40, f=20, classes=3, seed=0) -> planetoid.PlanetoidGraph:
@@ -32,7 +33,8 @@ def _tiny_graph(n=40, f=20, classes=3, seed=0) -> planetoid.PlanetoidGraph:
 
 
 def _batch(graph):
-  return grace.GraphBatch(gcn.sparse_features(graph.features), jnp.asarray(graph.edge_index))
+  return grace_objective.GraphBatch(gcn.sparse_features(graph.features),
+                                    jnp.asarray(graph.edge_index))
 
 
 def _pygcl_infonce(h1, h2, tau):
@@ -59,8 +61,8 @@ def test_loss_is_pygcl_grace_loss_on_the_two_views(block_size):
   model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"], "mapping": {}}
-  loss_fn = grace.make_loss_fn(model, mappings.temperature(0.2), edge_rate=0.3, feature_rate=0.3,
-                               block_size=block_size)
+  loss_fn = grace_objective.make_grace_loss(model, mappings.temperature(0.2), edge_rate=0.3,
+                                            feature_rate=0.3, block_size=block_size)
   key = jax.random.key(7)
   loss, _ = jax.jit(loss_fn)(params, {}, batch, key, 0)
 
@@ -83,7 +85,7 @@ def test_library_training_of_grace_matches_stepwise(tmp_path):
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
             "mapping": dict(mapping.params)}
-  loss_fn = grace.make_loss_fn(model, mapping, edge_rate=0.3, feature_rate=0.3)
+  loss_fn = grace_objective.make_grace_loss(model, mapping, edge_rate=0.3, feature_rate=0.3)
   tx = optax.adam(0.01)
   key = jax.random.key(3)
   mesh = training.make_mesh(jax.devices()[:1])
@@ -177,7 +179,8 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
             "mapping": {"t": jnp.float32(1.5), "bias": jnp.float32(-3.0)}}
-  loss_fn = grace.make_loss_fn(model, objective, edge_rate=0.3, feature_rate=0.3, block_size=16)
+  loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=0.3, feature_rate=0.3,
+                                            block_size=16)
   key = jax.random.key(5)
   (loss, _), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, {}, batch, key, 0)
 

@@ -17,6 +17,7 @@ from experiments import msc as msc_experiment
 from experiments.configs import msc_digits
 from tfcl_jax import mappings, models
 from tfcl_jax.anomaly import msc, scores, torchvision_resnet, weights
+from tfcl_jax.objectives import msc as msc_objective
 from tfcl_jax.training import checkpoint, optim, sharding, state, step
 
 # -- ROC-AUC and the kNN score --------------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_msc_train_step_keeps_batchnorm_statistics_and_frozen_modules():
   features = encoder.apply(variables, images, train=False)
   center = msc.center(features)
   mapping = mappings.temperature(0.25)
-  loss_fn = msc.make_msc_loss(encoder, mapping=mapping, augment=_noise)
+  loss_fn = msc_objective.make_msc_loss(encoder, mapping=mapping, augment=_noise)
   model_state = {"batch_stats": variables["batch_stats"], msc.CENTER_KEY: center}
   params = {"model": variables["params"], "mapping": {}}
   # The experiment's optimiser: weight decay must not reach the frozen modules either.

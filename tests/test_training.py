@@ -15,7 +15,8 @@ import optax
 import pytest
 
 from tfcl_jax import mappings, models
-from tfcl_jax.training import loop, optim, sharding, simclr, state, step
+from tfcl_jax.objectives import simclr
+from tfcl_jax.training import loop, optim, sharding, state, step
 
 BATCH = 16
 

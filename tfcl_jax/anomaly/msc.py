@@ -9,14 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from tfcl_jax import _checks, losses
-from tfcl_jax import mappings as mappings_lib
-from tfcl_jax.training import simclr
 
 # The key of `TrainState.model_state` that holds the center during fine-tuning: a non-trained
 # variable of the objective, replicated and checkpointed with the BatchNorm statistics.
@@ -149,71 +146,6 @@ def msc_loss(
   if angular:
     loss = loss + jnp.mean(jnp.sum(s1 * s1, -1)) + jnp.mean(jnp.sum(s2 * s2, -1))
   return loss
-
-
-def make_msc_loss(
-    encoder: nn.Module,
-    *,
-    mapping: mappings_lib.Mapping,
-    augment: AugmentFn,
-    angular: bool = True,
-) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
-  """`loss_fn(params, model_state, batch, key, step)` of MSC for `training.make_train_step`.
-
-  The encoder runs with `train=False`: BatchNorm uses and keeps its pretrained running statistics
-  (MSC's code calls `model.eval()` once before fine-tuning; training-mode BatchNorm on one class
-  breaks the reproduction). `model_state` holds the BatchNorm statistics and the center under
-  `CENTER_KEY`; both pass through unchanged. Metrics: `contrastive`, `angular` (the two terms),
-  `center_cos` (mean cosine of the features to the center), `pos_cos`, `neg_cos` (of the shifted
-  features).
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from tfcl_jax import mappings, models
-    >>> from tfcl_jax.anomaly import msc
-    >>> encoder = models.make_backbone("small_cnn", width=4)
-    >>> images = jnp.ones((4, 8, 8, 1))
-    >>> variables = jax.eval_shape(lambda: encoder.init(jax.random.key(0), images, train=False))
-    >>> noise = lambda key, x: tuple(x + 0.1 * jax.random.normal(k, x.shape)
-    ...                              for k in jax.random.split(key))
-    >>> loss_fn = msc.make_msc_loss(encoder, mapping=mappings.temperature(0.25), augment=noise)
-    >>> model_state = {"batch_stats": variables["batch_stats"], msc.CENTER_KEY: jnp.ones(16) / 4}
-    >>> params = {"model": variables["params"], "mapping": {}}
-    >>> loss, (new_state, metrics) = jax.eval_shape(  # traced, not compiled
-    ...     loss_fn, params, model_state, {"image": images}, jax.random.key(1), 0)
-    >>> sorted(metrics)
-    ['angular', 'center_cos', 'contrastive', 'neg_cos', 'pos_cos']
-
-  Args:
-    encoder: a backbone `x, train=... -> [B, D]` features (`models.make_backbone(...)`).
-    mapping: the similarity-to-logit map (`mappings.from_spec(...)`).
-    augment: `augment(key, images) -> (view1, view2)`.
-    angular: add the angular center term.
-
-  Returns:
-    The loss function.
-  """
-  if not isinstance(mapping, mappings_lib.Mapping):
-    raise TypeError(f"mapping must be a tfcl_jax.mappings.Mapping, got {type(mapping).__name__}.")
-
-  def loss_fn(params, model_state, batch, key, step):
-    center_vector = model_state[CENTER_KEY]
-    variables = {k: v for k, v in model_state.items() if k != CENTER_KEY}
-    view1, view2 = augment(key, batch["image"])
-    features = encoder.apply({"params": params["model"], **variables},
-                             jnp.concatenate([view1, view2]), train=False)
-    z1, z2 = jnp.split(features, 2)
-    logits_map = mapping.bind(params=params["mapping"], step=step)
-    s1, s2 = mean_shift(z1, center_vector), mean_shift(z2, center_vector)
-    contrastive = losses.info_nce(s1, s2, mapping=logits_map, negatives="all")
-    angular_term = jnp.mean(jnp.sum(s1 * s1, -1)) + jnp.mean(jnp.sum(s2 * s2, -1))
-    loss = contrastive + angular_term if angular else contrastive
-    unit = losses.l2_normalize(features)
-    metrics = {"contrastive": contrastive, "angular": angular_term,
-               "center_cos": jnp.mean(unit @ center_vector), **simclr.cosine_diagnostics(s1, s2)}
-    return loss, (model_state, metrics)
-
-  return loss_fn
 
 
 def freeze(

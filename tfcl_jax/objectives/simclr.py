@@ -1,4 +1,4 @@
-"""The SimCLR objective as a `loss_fn` for `step.make_train_step`: two views, one encoder, InfoNCE.
+"""The SimCLR objective as a `loss_fn` for `training.make_train_step`: two views, InfoNCE.
 
 Section 5.1 of Kim & Kim (arXiv 2501.17683) trains SimCLR with NT-Xent (Eq. 1, `cos / tau`) or
 with the temperature-free map (Eq. 11); the mapping is the only difference.
@@ -15,28 +15,10 @@ import jax.numpy as jnp
 
 from tfcl_jax import losses
 from tfcl_jax import mappings as mappings_lib
+from tfcl_jax.objectives import views as views_lib
 
 # augment(key, images) -> (view1, view2), float arrays [B, H, W, C].
 AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-
-
-def cosine_diagnostics(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike) -> dict[str, jax.Array]:
-  """Mean cosine of positive pairs (`z1[i], z2[i]`) and of negative pairs (`z1[i], z2[j]`, i != j).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from tfcl_jax.training import simclr
-    >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0]])
-    >>> {k: float(v) for k, v in simclr.cosine_diagnostics(z, z).items()}
-    {'pos_cos': 1.0, 'neg_cos': 0.0}
-  """
-  u1 = losses.l2_normalize(jnp.asarray(z1, jnp.float32))
-  u2 = losses.l2_normalize(jnp.asarray(z2, jnp.float32))
-  cos = u1 @ u2.T
-  n = cos.shape[0]
-  positive = jnp.trace(cos) / n
-  negative = (jnp.sum(cos) - jnp.trace(cos)) / (n * (n - 1))
-  return {"pos_cos": positive, "neg_cos": negative}
 
 
 def make_simclr_loss(
@@ -52,12 +34,12 @@ def make_simclr_loss(
   SimCLR); the loss is `losses.info_nce(z1, z2, negatives=negatives)` with
   `mapping.bind(params=params["mapping"], step=step)` (Eq. 1 for `tau=...`, Eq. 11 for `free`),
   or the loss a `losses.LossSpec` names (the sigmoid loss: SigCLR) with those params.
-  Metrics: `pos_cos`, `neg_cos` (`cosine_diagnostics` of the projections).
+  Metrics: `pos_cos`, `neg_cos` (`views.cosine_diagnostics` of the projections).
 
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax import mappings, models
-    >>> from tfcl_jax.training import simclr
+    >>> from tfcl_jax.objectives import simclr
     >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
     >>> noise = lambda key, x: tuple(x + 0.1 * jax.random.normal(k, x.shape)
     ...                              for k in jax.random.split(key))
@@ -91,14 +73,15 @@ def make_simclr_loss(
                     f"{type(mapping).__name__}.")
 
   def loss_fn(params, model_state, batch, key, step):
-    view1, view2 = augment(key, batch["image"])
-    views = jnp.concatenate([view1, view2], axis=0)
-    (_, projections), new_model_state = model.apply(
-        {"params": params["model"], **model_state}, views, train=True,
-        mutable=list(model_state))
-    z1, z2 = jnp.split(projections, 2, axis=0)
+    def apply(views):
+      (_, projections), new_model_state = model.apply(
+          {"params": params["model"], **model_state}, views, train=True,
+          mutable=list(model_state))
+      return projections, new_model_state
+
+    z1, z2, new_model_state = views_lib.encode_two_views(apply, *augment(key, batch["image"]))
     loss = mapping(z1, z2, params=params["mapping"], step=step, negatives=negatives)
-    return loss, (new_model_state, cosine_diagnostics(z1, z2))
+    return loss, (new_model_state, views_lib.cosine_diagnostics(z1, z2))
 
   return loss_fn
 
@@ -109,7 +92,7 @@ def make_feature_fn(model: nn.Module) -> Callable[[Any, Any, jax.Array], jax.Arr
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax import models
-    >>> from tfcl_jax.training import simclr
+    >>> from tfcl_jax.objectives import simclr
     >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
     >>> images = jnp.zeros((3, 8, 8, 1))
     >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))
