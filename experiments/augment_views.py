@@ -12,7 +12,6 @@ different images.
 
 from __future__ import annotations
 
-import csv
 import os
 
 import jax
@@ -20,7 +19,7 @@ import matplotlib
 import numpy as np
 import tqdm.auto as tqdm
 
-from experiments import cli
+from experiments import cli, tables
 from tfcl_jax import augment, data
 
 matplotlib.use("Agg")
@@ -103,15 +102,12 @@ def run(config, workdir: str) -> list[dict]:
   center = augment.center_view(images, recipe=recipe, out_size=view_size)
   rows = [{"dataset": info.name, "split": split, "recipe": recipe, "view_size": view_size} | row
           for row in _statistics(pairs, center)]
-  with open(os.path.join(workdir, "results.csv"), "w", newline="") as file:
-    writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  with open(os.path.join(workdir, "results.md"), "w") as file:
-    file.write(f"Views of {info.name}:{split}, recipe `{recipe}`, {view_size} px, "
-               f"{len(images)} images\n\n| statistic | value |\n|---|---|\n")
-    file.writelines(f"| {row['what']} | {row['value']:.4f} |\n" for row in rows)
-  _figure(pairs, center, recipe, config.num_images, os.path.join(workdir, "views.png"))
+  markdown = (f"Views of {info.name}:{split}, recipe `{recipe}`, {view_size} px, "
+              f"{len(images)} images\n\n| statistic | value |\n|---|---|\n"
+              + "".join(f"| {row['what']} | {row['value']:.4f} |\n" for row in rows))
+  tables.write_results(workdir, rows, markdown=markdown, figures=[
+      lambda path: _figure(pairs, center, recipe, config.num_images,
+                           os.path.join(path, "views.png"))])
   return rows
 
 

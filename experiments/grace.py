@@ -12,13 +12,15 @@ Run: python -m experiments.grace --config=experiments/configs/grace_citeseer.py 
 InfoNCE, `sigmoid/<mapping>[/b=<init> | /learn_b=<init>]` with the sigmoid loss (SigLIP:
 `sigmoid/learnable=0.1/learn_b=siglip`).
 
-Writes DIR/results.csv (one row per (mapping, seed), appended as each run ends: an interrupted
-run resumes where it stopped), DIR/results.md (Table 3 beside the paper) and DIR/f1_micro.png.
+Writes DIR/results.csv (one row per (mapping, seed)), DIR/results.md (Table 3 beside the paper,
+and free minus each mapping paired by seed) and DIR/f1_micro.png, rewritten as each run ends.
+Rerunning the command continues the workdir (`experiments/runner.py`); more seeds or mappings
+may be added, other fields are refused.
 """
 
 from __future__ import annotations
 
-import csv
+import dataclasses
 import itertools
 import os
 import re
@@ -26,17 +28,19 @@ import time
 
 import jax
 import numpy as np
-import tqdm
 
-from experiments import cli
+from experiments import cli, runner, tables
 from tfcl_jax import losses, training
 from tfcl_jax.data import planetoid
 from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
 from tfcl_jax.objectives import grace as grace_objective
 
+# `probe_best_epoch`: the linear probe's epoch with the best validation F1 (PyGCL's
+# LREvaluator), not a training epoch of GRACE.
 RESULT_FIELDS = ("dataset", "mapping", "seed", "f1_micro", "f1_macro", "val_f1_micro",
-                 "best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_b")
+                 "probe_best_epoch", "final_loss", "final_t", "train_seconds", "epochs",
+                 "final_b")
 
 # Table 3 (CiteSeer, 20 runs): F1-micro (std), F1-macro (std), in %.
 PAPER_TABLE3 = {
@@ -60,17 +64,31 @@ def load_graph(config) -> tuple[planetoid.PlanetoidGraph, grace_objective.GraphB
   return graph, batch
 
 
-def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch, spec: str,
-            seed: int, *, workdir: str, progress: bool = True) -> dict:
-  """Trains GRACE with mapping `spec` and `seed` (`tfcl_jax.training`), evaluates it.
+# Fields that only choose which runs exist: a workdir may be rerun with other values.
+PLAN_FIELDS = ("mappings", "seeds", "seed_offset")
 
-  The run's `metrics.csv` and checkpoints go to `workdir/runs/<spec>_seed<seed>/`; a killed run
-  resumes from its last checkpoint. Returns a results row.
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  mapping: str  # the canonical loss spec
+  seed: int
+
+  def directory(self, workdir: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9.]+", "_", f"{self.mapping}_seed{self.seed}")
+    return os.path.join(workdir, "runs", name)
+
+
+def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
+            run: Run, *, workdir: str, progress: bool = True) -> dict:
+  """Trains GRACE for `run` (`tfcl_jax.training`), evaluates it; returns its results row.
+
+  The run's `metrics.csv` and checkpoints go to `run.directory(workdir)`; a killed run
+  resumes from its last checkpoint.
   """
-  objective = parse_spec(spec, graph.num_nodes)
+  objective = parse_spec(run.mapping, graph.num_nodes)
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
                     projection_dim=config.projection_dim)
-  init_key, train_key, eval_key = jax.random.split(jax.random.key(seed), 3)
+  init_key, train_key, eval_key = jax.random.split(jax.random.key(run.seed), 3)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   state = training.create_train_state(
       model_params=model.init(init_key, batch.features, full)["params"],
@@ -80,18 +98,20 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Grap
   # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
   loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=config.edge_rate,
-                         feature_rate=config.feature_rate, block_size=config.block_size)
+                                            feature_rate=config.feature_rate,
+                                            block_size=config.block_size)
   train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
   batch = training.sharding.shard_batch(batch, mesh, sharded=False)
-  run_dir = os.path.join(workdir, "runs", re.sub(r"[^A-Za-z0-9.]+", "_", f"{spec}_seed{seed}"))
+  run_dir = run.directory(workdir)
+  record = {k: v for k, v in config.to_dict().items() if k not in PLAN_FIELDS}
   start = time.perf_counter()
   state = training.train(
       state, train_step=train_step,
       batches=lambda first: itertools.repeat(batch, config.epochs - first),
       num_steps=config.epochs, workdir=run_dir, key=train_key, mesh=mesh,
-      config={"spec": objective.spec, "seed": seed, **config.to_dict()}, resume=True,
+      config={"spec": objective.spec, "seed": run.seed, **record}, resume=True,
       batch_sharded=False, checkpoint_every=config.checkpoint_every, log_every=config.log_every,
-      progress=progress, desc=f"{objective.spec} seed {seed}")
+      progress=progress, desc=f"{objective.spec} seed {run.seed}")
   seconds = time.perf_counter() - start
   history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))["loss"]
   params = state.params
@@ -104,41 +124,12 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Grap
   t, b = params["mapping"].get("t"), params["mapping"].get("bias")
   return {
       "dataset": graph.name, "mapping": objective.spec,
-      "seed": seed, "f1_micro": scores["f1_micro"], "f1_macro": scores["f1_macro"],
-      "val_f1_micro": scores["val_f1_micro"], "best_epoch": scores["best_epoch"],
+      "seed": run.seed, "f1_micro": scores["f1_micro"], "f1_macro": scores["f1_macro"],
+      "val_f1_micro": scores["val_f1_micro"], "probe_best_epoch": scores["best_epoch"],
       "final_loss": float(history[-1]) if len(history) else float("nan"),
       "final_t": float(t) if t is not None else "", "train_seconds": round(seconds, 2),
       "epochs": config.epochs, "final_b": float(b) if b is not None else "",
   }
-
-
-def read_results(path: str) -> list[dict]:
-  if not os.path.exists(path):
-    return []
-  with open(path, newline="") as f:
-    return list(csv.DictReader(f))
-
-
-def append_result(path: str, row: dict) -> None:
-  """Appends `row`; a file written with fewer `RESULT_FIELDS` is first rewritten with all."""
-  new = not os.path.exists(path)
-  if not new:
-    with open(path, newline="") as f:
-      header = next(csv.reader(f), [])
-    if tuple(header) != RESULT_FIELDS:
-      if not set(header) <= set(RESULT_FIELDS):
-        raise ValueError(f"{path} has columns {header}, not a subset of {RESULT_FIELDS}: "
-                         "use a fresh workdir.")
-      old = read_results(path)
-      with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, RESULT_FIELDS, restval="")
-        writer.writeheader()
-        writer.writerows(old)
-  with open(path, "a", newline="") as f:
-    writer = csv.DictWriter(f, RESULT_FIELDS)
-    if new:
-      writer.writeheader()
-    writer.writerow(row)
 
 
 def summarize(rows: list[dict], specs: list[str]) -> list[dict]:
@@ -148,43 +139,10 @@ def summarize(rows: list[dict], specs: list[str]) -> list[dict]:
     runs = [r for r in rows if r["mapping"] == spec]
     if not runs:
       continue
-    micro = 100 * np.array([float(r["f1_micro"]) for r in runs])
-    macro = 100 * np.array([float(r["f1_macro"]) for r in runs])
-    std = (lambda a: float(a.std(ddof=1)) if len(a) > 1 else float("nan"))
-    table.append({"mapping": spec, "runs": len(runs), "micro": float(micro.mean()),
-                  "micro_std": std(micro), "macro": float(macro.mean()), "macro_std": std(macro),
-                  "paper": PAPER_TABLE3.get(spec)})
-  return table
-
-
-def paired_differences(rows: list[dict], specs: list[str], *,
-                       reference: str = "free") -> list[dict]:
-  """`reference` minus each other mapping in F1-micro (points), paired by seed.
-
-  A seed fixes the initialisation, the views' keys and the evaluation split for every
-  mapping, so per-seed differences cancel the split's noise. Returns, per mapping in `specs`
-  order (not `reference`): the shared seeds, the mean difference, its standard error, the
-  two-sided paired t-test p-value (`scipy.stats.ttest_rel`; NaN below 2 seeds) and how many
-  seeds `reference` won.
-  """
-  from scipy import stats  # noqa: PLC0415
-
-  by_spec = {spec: {int(r["seed"]): 100 * float(r["f1_micro"]) for r in rows
-                    if r["mapping"] == spec} for spec in specs}
-  base = by_spec.get(reference, {})
-  table = []
-  for spec in specs:
-    seeds = sorted(set(base) & set(by_spec[spec]))
-    if spec == reference or not seeds:
-      continue
-    ours, theirs = np.array([base[s] for s in seeds]), np.array([by_spec[spec][s] for s in seeds])
-    diffs = ours - theirs
-    many = len(seeds) > 1
-    table.append({"mapping": spec, "seeds": len(seeds), "mean": float(diffs.mean()),
-                  "sem": float(diffs.std(ddof=1) / np.sqrt(len(seeds))) if many else float("nan"),
-                  "p_value": float(stats.ttest_rel(ours, theirs).pvalue) if many
-                  else float("nan"),
-                  "wins": int(np.sum(diffs > 0))})
+    micro, micro_std = tables.mean_std([100 * float(r["f1_micro"]) for r in runs])
+    macro, macro_std = tables.mean_std([100 * float(r["f1_macro"]) for r in runs])
+    table.append({"mapping": spec, "runs": len(runs), "micro": micro, "micro_std": micro_std,
+                  "macro": macro, "macro_std": macro_std, "paper": PAPER_TABLE3.get(spec)})
   return table
 
 
@@ -192,8 +150,12 @@ def _cell(mean, std):
   return f"{mean:.2f} ({std:.2f})" if np.isfinite(std) else f"{mean:.2f} (n=1)"
 
 
-def write_markdown(path: str, table: list[dict], *, dataset: str, command: str, epochs: int,
-                   paired: list[dict] = ()):
+def table3(rows: list[dict], specs: list[str], *, dataset: str, command: str,
+           epochs: int) -> str:
+  """Markdown: F1 per mapping beside the paper's Table 3, and free minus each mapping paired
+  by seed (`tables.paired_differences`)."""
+  table = summarize(rows, specs)
+  paired = tables.paired_differences(rows, specs, metric="f1_micro")
   lines = [
       f"# GRACE on {dataset}: F1 (%) of node classification, mean (std) over seeds",
       "",
@@ -219,16 +181,17 @@ def write_markdown(path: str, table: list[dict], *, dataset: str, command: str, 
     for row in paired:
       lines.append(f"| {row['mapping']} | {row['seeds']} | {row['mean']:+.2f} ({row['sem']:.2f}) "
                    f"| {row['p_value']:.2g} | {row['wins']}/{row['seeds']} |")
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
+  return "\n".join(lines) + "\n"
 
 
-def write_plot(path: str, rows: list[dict], table: list[dict], *, dataset: str):
+def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -> None:
+  """Test F1-micro of every run per mapping, its mean and std, and the paper's Table 3."""
   import matplotlib  # noqa: PLC0415
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
+  table = summarize(rows, specs)
   fig, ax = plt.subplots(figsize=(1.2 * len(table) + 2, 3.5))
   for i, row in enumerate(table):
     values = [100 * float(r["f1_micro"]) for r in rows if r["mapping"] == row["mapping"]]
@@ -251,61 +214,61 @@ def write_plot(path: str, rows: list[dict], table: list[dict], *, dataset: str):
 ConfigError = cli.ConfigError
 
 
-def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
-  """Runs every (seed, mapping) not yet in `workdir/results.csv`; rewrites the tables.
+def plan_runs(config) -> list[Run]:
+  """The (mapping, seed) runs, seed-major (an interrupted sweep has as many seeds per mapping).
 
   Raises:
-    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, seeds or epochs
-      below 1, or a data folder without the Planetoid files: before any training.
+    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, or seeds or
+      epochs below 1.
   """
-  specs = [s.strip() for s in str(config.mappings).split(",") if s.strip()]
-  if not specs:
-    raise ConfigError(f"config.mappings must list at least one loss spec, got "
-                      f"{config.mappings!r} (e.g. --config.mappings=free,tau=0.5).")
   try:
-    for spec in specs:
-      parse_spec(spec, 2)  # fail before any training on a bad spec
+    specs = [parse_spec(spec, 2).spec for spec in runner.split_list(config.mappings,
+                                                                     name="mappings")]
   except ValueError as error:
-    raise ConfigError(f"config.mappings: {error}") from error
+    message = str(error)
+    raise ConfigError(message if message.startswith("config.") else
+                      f"config.mappings: {message} (e.g. --config.mappings=free,tau=0.5)"
+                      ) from error
   if config.seeds < 1 or config.epochs < 1:
     raise ConfigError(f"config.seeds and config.epochs must be >= 1, got {config.seeds}, "
                       f"{config.epochs}.")
+  seeds = range(config.seed_offset, config.seed_offset + config.seeds)
+  return [Run(spec, seed) for seed in seeds for spec in dict.fromkeys(specs)]
+
+
+def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
+  """Trains every (mapping, seed) run not yet finished in `workdir`; rewrites the tables.
+
+  Raises:
+    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, seeds or epochs
+      below 1, a data folder without the Planetoid files, or a workdir made with another
+      config: before any training.
+  """
+  runs = plan_runs(config)
   try:
     graph, batch = load_graph(config)
   except FileNotFoundError as error:
     raise ConfigError(f"config.data_dir: {error}") from error
-  os.makedirs(workdir, exist_ok=True)
-  csv_path = os.path.join(workdir, "results.csv")
-  done = {(r["mapping"], int(r["seed"]), int(r["epochs"])) for r in read_results(csv_path)}
-  # Seed-major order: an interrupted run has the same number of seeds for every mapping.
-  todo = [(seed, spec) for seed in range(config.seed_offset, config.seed_offset + config.seeds)
-          for spec in specs]
-  for seed, spec in tqdm.tqdm(todo, desc="runs", disable=not progress):
-    if (parse_spec(spec, graph.num_nodes).spec, seed, config.epochs) in done:
-      continue
-    append_result(csv_path, run_one(config, graph, batch, spec, seed, workdir=workdir,
-                                    progress=progress))
-    _write_tables(config, workdir, specs, command)
-  _write_tables(config, workdir, specs, command)
-  return read_results(csv_path)
+  try:
+    runner.prepare(workdir, config, plan_fields=PLAN_FIELDS)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  specs = list(dict.fromkeys(r.mapping for r in runs))
 
+  def write_tables(results):
+    tables.write_results(
+        workdir, results, columns=RESULT_FIELDS,
+        markdown=table3(results, specs, dataset=config.dataset, command=command,
+                        epochs=config.epochs),
+        figures=[lambda path: write_plot(os.path.join(path, "f1_micro.png"), results, specs,
+                                         dataset=config.dataset)])
 
-def _write_tables(config, workdir, specs, command):
-  rows = [r for r in read_results(os.path.join(workdir, "results.csv"))
-          if int(r["epochs"]) == config.epochs]
-  names = [parse_spec(s, 2).spec for s in specs]
-  table = summarize(rows, names)
-  write_markdown(os.path.join(workdir, "results.md"), table, dataset=config.dataset,
-                 command=command, epochs=config.epochs, paired=paired_differences(rows, names))
-  if table:
-    write_plot(os.path.join(workdir, "f1_micro.png"), rows, table, dataset=config.dataset)
+  return runner.run_all(
+      runs, lambda r: run_one(config, graph, batch, r, workdir=workdir, progress=progress),
+      workdir=workdir, write_tables=write_tables, progress=progress)
 
 
 if __name__ == "__main__":
-  import sys
-
-  cli.run_main(
-      lambda config, workdir: run(config, workdir,
-                                  command="python -m experiments.grace " + " ".join(sys.argv[1:])),
-      usage="pass --config=experiments/configs/grace_citeseer.py --workdir=DIR",
-      user_errors=(ConfigError,))
+  cli.run_main(lambda config, workdir: run(config, workdir, command=tables.command_line()),
+               usage="pass --config=experiments/configs/grace_citeseer.py --workdir=DIR",
+               user_errors=(ConfigError,))

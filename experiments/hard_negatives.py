@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import studies_common
+from experiments import cli, studies_common, tables
 from tfcl_jax import langevin, losses, mappings
 
 
@@ -172,11 +172,11 @@ def run(config, workdir: str) -> list[dict]:
                  instances=config.instances, negatives=config.negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)
-  studies_common.write_results(
-      workdir, rows, title="Hard negatives", columns=COLUMNS, notes=NOTES.format(
+  markdown = tables.study_markdown(
+      rows, title="Hard negatives", columns=COLUMNS, notes=NOTES.format(
           config=config, augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
-  if config.plots:  # after the table, so that a plotting error loses no result.
-    _plot(workdir, rows)
+  tables.write_results(workdir, rows, markdown=markdown,
+                       figures=[lambda path: _plot(path, rows)] if config.plots else [])
   return rows
 
 
@@ -199,4 +199,5 @@ the cosines reported (and the separation) are those of the unperturbed vectors."
 
 
 if __name__ == "__main__":
-  studies_common.main_for(run, "experiments/configs/hard_negatives.py")
+  cli.run_main(run, default_config="experiments/configs/hard_negatives.py", quiet_logs=False,
+               usage="pass --workdir=DIR [--config=FILE]")

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import sphere, studies_common
+from experiments import cli, studies_common, tables
 from tfcl_jax import langevin, losses, mappings
 
 
@@ -51,7 +51,7 @@ def stuck_t_runner(mapping: mappings.Mapping, *, steps: int, lr: float, t_lr: fl
   """
 
   def loss_fn(views, params):
-    return sphere.mean_loss(*views, lambda cos: mapping(cos, params=params), "cross")
+    return studies_common.mean_loss(*views, lambda cos: mapping(cos, params=params), "cross")
 
   def step(carry, _):
     views, params = carry
@@ -145,7 +145,7 @@ def precision_run(spec: str, dtype, *, key, config):
   z2 = langevin.random_sphere(key2, (p.m, p.d), dtype=dtype)
 
   def loss_fn(views, params):
-    return sphere.mean_loss(*views, mapping, "cross")
+    return studies_common.mean_loss(*views, mapping, "cross")
 
   def block(views, _):
     def step(views, _):
@@ -250,14 +250,15 @@ def run(config, workdir: str) -> list[dict]:
   # One CSV for both parts: the union of their columns, blanks where a part has none.
   columns = list(dict.fromkeys([*stuck_rows[0], *precision_rows[0]]))
   rows = [{c: row.get(c, "") for c in columns} for row in stuck_rows + precision_rows]
-  studies_common.write_results(
-      workdir, rows, title="Learnable temperature vs temperature-free", notes=NOTES,
+  markdown = tables.study_markdown(
+      rows, title="Learnable temperature vs temperature-free", notes=NOTES,
       sections=[
           ("Eq. 10: learnable t from an orthogonal start", stuck_rows),
-          ("Precision as C -> 1", precision_rows)],
-      columns=None)
-  if config.plots:  # after the tables, so that a plotting error loses no result.
-    _plot(workdir, stuck_curves, precision_curves, config)
+          ("Precision as C -> 1", precision_rows)])
+  tables.write_results(
+      workdir, rows, markdown=markdown,
+      figures=[lambda path: _plot(path, stuck_curves, precision_curves, config)]
+      if config.plots else [])
   return rows
 
 
@@ -272,4 +273,5 @@ positive pairs with 1 - cos below the free map's float32 clamp (4.8e-7: zero gra
 
 
 if __name__ == "__main__":
-  studies_common.main_for(run, "experiments/configs/learnable_vs_free.py")
+  cli.run_main(run, default_config="experiments/configs/learnable_vs_free.py", quiet_logs=False,
+               usage="pass --workdir=DIR [--config=FILE]")

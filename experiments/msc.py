@@ -4,28 +4,25 @@
     [--config.mappings=tau=0.25,free --config.seeds=3 --config.classes=0,1,2]
 
 One normal class at a time (MSC's protocol; the others are the anomalies). Without
-`--config.init_checkpoint`, first pretrains the encoder without labels with the SimCLR experiment
-(`experiments/simclr.py`, in `DIR/pretrain`). Then per (mapping, seed, normal class): the center
-of the normal training features, MSC fine-tuning with `tfcl_jax.training` (BatchNorm in inference
-mode, optional frozen modules), and the ROC-AUC of the kNN score on the test split. Writes
-`DIR/results.csv`, `DIR/results.md` (Table 4 layout) and `DIR/roc_auc.png`
+`--config.init_checkpoint`, first pretrains the encoder without labels with SimCLR
+(`experiments/simclr_trainer.py`, in `DIR/pretrain`). Then per (mapping, seed, normal class):
+the center of the normal training features, MSC fine-tuning with `tfcl_jax.training` (BatchNorm
+in inference mode, optional frozen modules), and the ROC-AUC of the kNN score on the test
+split. Writes `DIR/results.csv`, `DIR/results.md` (Table 4 layout) and `DIR/roc_auc.png`
 (`experiments/msc_report.py`). Every check that can fail runs before the first step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import cli, msc_report, sweep
-from experiments import simclr as simclr_experiment
-from tfcl_jax import augment, data, mappings, models
+from experiments import cli, msc_report, runner, simclr_trainer
+from tfcl_jax import data, mappings, models
 from tfcl_jax.anomaly import msc, scores, weights
 from tfcl_jax.objectives import msc as msc_objective
 from tfcl_jax.objectives import simclr
@@ -33,6 +30,9 @@ from tfcl_jax.training import loop, optim, sharding, state, step
 
 PRETRAIN_DIR = "pretrain"
 _IGNORED_ON_RESUME = ("resume", "progress")
+# Fields that only choose which runs exist: a workdir may be rerun with other values.
+PLAN_FIELDS = ("mappings", "seeds", "classes")
+_NOT_IN_RUN_RECORD = PLAN_FIELDS + _IGNORED_ON_RESUME
 _PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size", "devices",
                     "progress")
 
@@ -51,15 +51,12 @@ class Run:
     return os.path.join(workdir, "runs", name, f"class{self.normal_class}", f"seed{self.seed}")
 
 
-_split_list = simclr_experiment._split_list  # comma lists of config fields, as in SimCLR
-
-
 def parse_classes(text, num_classes: int) -> list[int]:
   """`"all"` or a comma list of class indices in `[0, num_classes)`."""
   if str(text).strip() == "all":
     return list(range(num_classes))
   classes = []
-  for item in _split_list(text, name="classes"):
+  for item in runner.split_list(text, name="classes"):
     try:
       index = int(item)
     except ValueError:
@@ -76,7 +73,8 @@ def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
   """The (mapping, seed, class) runs, after checking mapping specs, seeds and classes."""
   if config.seeds < 1:
     raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
-  specs = [mappings.from_spec(spec).spec for spec in _split_list(config.mappings, name="mappings")]
+  specs = [mappings.from_spec(spec).spec
+           for spec in runner.split_list(config.mappings, name="mappings")]
   classes = parse_classes(config.classes, data.get_info(config.dataset).num_classes)
   return [Run(spec, seed, c) for spec in specs for c in classes for seed in range(config.seeds)]
 
@@ -85,27 +83,16 @@ def _frozen(config) -> list[str]:
   return [name.strip() for name in str(config.frozen).split(",") if name.strip()]
 
 
-class Experiment:
+class Experiment(simclr_trainer.ImageData):
   """What the runs share: data, encoder, pretrained variables, optimiser, compiled steps."""
 
   def __init__(self, config: ml_collections.ConfigDict, mesh):
+    super().__init__(config)
     self.config, self.mesh = config, mesh
-    self.info = data.get_info(config.dataset)
-    self.recipe = config.recipe or self.info.recipe
-    self.view_size = config.view_size or self.info.view_size or self.info.image_size
-    data_dir = config.data_dir or None
     self.encoder = models.make_backbone(config.backbone, width=config.width or None)
-    dummy = jnp.zeros((2, self.view_size, self.view_size, self.info.channels), jnp.float32)
+    dummy = self.dummy_batch()
     self.template = jax.eval_shape(
         lambda: self.encoder.init(jax.random.key(0), dummy, train=False))
-    self.train_images, self.train_labels = data.load_arrays(
-        self.info.name, self.info.train_split, data_dir=data_dir)
-    self.test_images, self.test_labels = data.load_arrays(
-        self.info.name, self.info.test_split, data_dir=data_dir)
-    self.augment = functools.partial(augment.two_views, recipe=self.recipe,
-                                     out_size=self.view_size)
-    self.center_view = jax.jit(functools.partial(augment.center_view, recipe=self.recipe,
-                                                 out_size=self.view_size))
     self.feature_fn = jax.jit(
         lambda params, model_state, images: self.encoder.apply(
             {"params": params, **model_state}, images, train=False))
@@ -170,7 +157,7 @@ class Experiment:
   def features(self, params, model_state, images) -> jax.Array:
     model_state = {k: v for k, v in model_state.items() if k != msc.CENTER_KEY}
     return simclr.embed(self.feature_fn, params, model_state, images,
-                        preprocess=self.center_view)
+                        preprocess=self.center)
 
   def roc_auc(self, params, model_state, normal_class: int) -> float:
     """ROC-AUC of the kNN score, anomalies (every other class) positive, MSC's evaluation."""
@@ -232,7 +219,7 @@ class Experiment:
             {"model": self.variables["params"], "mapping": mapping.params}))
     steps_per_epoch = len(normal) // (c.batch_size // jax.process_count())
     num_steps = c.epochs * steps_per_epoch
-    record = {k: v for k, v in c.to_dict().items() if k not in _IGNORED_ON_RESUME}
+    record = {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD}
     record.update(dataclasses.asdict(run))
 
     def evaluate(train_state):
@@ -263,7 +250,8 @@ def pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   for field in _PRETRAIN_FIELDS:
     pretrain[field] = config[field]
   pretrain.resume = config.resume
-  if len(_split_list(pretrain.mappings, name="pretrain.mappings")) != 1 or pretrain.seeds != 1:
+  specs = runner.split_list(pretrain.mappings, name="pretrain.mappings")
+  if len(specs) != 1 or pretrain.seeds != 1:
     raise ValueError("config.pretrain must train one encoder: one mapping and seeds = 1, got "
                      f"mappings={pretrain.mappings!r}, seeds={pretrain.seeds}.")
   pretrain.mode = "sweep"
@@ -274,12 +262,16 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> str:
   """Pretrains the encoder without labels (SimCLR experiment) unless done; its run directory."""
   pretrain_cfg = pretrain_config(config)
   directory = os.path.join(workdir, PRETRAIN_DIR)
-  (run,) = simclr_experiment.plan_runs(pretrain_cfg)
-  if not os.path.exists(os.path.join(run.directory(directory), sweep.RESULT_FILE)):
+  (run,) = simclr_trainer.plan_runs(pretrain_cfg)
+  if not runner.finished(run, directory):
+    mesh = sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
     try:
-      simclr_experiment.run_experiment(pretrain_cfg, directory)
-    except simclr_experiment.ConfigError as error:
+      simclr_trainer.check_config(pretrain_cfg, directory, mesh)
+    except (ValueError, TypeError) as error:
       raise ConfigError(f"pretraining: {error}") from error
+    trainer = simclr_trainer.Trainer(pretrain_cfg, mesh)
+    runner.run_all([run], lambda r: trainer.run(r, directory), workdir=directory,
+                   progress=pretrain_cfg.progress, desc="pretraining")
   return run.directory(directory)
 
 
@@ -293,15 +285,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> tuple
   experiment.check(runs)
   if config.init_checkpoint:
     experiment.load(config.init_checkpoint)
-  record = {k: v for k, v in config.to_dict().items() if k not in _IGNORED_ON_RESUME}
-  if not config.resume:
-    existing = [n for n in ("results.csv", "runs", PRETRAIN_DIR)
-                if os.path.exists(os.path.join(workdir, n))]
-    if existing:
-      raise ValueError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
-                       f"--config.resume=True (the default) or choose a new workdir. Nothing was "
-                       "overwritten.")
-  loop.prepare_workdir(workdir, record, resume=config.resume)
+  runner.prepare(workdir, config, plan_fields=PLAN_FIELDS, outputs=(PRETRAIN_DIR,))
   return runs, experiment
 
 
@@ -314,13 +298,11 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
     raise ConfigError(str(error)) from error
   if experiment.variables is None:
     experiment.load(pretrain(config, workdir))
-  results = sweep.run_all(
-      runs, lambda run: experiment.run(run, workdir), workdir=workdir, resume=config.resume,
+  return runner.run_all(
+      runs, lambda run: experiment.run(run, workdir), workdir=workdir,
       progress=config.progress, desc="MSC runs",
-      on_result=lambda done: msc_report.write_results(done, workdir, dataset=config.dataset))
-  if jax.process_index() == 0:
-    msc_report.write_plot(results, workdir, dataset=config.dataset)
-  return results
+      write_tables=lambda results: msc_report.write(
+          results, workdir, dataset=config.dataset, figures=len(results) == len(runs)))
 
 
 if __name__ == "__main__":

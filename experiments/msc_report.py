@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import csv
 import os
 
 import matplotlib
@@ -11,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+from experiments import tables  # noqa: E402
 
 COLUMNS = ("mapping", "seed", "class", "roc_auc", "roc_auc_pretrained", "final_loss",
            "final_center_cos", "num_normal_train", "steps")
@@ -81,14 +82,11 @@ def table4(results: list[dict], *, dataset: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def write_results(results: list[dict], workdir: str, *, dataset: str) -> None:
-  """`results.csv` (one row per run) and `results.md` (`table4`)."""
-  with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(results)
-  with open(os.path.join(workdir, "results.md"), "w") as f:
-    f.write(table4(results, dataset=dataset))
+def write(results: list[dict], workdir: str, *, dataset: str, figures: bool = True) -> None:
+  """`results.csv` (one row per run), `results.md` (`table4`) and, with `figures`, `roc_auc.png`."""
+  tables.write_results(
+      workdir, results, columns=COLUMNS, markdown=table4(results, dataset=dataset),
+      figures=[lambda path: write_plot(results, path, dataset=dataset)] if figures else ())
 
 
 def write_plot(results: list[dict], workdir: str, *, dataset: str) -> None:

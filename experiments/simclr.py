@@ -5,239 +5,38 @@
 
 Trains one run per (mapping, seed) (or per (batch size, mapping, seed) with
 `--config.mode=n_sensitivity`) with `tfcl_jax.training`, each in `DIR/runs/...`, and writes
-`DIR/results.csv`, `DIR/results.md` and PNG plots (`experiments/simclr_report.py`).
+`DIR/results.csv`, `DIR/results.md` and PNG plots (`experiments/simclr_report.py`); the
+runs are `experiments/simclr_trainer.py`, shared with MSC's pretraining.
 Everything a run needs is checked before the first step; rerunning the command continues the
-workdir (`config.resume`, default True: finished runs kept, an interrupted one resumed from its
-last checkpoint, a workdir made with another config refused).
+workdir (`experiments/runner.py`: finished runs kept, an interrupted one resumed from its last
+checkpoint, a workdir made with another config refused; more seeds or mappings may be added).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import os
-import re
-
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from experiments import cli, simclr_report, sweep
-from tfcl_jax import augment, data, losses, models
-from tfcl_jax.analysis import geometry
-from tfcl_jax.evaluation import knn, logistic
-from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, sharding, state, step
-
-MODES = ("sweep", "n_sensitivity")
-_IGNORED_ON_RESUME = ("resume", "progress")
-
+from experiments import cli, runner, simclr_report, simclr_trainer
+from tfcl_jax.training import sharding
 
 ConfigError = cli.ConfigError
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  mapping: str
-  seed: int
-  batch_size: int
-
-  def directory(self, workdir: str) -> str:
-    name = re.sub(r"[=:/]", "_", self.mapping)
-    return os.path.join(workdir, "runs", f"bs{self.batch_size}", name, f"seed{self.seed}")
-
-
-def _split_list(text: str, *, name: str) -> list[str]:
-  items = [item.strip() for item in str(text).split(",") if item.strip()]
-  if not items:
-    raise ValueError(f"config.{name} must list at least one item, got {text!r}.")
-  return items
-
-
-def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
-  """The runs of `config.mode`, after checking mapping specs, seeds and batch sizes."""
-  if config.mode not in MODES:
-    raise ValueError(f"config.mode must be one of {MODES}, got {config.mode!r}.")
-  if config.seeds < 1:
-    raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
-  if config.mode == "sweep":
-    specs, batch_sizes = _split_list(config.mappings, name="mappings"), [config.batch_size]
-  else:
-    specs = _split_list(config.n_mappings, name="n_mappings")
-    batch_sizes = [int(b) for b in _split_list(config.n_batch_sizes, name="n_batch_sizes")]
-  # ValueError naming bad specs; a prior bias's value depends on N, its spec does not.
-  specs = [losses.from_spec(spec, num_candidates=3).spec for spec in specs]
-  return [Run(spec, seed, batch_size)
-          for batch_size in batch_sizes for spec in specs for seed in range(config.seeds)]
-
-
-def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> list[Run]:
-  """Every check that can fail, before any training: specs, dataset, batch sizes, workdir."""
-  runs = plan_runs(config)
-  info = data.get_info(config.dataset)
-  models.make_backbone(config.backbone)
-  if config.epochs < 1:
-    raise ValueError(f"config.epochs must be >= 1, got {config.epochs}.")
-  for batch_size in sorted({run.batch_size for run in runs}):
-    sharding.check_batch_size(batch_size, mesh, name="config.batch_size")
-    # Opens the data: an unprepared TFDS dataset stops here with how to prepare it.
-    data.steps_per_epoch(info.name, info.pretrain_split, batch_size=_host_batch(batch_size),
-                         data_dir=config.data_dir or None)
-  record = {k: v for k, v in config.to_dict().items() if k not in _IGNORED_ON_RESUME}
-  if not config.resume:
-    existing = [n for n in ("results.csv", "runs") if os.path.exists(os.path.join(workdir, n))]
-    if existing:
-      raise ValueError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
-                       f"--config.resume=True (the default) or choose a new workdir. Nothing was "
-                       "overwritten.")
-  loop.prepare_workdir(workdir, record, resume=config.resume)
-  return runs
-
-
-def _host_batch(batch_size: int) -> int:
-  return batch_size // jax.process_count()
-
-
-class Experiment:
-  """What the runs of one config share: data, model, compiled steps and evaluation functions."""
-
-  def __init__(self, config: ml_collections.ConfigDict, mesh):
-    self.config, self.mesh = config, mesh
-    self.info = data.get_info(config.dataset)
-    self.recipe = config.recipe or self.info.recipe
-    self.view_size = config.view_size or self.info.view_size or self.info.image_size
-    self.data_dir = config.data_dir or None
-    self.model = models.make_contrastive_model(
-        config.backbone, width=config.width or None, proj_hidden_dim=config.proj_hidden_dim,
-        proj_dim=config.proj_dim)
-    dummy = jnp.zeros((2, self.view_size, self.view_size, self.info.channels), jnp.float32)
-    self.init = jax.jit(lambda key: self.model.init(key, dummy, train=False))
-    self.feature_fn = simclr.make_feature_fn(self.model)
-    self.train_images, self.train_labels = data.load_arrays(
-        self.info.name, self.info.train_split, data_dir=self.data_dir)
-    self.test_images, self.test_labels = data.load_arrays(
-        self.info.name, self.info.test_split, data_dir=self.data_dir)
-    self.augment = functools.partial(augment.two_views, recipe=self.recipe,
-                                     out_size=self.view_size)
-    self.center = jax.jit(functools.partial(augment.center_view, recipe=self.recipe,
-                                            out_size=self.view_size))
-    self._steps: dict = {}
-    self._optimizers: dict = {}
-
-  def steps_per_epoch(self, batch_size: int) -> int:
-    return data.steps_per_epoch(self.info.name, self.info.pretrain_split,
-                                batch_size=_host_batch(batch_size), data_dir=self.data_dir)
-
-  def optimizer(self, batch_size: int):
-    # One optax object per batch size: the compiled step is reused across seeds only if the
-    # state's (static) optimiser is the same object.
-    if batch_size not in self._optimizers:
-      c = self.config
-      scale = batch_size / 256 if c.lr_scaling == "linear" else 1.0
-      total = c.epochs * self.steps_per_epoch(batch_size)
-      self._optimizers[batch_size] = optim.make_optimizer(
-          name=c.optimizer, learning_rate=c.learning_rate * scale, total_steps=total,
-          warmup_steps=min(c.warmup_epochs * self.steps_per_epoch(batch_size), total),
-          momentum=c.momentum, weight_decay=c.weight_decay)
-    return self._optimizers[batch_size]
-
-  def train_step(self, mapping: losses.LossSpec):
-    if mapping.spec not in self._steps:
-      loss_fn = simclr.make_simclr_loss(self.model, mapping=mapping, augment=self.augment,
-                                        negatives=self.config.negatives)
-      self._steps[mapping.spec] = step.make_train_step(loss_fn, mesh=self.mesh)
-    return self._steps[mapping.spec]
-
-  def features(self, train_state, images):
-    model_params = train_state.params["model"]
-    return simclr.embed(self.feature_fn, model_params, train_state.model_state, images,
-                        preprocess=self.center)
-
-  def evaluate(self, train_state) -> dict[str, float]:
-    """kNN top-1 on backbone features; alignment (two views) and uniformity of test features."""
-    train_features = self.features(train_state, self.train_images)
-    test_features = self.features(train_state, self.test_images)
-    top1 = knn.knn_top1(train_features, self.train_labels, test_features, self.test_labels,
-                        num_classes=self.info.num_classes, k=self.config.knn_k,
-                        tau=self.config.knn_tau)
-    subset = self.test_images[:512]
-    view1, view2 = self.augment(jax.random.key(0), subset)
-    model_params, model_state = train_state.params["model"], train_state.model_state
-    align = geometry.alignment(self.feature_fn(model_params, model_state, view1),
-                               self.feature_fn(model_params, model_state, view2))
-    return {"knn_top1": top1, "alignment": float(align),
-            "uniformity": float(geometry.uniformity(test_features[:1024]))}
-
-  def linear_probe(self, train_state, seed: int) -> float:
-    """Top-1 of logistic regression (`tfcl_jax.evaluation.logistic`) on frozen features."""
-    features = jnp.concatenate([self.features(train_state, self.train_images),
-                                self.features(train_state, self.test_images)])
-    features = (features - features.mean(0)) / (features.std(0) + 1e-6)
-    labels = jnp.concatenate([jnp.asarray(self.train_labels), jnp.asarray(self.test_labels)])
-    n_train = len(self.train_labels)
-    classifier = logistic.fit_logistic_regression(
-        features, labels, num_classes=self.info.num_classes,
-        train_indices=jnp.arange(n_train), key=jax.random.key(seed),
-        epochs=self.config.probe_epochs, learning_rate=0.01)
-    predictions = logistic.predict(classifier, features[n_train:])
-    return float(jnp.mean(predictions == labels[n_train:]))
-
-  def run(self, run: Run, workdir: str) -> dict:
-    """Trains one (mapping, seed, batch size) run in its own directory; returns its results."""
-    c = self.config
-    mapping = losses.from_spec(run.mapping, num_candidates=2 * run.batch_size - 1)
-    steps_per_epoch = self.steps_per_epoch(run.batch_size)
-    num_steps = c.epochs * steps_per_epoch
-    init_key, step_key = jax.random.split(jax.random.key(run.seed))
-    variables = self.init(init_key)
-    initial = state.create_train_state(
-        model_params=variables["params"],
-        model_state={k: v for k, v in variables.items() if k != "params"},
-        mapping_params=mapping.params, tx=self.optimizer(run.batch_size))
-
-    def batches(start_step):
-      return data.make_loader(self.info.name, self.info.pretrain_split,
-                              batch_size=_host_batch(run.batch_size), seed=run.seed,
-                              num_epochs=c.epochs, data_dir=self.data_dir, start_step=start_step)
-
-    record = {k: v for k, v in c.to_dict().items() if k not in _IGNORED_ON_RESUME}
-    record.update(dataclasses.asdict(run))
-    final = loop.train(
-        initial, train_step=self.train_step(mapping), batches=batches, num_steps=num_steps,
-        workdir=run.directory(workdir), key=step_key, mesh=self.mesh, config=record,
-        resume=c.resume, checkpoint_every=c.checkpoint_every_steps,
-        eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=self.evaluate,
-        log_every=c.log_every, examples_per_step=run.batch_size, progress=c.progress,
-        desc=f"{run.mapping} seed {run.seed} N={run.batch_size}")
-    evaluation = loop.read_csv(os.path.join(run.directory(workdir), loop.EVAL_FILE))
-    metrics = loop.read_csv(os.path.join(run.directory(workdir), loop.METRICS_FILE))
-    result = {**dataclasses.asdict(run), "knn_top1": float(evaluation["knn_top1"][-1]),
-              "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])), "steps": num_steps}
-    if c.probe_epochs:
-      result["linear_top1"] = self.linear_probe(final, run.seed)
-    for name, value in final.params["mapping"].items():
-      result[f"final_{name}"] = float(value)
-    return result
 
 
 def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   """Checks everything, trains every run not yet finished, writes results and plots."""
   mesh = sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
   try:
-    runs = check_config(config, workdir, mesh)
+    runs = simclr_trainer.check_config(config, workdir, mesh)
   except (ValueError, TypeError) as error:  # includes data.DatasetNotPreparedError
     raise ConfigError(str(error)) from error
-  experiment = Experiment(config, mesh)
-  results = sweep.run_all(
-      runs, lambda run: experiment.run(run, workdir), workdir=workdir, resume=config.resume,
-      progress=config.progress, desc="runs",
-      on_result=lambda done: simclr_report.write_results(done, workdir, mode=config.mode))
-  if jax.process_index() == 0:  # also rewrites the tables when a resumed sweep trained nothing
-    simclr_report.write_results(results, workdir, mode=config.mode)
-    simclr_report.write_plots(results, workdir, mode=config.mode,
-                              run_dirs=[run.directory(workdir) for run in runs])
-  return results
+  trainer = simclr_trainer.Trainer(config, mesh)
+  run_dirs = [run.directory(workdir) for run in runs]
+  return runner.run_all(
+      runs, lambda run: trainer.run(run, workdir), workdir=workdir, progress=config.progress,
+      write_tables=lambda results: simclr_report.write(
+          results, workdir, mode=config.mode, run_dirs=run_dirs[:len(results)],
+          figures=len(results) == len(runs)))
 
 
 if __name__ == "__main__":

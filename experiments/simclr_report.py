@@ -5,7 +5,6 @@ the N-sensitivity table, training curves and geometry (alignment/uniformity) per
 from __future__ import annotations
 
 import collections
-import csv
 import os
 
 import matplotlib
@@ -15,21 +14,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from experiments import tables  # noqa: E402
 from tfcl_jax.training import loop  # noqa: E402
 
 COLUMNS = ("mapping", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss", "final_t",
            "steps", "final_bias")
 
 
-def write_results(results: list[dict], workdir: str, *, mode: str) -> None:
-  """`results.csv` (one row per run) and `results.md` (mean and std per mapping)."""
-  with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(results)
+def write(results: list[dict], workdir: str, *, mode: str, run_dirs: list[str],
+          figures: bool = True) -> None:
+  """`results.csv` (one row per run), `results.md` (mean and std per mapping) and, with
+  `figures`, the plots (`write_plots`) for the runs in `run_dirs` (in `results` order)."""
   table = n_table(results) if mode == "n_sensitivity" else table2(results)
-  with open(os.path.join(workdir, "results.md"), "w") as f:
-    f.write(table)
+  tables.write_results(
+      workdir, results, columns=COLUMNS, markdown=table,
+      figures=[lambda path: write_plots(results, path, mode=mode, run_dirs=run_dirs)]
+      if figures else ())
 
 
 def _groups(results, key):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import studies_common
+from experiments import cli, studies_common, tables
 from tfcl_jax import langevin, losses, mappings
 from tfcl_jax.analysis import geometry
 
@@ -53,14 +53,6 @@ def simplex(m: int, d: int) -> np.ndarray:
   return np.pad(coords, ((0, 0), (0, d - (m - 1))))
 
 
-def mean_loss(z1, z2, logits_fn, negatives: str) -> jax.Array:
-  """InfoNCE per anchor: symmetric over the two views for `cross`, NT-Xent for `all`."""
-  kwargs = dict(mapping=logits_fn, negatives=negatives)
-  if negatives == "cross":
-    return 0.5 * (losses.info_nce(z1, z2, **kwargs) + losses.info_nce(z2, z1, **kwargs))
-  return losses.info_nce(z1, z2, **kwargs)
-
-
 def reached(z1, z2, *, tol: float) -> jax.Array:
   """Whether the views form the simplex optimum within `tol` (cross-view cosines)."""
   m = z1.shape[0]
@@ -88,7 +80,8 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
 
   def loss_at(state, noise, params, step):
     z1, z2 = views_of(state, noise)
-    return mean_loss(z1, z2, lambda cos: mapping(cos, params=params, step=step), negatives)
+    return studies_common.mean_loss(
+        z1, z2, lambda cos: mapping(cos, params=params, step=step), negatives)
 
   def at_optimum(state):
     # The geometric target: views (or instance points) on the simplex.
@@ -218,13 +211,13 @@ def run(config, workdir: str) -> list[dict]:
                        beta0=config.beta0, tol=config.tol)
   if config.augment:
     notes += AUGMENT_NOTES.format(augment=config.augment)
-  studies_common.write_results(
-      workdir, rows, title="Annealing on the sphere", columns=COLUMNS, notes=notes,
+  markdown = tables.study_markdown(
+      rows, title="Annealing on the sphere", columns=COLUMNS, notes=notes,
       sections=[(f"d:M:negatives = {s}", [r for r in rows if r["setting"] == s])
                 for s in config.settings])
-  if config.plots:  # after the tables, so that a plotting error loses no result.
-    for setting, curves_by_run in curves.items():
-      _plot(workdir, setting, curves_by_run, every=config.eval_every)
+  figures = [lambda path, s=s, c=c: _plot(path, s, c, every=config.eval_every)
+             for s, c in curves.items()] if config.plots else []
+  tables.write_results(workdir, rows, markdown=markdown, figures=figures)
   return rows
 
 
@@ -249,4 +242,5 @@ the u_i at the simplex with that draw (a reference, not a proven optimum: it can
 
 
 if __name__ == "__main__":
-  studies_common.main_for(run, "experiments/configs/sphere.py")
+  cli.run_main(run, default_config="experiments/configs/sphere.py", quiet_logs=False,
+               usage="pass --workdir=DIR [--config=FILE]")

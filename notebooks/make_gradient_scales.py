@@ -16,7 +16,9 @@ CELLS = [
 
 Sections 3-4 of Kim & Kim, *Temperature-Free Loss Function for Contrastive Learning*
 (arXiv 2501.17683), with `tfcl_jax.analysis`: every closed form (Eq. 3-13) is drawn as a line and
-checked by autodiff **through the library's own loss** `tfcl_jax.losses.info_nce` (points)."""),
+checked by autodiff **through the library's own loss** `tfcl_jax.losses.info_nce` (points).
+The figures are `tfcl_jax.analysis.figures`, the same code that draws them for
+`experiments/gradient_scales.py`."""),
     ("code", """import subprocess
 import sys
 
@@ -24,42 +26,21 @@ if "google.colab" in sys.modules:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q",
                   "tfcl_jax @ git+https://github.com/tfcl-jax/tfcl_jax"], check=True)"""),
     ("code", """import jax
-import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
 from tfcl_jax import analysis, mappings
+from tfcl_jax.analysis import figures
 
 jax.config.update("jax_enable_x64", True)  # float64: closed form and autodiff agree to ~1e-15
 
-C = np.linspace(0.0, 1.0, 300)  # closed-form lines
-C_POINTS = np.linspace(0.025, 0.975, 12)  # autodiff points (autodiff needs |C| < 1)
 TAUS = (0.1, 0.25, 0.5, 1.0)
 NS = (2, 4, 8, 16)
 
 
-def by_tau(c, taus, n):
-  \"\"\"|dL/dC| by autodiff through info_nce with cos/tau, one compiled program for all taus.\"\"\"
-  fn = jax.vmap(lambda tau: analysis.gradient_scale(mappings.temperature(tau), c, n))
-  return np.asarray(fn(jnp.asarray(taus)))
-
-
-def by_n(mapping, c, ns):
-  \"\"\"|dL/dC| for each N (N fixes shapes, so it is a Python loop), compiled as one program.\"\"\"
-  return [np.asarray(s) for s in jax.jit(
-      lambda c: [analysis.gradient_scale(mapping, c, n) for n in ns])(c)]
-
-
-def plot_curves(ax, x, lines, x_points, points, labels, xlabel, ylabel="gradient scale"):
-  for k, (line, point, label) in enumerate(zip(lines, points, labels, strict=True)):
-    ax.plot(x, line, color=f"C{k}", label=label)
-    if point is not None:
-      ax.plot(x_points, point, "o", color=f"C{k}", markerfacecolor="none", markersize=4)
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.set_ylim(bottom=0)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)"""),
+def max_gap(figure):
+  \"\"\"Largest |closed form - autodiff| over the points of every curve.\"\"\"
+  return max(float(np.max(np.abs(c.closed - c.autodiff))) for c in figure.curves)"""),
     ("md", r"""## The setting
 
 InfoNCE (Eq. 1) feeds the logits $f(\cos\theta_{ij})$ to a softmax, with $f(c) = c/\tau$.
@@ -94,19 +75,12 @@ $$L_i = -\log \frac{e^{C/\tau}}{e^{C/\tau} + e^{-C/\tau}} = \log\left(1 + e^{-2C
 High $\tau$ leaves a nonzero gradient at the optimum; low $\tau$ kills it already at $C \in (0.4,
 0.7)$. Only a tuned $\tau$ (about 0.25) does both (Figure 3)."""),
     ("code", """fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-auto = by_tau(C_POINTS, TAUS, 2)
-plot_curves(left, C, [analysis.eq4(C, tau) for tau in TAUS], C_POINTS, auto,
-            [f"tau={tau}" for tau in TAUS], "C")
-left.set_title("Figure 2: Eq. 4 over C")
-tau_axis = np.geomspace(0.02, 1.0, 200)
-cs = (0.25, 0.5, 0.75, 1.0)
-plot_curves(right, tau_axis, [analysis.eq4(c, tau_axis) for c in cs], None, [None] * 4,
-            [f"C={c}" for c in cs], "tau")
-right.set_xscale("log")
-right.set_title("Figure 3: Eq. 4 over tau")
+figure2 = figures.figure2(taus=TAUS)
+figure3 = figures.figure3(cs=(0.25, 0.5, 0.75, 1.0))
+figures.plot(figure2, left)
+figures.plot(figure3, right)
 plt.show()
-closed = analysis.eq4(C_POINTS[None], np.array(TAUS)[:, None])
-print("max |Eq. 4 - autodiff| =", np.max(np.abs(auto - closed)))"""),
+print("max |Eq. 4 - autodiff| =", max(max_gap(figure2), max_gap(figure3)))"""),
     ("md", r"""## Example 3.3: more negatives (Eq. 5-7, Figure 4)
 
 $$L_i = \log\left(1 + (N-1) e^{-2C/\tau}\right) \quad (6), \qquad
@@ -115,12 +89,10 @@ $$L_i = \log\left(1 + (N-1) e^{-2C/\tau}\right) \quad (6), \qquad
 
 The $\tau = 0.25$ that looked right for $N = 2$ leaves a nonzero gradient at $C \to 1$ for
 $N = 16$: the valid temperature depends on $N$."""),
-    ("code", """fig, ax = plt.subplots(figsize=(5.5, 4))
-auto = by_n(mappings.temperature(0.25), C_POINTS, NS)
-plot_curves(ax, C, [analysis.eq7(C, 0.25, n) for n in NS], C_POINTS, auto,
-            [f"N={n}" for n in NS], "C")
-ax.set_title("Figure 4: Eq. 7, tau = 0.25")
+    ("code", """figure4 = figures.figure4(tau=0.25, ns=NS)
+figures.plot(figure4)
 plt.show()
+print("max |Eq. 7 - autodiff| =", max_gap(figure4))
 for n in NS:
   print(f"N = {n:2d}: Eq. 7 at C = 1: {float(analysis.eq7(1.0, 0.25, n)):.4f}")"""),
     ("md", r"""## Example 3.4: a learnable temperature (Eq. 8-10)
@@ -132,13 +104,10 @@ $$L_i = \log\left(1 + e^{-2C e^t}\right) \quad (9), \qquad
 At $C = 0$, typical at initialisation, $t$ receives no gradient whatever its value. Note the peak
 height is the same for every $t$ (it is a function of $C e^t$ only); $t$ only moves it."""),
     ("code", """ts = (-1.0, 0.0, 1.0, 2.0, float(np.log(1 / 0.07)))
-c_points = np.linspace(0.0, 0.975, 12)
-auto = np.asarray(analysis.temperature_gradient_scale(c_points[None], np.array(ts)[:, None]))
-fig, ax = plt.subplots(figsize=(5.5, 4))
-plot_curves(ax, C, [analysis.eq10(C, t) for t in ts], c_points, auto,
-            [f"t={t:.2f} (tau={np.exp(-t):.2f})" for t in ts], "C", "|dL/dt|")
-ax.set_title("Eq. 10: zero at C = 0 for every t")
+eq10 = figures.eq10_figure(ts=ts)
+figures.plot(eq10)
 plt.show()
+print("max |Eq. 10 - autodiff| =", max_gap(eq10))
 print("|dL/dt| at C = 0:", np.asarray(analysis.eq10(0.0, np.array(ts))))"""),
     ("md", r"""## Section 4: the temperature-free map (Eq. 11-13, Figure 5)
 
@@ -148,14 +117,10 @@ $$L_i = -\log \frac{(1 + C)^2}{(1 + C)^2 + (N - 1)(1 - C)^2} \quad (12), \qquad
 = \frac{4(N-1)(1-C)}{(1+C)(N(1-C)^2 + 4C)} \quad (13).$$
 
 Zero only at the optimum, for every $N$, and monotonically decreasing: no temperature to tune."""),
-    ("code", """free = mappings.temperature_free()
-auto = by_n(free, C_POINTS, NS)
-fig, ax = plt.subplots(figsize=(5.5, 4))
-plot_curves(ax, C, [analysis.eq13(C, n) for n in NS], C_POINTS, auto, [f"N={n}" for n in NS], "C")
-ax.set_title("Figure 5: Eq. 13, temperature-free")
+    ("code", """figure5 = figures.figure5(ns=NS)
+figures.plot(figure5)
 plt.show()
-diffs = [np.max(np.abs(a - analysis.eq13(C_POINTS, n))) for a, n in zip(auto, NS, strict=True)]
-print("max |Eq. 13 - autodiff| =", max(diffs))"""),
+print("max |Eq. 13 - autodiff| =", max_gap(figure5))"""),
     ("md", r"""## All mappings at N = 16
 
 `gradient_scale` works for any mapping, including those with no closed form: DySTreSS's dynamic

@@ -23,7 +23,7 @@ def test_gradient_scales_cli(tmp_path):
        "--config.eq10_ts=(0.0, 2.0)", "--config.sigmoid_taus=(0.5,)", "--config.sigmoid_ts=(2.0,)"],
       cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "max |closed form - autodiff|" in result.stdout
+  assert "| figure | curve | points | max abs diff |" in result.stdout  # the table, printed
   for name in FIGURES:
     png = tmp_path / f"{name}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import grace
+from experiments import grace, tables
 from experiments.configs import grace_citeseer
 from tfcl_jax import mappings, training
 from tfcl_jax.augment import graph as graph_augment
@@ -126,9 +126,20 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path):
   markdown = (tmp_path / "results.md").read_text()
   assert "| tau=0.5 | 1 |" in markdown and "67.33 (3.02)" in markdown  # the paper's column
   assert os.path.getsize(tmp_path / "f1_micro.png") > 0
+  assert os.path.exists(tmp_path / "runs" / "tau_0.5_seed0" / "result.json")
   grace.run(tiny_config, str(tmp_path), progress=False)  # nothing left to do
   with open(tmp_path / "results.csv", newline="") as f:
     assert len(list(csv.DictReader(f))) == 1
+  # A second seed and a second mapping join the same workdir; another epochs is refused.
+  tiny_config.update(dict(seeds=2, mappings="tau=0.5,free"))
+  results = grace.run(tiny_config, str(tmp_path), progress=False)
+  assert [(r["mapping"], r["seed"]) for r in results] == [
+      ("tau=0.5", 0), ("free", 0), ("tau=0.5", 1), ("free", 1)]
+  assert results[0]["f1_micro"] == float(rows[0]["f1_micro"])  # read back, not retrained
+  assert "| free | 2 |" in (tmp_path / "results.md").read_text()
+  tiny_config.epochs = 3
+  with pytest.raises(grace.ConfigError, match="epochs: recorded 2, now 3"):
+    grace.run(tiny_config, str(tmp_path), progress=False)
 
 
 def test_bad_spec_fails_before_training(tiny_config, tmp_path):
@@ -142,7 +153,7 @@ def test_paired_differences_match_a_hand_computation():
   scores = {"free": [0.70, 0.68, 0.66], "tau=0.1": [0.60, 0.61, 0.55], "tau=1": [0.69]}
   rows = [{"mapping": m, "seed": str(seed), "f1_micro": str(v)}
           for m, values in scores.items() for seed, v in enumerate(values)]
-  table = grace.paired_differences(rows, ["tau=0.1", "free", "tau=1"])
+  table = tables.paired_differences(rows, ["tau=0.1", "free", "tau=1"], metric="f1_micro")
   assert [row["mapping"] for row in table] == ["tau=0.1", "tau=1"]
   first = table[0]
   diffs = 100 * (np.array(scores["free"]) - np.array(scores["tau=0.1"]))  # 10, 7, 11 points
@@ -200,7 +211,7 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("mappings", "", "at least one loss spec"),
+    ("mappings", "", "config.mappings must list at least one item"),
     ("mappings", "free,tua=0.1", "config.mappings: Invalid loss spec 'tua=0.1'"),
     ("seeds", 0, "config.seeds"),
     ("data_dir", "/nonexistent/planetoid", "config.data_dir: .*kimiyoung/planetoid"),

@@ -1,4 +1,4 @@
-"""experiments/simclr.py: checks before training, an end-to-end run, resume of a finished sweep."""
+"""experiments/simclr.py: checks before training, an end-to-end run, resuming, growing a sweep."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import jax
 import pytest
 
 from experiments import simclr as experiment
+from experiments import simclr_trainer
 from experiments.configs import simclr_digits
 from tfcl_jax.training import sharding
 
@@ -39,14 +40,14 @@ def mesh8():
 def test_bad_config_raises_before_anything_is_written(tmp_path, mesh8, overrides, message):
   workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=message):
-    experiment.check_config(_tiny_config(**overrides), str(workdir), mesh8)
+    simclr_trainer.check_config(_tiny_config(**overrides), str(workdir), mesh8)
   assert not workdir.exists()
 
 
 def test_unwritable_workdir_raises(tmp_path, mesh8):
   (tmp_path / "file").write_text("x")
   with pytest.raises(ValueError, match="cannot be written"):
-    experiment.check_config(_tiny_config(), str(tmp_path / "file" / "run"), mesh8)
+    simclr_trainer.check_config(_tiny_config(), str(tmp_path / "file" / "run"), mesh8)
 
 
 def test_run_writes_results_and_resume_is_checked(tmp_path):
@@ -71,3 +72,7 @@ def test_run_writes_results_and_resume_is_checked(tmp_path):
   # Resuming a finished sweep trains nothing and reproduces the results.
   resumed = experiment.run_experiment(_tiny_config(resume=True), workdir)
   assert resumed == results
+  # More seeds: the finished runs are read back, only the new seed trains.
+  grown = experiment.run_experiment(_tiny_config(seeds=3), workdir)
+  assert grown[:2] == results and grown[2]["seed"] == 2
+  assert len(open(os.path.join(workdir, "results.csv")).read().splitlines()) == 4

@@ -1,0 +1,144 @@
+"""The one results writer of every experiment: `results.csv`, `results.md` and PNG figures.
+
+Every experiment ends with `write_results(workdir, rows, markdown=..., figures=...)`; the
+command line (`experiments.cli`) then prints `results.md` and the files written. The helpers
+below build the Markdown every table shares: plain tables, mean (std) cells and differences
+paired by seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+RESULTS_CSV = "results.csv"
+RESULTS_MD = "results.md"
+
+
+def write_results(
+    workdir: str,
+    rows: Sequence[dict],
+    *,
+    markdown: str,
+    columns: Sequence[str] | None = None,
+    figures: Iterable[Callable[[str], None]] = (),
+) -> None:
+  """Writes `workdir/results.csv` (one line per row), `workdir/results.md`, then the figures.
+
+  Only process 0 of a multi-process job writes. `columns` orders the CSV (missing values empty,
+  other keys dropped); by default the keys of every row in first-seen order. Each figure is
+  `figure(workdir)`; they run after the tables so that a plotting error loses no result.
+
+  Raises:
+    ValueError: `rows` is empty (an experiment that produced nothing is a bug).
+  """
+  if not rows:
+    raise ValueError("rows must not be empty: an experiment that produced nothing is a bug.")
+  import jax  # noqa: PLC0415
+
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  if columns is None:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+  with open(os.path.join(workdir, RESULTS_CSV), "w", newline="") as file:
+    writer = csv.DictWriter(file, list(columns), restval="", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+  with open(os.path.join(workdir, RESULTS_MD), "w") as file:
+    file.write(markdown.rstrip() + "\n")
+  for figure in figures:
+    figure(workdir)
+
+
+def read_csv(path: str) -> list[dict]:
+  """The rows of a `results.csv` as dicts of strings ([] when the file does not exist)."""
+  if not os.path.exists(path):
+    return []
+  with open(path, newline="") as file:
+    return list(csv.DictReader(file))
+
+
+def format_value(value) -> str:
+  """A table cell: floats to 3 significant digits (NaN as `-`), anything else as `str`."""
+  if isinstance(value, float):
+    if value != value:  # NaN: a run with no value for this column, e.g. never reached.
+      return "-"
+    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
+  return str(value)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+  """A GitHub Markdown table of `rows` (dicts) restricted to `columns`."""
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(format_value(row[c]) for c in columns) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+  """Mean and sample standard deviation (ddof = 1; NaN for one value)."""
+  values = np.asarray(values, np.float64)
+  return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else float("nan")
+
+
+def paired_differences(rows: Sequence[dict], names: Sequence[str], *, metric: str,
+                       reference: str = "free", key: str = "mapping",
+                       scale: float = 100.0) -> list[dict]:
+  """`reference` minus each other name in `metric` (times `scale`), paired by seed.
+
+  A seed fixes the initialisation, the views and the evaluation split of every run, so
+  per-seed differences cancel that noise. Returns, per name in `names` order (not
+  `reference`): the shared `seeds`, the `mean` difference, its standard error `sem`, the
+  two-sided paired t-test `p_value` (`scipy.stats.ttest_rel`; NaN below 2 seeds) and how many
+  seeds `reference` won (`wins`).
+  """
+  from scipy import stats  # noqa: PLC0415
+
+  by_name = {name: {int(r["seed"]): scale * float(r[metric]) for r in rows if r[key] == name}
+             for name in names}
+  base = by_name.get(reference, {})
+  table = []
+  for name in names:
+    seeds = sorted(set(base) & set(by_name[name]))
+    if name == reference or not seeds:
+      continue
+    ours = np.array([base[s] for s in seeds])
+    theirs = np.array([by_name[name][s] for s in seeds])
+    diffs = ours - theirs
+    many = len(seeds) > 1
+    table.append({key: name, "seeds": len(seeds), "mean": float(diffs.mean()),
+                  "sem": float(diffs.std(ddof=1) / np.sqrt(len(seeds))) if many else float("nan"),
+                  "p_value": float(stats.ttest_rel(ours, theirs).pvalue) if many
+                  else float("nan"),
+                  "wins": int(np.sum(diffs > 0))})
+  return table
+
+
+def command_line() -> str:
+  """The command that is running, as `python -m module args` when run with `-m`."""
+  argv = list(sys.argv)
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  if spec is not None and spec.name:
+    return "python -m " + " ".join([spec.name] + [shlex.quote(a) for a in argv[1:]])
+  return "python " + " ".join(shlex.quote(a) for a in argv)
+
+
+def study_markdown(rows: Sequence[dict], *, title: str,
+                   sections: Sequence[tuple[str, Sequence[dict]]] | None = None,
+                   columns: Sequence[str] | None = None, notes: str = "") -> str:
+  """The title, the command that made it, `notes`, and one table per `(heading, rows)` section
+  (or one table of `rows`), showing `columns` or each section's own keys."""
+  parts = [f"# {title}", "", "Command:", "", "```", command_line(), "```", ""]
+  if notes:
+    parts += [notes.strip(), ""]
+  for heading, section_rows in sections or [("", rows)]:
+    if heading:
+      parts += [f"## {heading}", ""]
+    parts += [markdown_table(section_rows, list(columns or section_rows[0])), ""]
+  return "\n".join(parts)
