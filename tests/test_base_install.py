@@ -62,3 +62,19 @@ def test_library_imports_and_trains_without_the_extras():
   result = subprocess.run([sys.executable, "-c", SCRIPT, *EXTRAS], env=env, capture_output=True,
                           text=True, timeout=300)
   assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def _in_a_fresh_environment() -> None:
+  """The same checks with the project installed alone (`pip install .`, no extras) in a new
+  virtual environment: `.ci/run` runs `python tests/test_base_install.py` there, outside the
+  repository, so that `tfcl_jax` is the installed package and the extras are truly absent."""
+  import importlib.util  # noqa: PLC0415
+
+  present = [name for name in EXTRAS if importlib.util.find_spec(name) is not None]
+  if present:
+    raise SystemExit(f"not a base install: {present} are importable.")
+  exec(compile(SCRIPT, "<base install>", "exec"), {"__name__": "__main__"})  # noqa: S102
+
+
+if __name__ == "__main__":
+  _in_a_fresh_environment()

@@ -221,3 +221,12 @@ def test_non_finite_loss_stops_the_run(tmp_path):
                batches=lambda start: iter([{}] * 3), num_steps=3, workdir=str(tmp_path),
                key=jax.random.key(0), mesh=mesh, batch_sharded=False, progress=False)
   assert not os.listdir(tmp_path / loop.CHECKPOINT_DIR)
+
+
+def test_read_csv_reads_an_empty_cell_as_nan(tmp_path):
+  # A run resumed by a version that no longer logs a column leaves that cell empty.
+  path = tmp_path / loop.METRICS_FILE
+  path.write_text("step,loss,examples_per_sec\n1,0.5,100\n2,0.25,\n")
+  columns = loop.read_csv(str(path))
+  np.testing.assert_array_equal(columns["loss"], [0.5, 0.25])
+  np.testing.assert_array_equal(columns["examples_per_sec"], [100.0, np.nan])

@@ -75,14 +75,18 @@ def prepare_workdir(workdir: str, config: dict[str, Any], *, resume: bool) -> No
 
 
 def read_csv(path: str) -> dict[str, np.ndarray]:
-  """Columns of a metrics/eval CSV written by `train`, as float arrays (empty dict if absent)."""
+  """Columns of a metrics/eval CSV written by `train`, as float arrays (empty dict if absent).
+
+  An empty cell (a column a resumed run no longer logs) reads as NaN.
+  """
   if not os.path.exists(path):
     return {}
   with open(path, newline="") as f:
     rows = list(csv.DictReader(f))
   if not rows:
     return {}
-  return {key: np.asarray([float(row[key]) for row in rows]) for key in rows[0]}
+  return {key: np.asarray([float(row[key]) if row.get(key) not in ("", None) else np.nan
+                           for row in rows]) for key in rows[0]}
 
 
 class _CsvLog:
