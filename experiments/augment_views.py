@@ -19,7 +19,7 @@ import matplotlib
 import numpy as np
 import tqdm.auto as tqdm
 
-from experiments import cli, tables
+from experiments import cli, runner, tables
 from tfcl_jax import augment, data
 
 matplotlib.use("Agg")
@@ -32,9 +32,7 @@ def _settings(config):
   recipe = config.recipe or info.recipe
   if recipe not in augment.RECIPES:
     raise ValueError(f"config.recipe: unknown recipe {recipe!r}; known: {sorted(augment.RECIPES)}")
-  for field in ("num_images", "num_pairs", "stats_images"):
-    if config[field] <= 0:
-      raise ValueError(f"config.{field} must be > 0, got {config[field]}.")
+  runner.check_positive_ints(config, "num_images", "num_pairs", "stats_images")
   if config.num_images > config.stats_images:
     raise ValueError("config.num_images must be at most config.stats_images.")
   view_size = config.view_size or info.view_size or info.image_size

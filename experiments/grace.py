@@ -229,9 +229,10 @@ def plan_runs(config) -> list[Run]:
     raise ConfigError(message if message.startswith("config.") else
                       f"config.mappings: {message} (e.g. --config.mappings=free,tau=0.5)"
                       ) from error
-  if config.seeds < 1 or config.epochs < 1:
-    raise ConfigError(f"config.seeds and config.epochs must be >= 1, got {config.seeds}, "
-                      f"{config.epochs}.")
+  try:
+    runner.check_positive_ints(config, "seeds", "epochs")
+  except (TypeError, ValueError) as error:
+    raise ConfigError(str(error)) from error
   seeds = range(config.seed_offset, config.seed_offset + config.seeds)
   return [Run(spec, seed) for seed in seeds for spec in dict.fromkeys(specs)]
 

@@ -71,8 +71,7 @@ def parse_classes(text, num_classes: int) -> list[int]:
 
 def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
   """The (mapping, seed, class) runs, after checking mapping specs, seeds and classes."""
-  if config.seeds < 1:
-    raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+  runner.check_positive_ints(config, "seeds")
   specs = [mappings.from_spec(spec).spec
            for spec in runner.split_list(config.mappings, name="mappings")]
   classes = parse_classes(config.classes, data.get_info(config.dataset).num_classes)
@@ -108,10 +107,7 @@ class Experiment(simclr_trainer.ImageData):
     """Class sizes, batch size, frozen names: everything the data and model decide."""
     c = self.config
     sharding.check_batch_size(c.batch_size, self.mesh, name="config.batch_size")
-    if c.epochs < 1:
-      raise ValueError(f"config.epochs must be >= 1, got {c.epochs}.")
-    if c.knn_k < 1:
-      raise ValueError(f"config.knn_k must be >= 1, got {c.knn_k}.")
+    runner.check_positive_ints(c, "epochs", "knn_k", "batch_size")
     host_batch = c.batch_size // jax.process_count()
     for normal_class in sorted({run.normal_class for run in runs}):
       count = int(np.sum(self.train_labels == normal_class))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 
+from tfcl_jax import _checks
 from tfcl_jax.training import loop
 
 RESULT_FILE = "result.json"
@@ -35,6 +36,16 @@ def split_list(text, *, name: str) -> list[str]:
   if not items:
     raise ValueError(f"config.{name} must list at least one item, got {text!r}.")
   return items
+
+
+def check_positive_ints(config, *fields: str) -> None:
+  """Each `config.<field>` is an int >= 1.
+
+  Raises:
+    ValueError, TypeError: naming the first field that is not.
+  """
+  for field in fields:
+    _checks.positive_int(config[field], name=f"config.{field}")
 
 
 def prepare(workdir: str, config, *, plan_fields: Sequence[str] = (),

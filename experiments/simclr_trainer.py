@@ -47,8 +47,7 @@ def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
   """The runs of `config.mode`, after checking mapping specs, seeds and batch sizes."""
   if config.mode not in MODES:
     raise ValueError(f"config.mode must be one of {MODES}, got {config.mode!r}.")
-  if config.seeds < 1:
-    raise ValueError(f"config.seeds must be >= 1, got {config.seeds}.")
+  runner.check_positive_ints(config, "seeds")
   if config.mode == "sweep":
     specs, batch_sizes = runner.split_list(config.mappings, name="mappings"), [config.batch_size]
   else:
@@ -65,8 +64,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> list[
   runs = plan_runs(config)
   info = data.get_info(config.dataset)
   models.make_backbone(config.backbone)
-  if config.epochs < 1:
-    raise ValueError(f"config.epochs must be >= 1, got {config.epochs}.")
+  runner.check_positive_ints(config, "epochs")
   for batch_size in sorted({run.batch_size for run in runs}):
     sharding.check_batch_size(batch_size, mesh, name="config.batch_size")
     # Opens the data: an unprepared TFDS dataset stops here with how to prepare it.

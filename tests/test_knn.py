@@ -49,5 +49,5 @@ def test_knn_bad_inputs():
     knn.knn_predict(bank, bank, np.zeros(4, np.float32), num_classes=2)
   with pytest.raises(ValueError, match="bank_labels must have shape"):
     knn.knn_predict(bank, bank, np.zeros(3, np.int32), num_classes=2)
-  with pytest.raises(ValueError, match="k must be >= 1"):
+  with pytest.raises(ValueError, match="k must be an int >= 1"):
     knn.knn_predict(bank, bank, np.zeros(4, np.int32), num_classes=2, k=0)

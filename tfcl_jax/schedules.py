@@ -53,8 +53,7 @@ def logarithmic(*, tau0: float, tau_min: float = 1e-3) -> Schedule:
 def _interpolating(kind: str, tau_start: float, tau_end: float, steps: int) -> Schedule:
   _checks.positive_scalar(tau_start, name="tau_start")
   _checks.positive_scalar(tau_end, name="tau_end")
-  if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-    raise ValueError(f"steps must be an int > 0, got {steps!r}.")
+  _checks.positive_int(steps, name="steps")
 
   def schedule(step):
     fraction = jnp.clip(_step(step) / steps, 0.0, 1.0)

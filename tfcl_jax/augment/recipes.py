@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tfcl_jax import _checks
 from tfcl_jax.augment import blur, colour, geometry
 
 # LightlySSL's (and torchvision's) ImageNet statistics, used by the paper's SimCLR recipes.
@@ -119,9 +120,7 @@ def _check_images(images, recipe: Recipe) -> jax.Array:
 def _check_out_size(out_size, images) -> int:
   if out_size is None:
     return int(images.shape[1])
-  if isinstance(out_size, bool) or not isinstance(out_size, (int, np.integer)) or out_size <= 0:
-    raise ValueError(f"out_size must be a positive int or None, got {out_size!r}.")
-  return int(out_size)
+  return _checks.positive_int(out_size, name="out_size (or None)")
 
 
 def _check_key(key) -> jax.Array:

@@ -10,6 +10,7 @@ import numbers
 
 import numpy as np
 
+from tfcl_jax import _checks
 from tfcl_jax.data import digits as digits_lib
 from tfcl_jax.data import registry, tfds_source
 
@@ -49,9 +50,7 @@ def _open_source(name: str, split: str, data_dir):
 
 
 def _positive_int(value, *, name: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-    raise ValueError(f"{name} must be a positive int, got {value!r}.")
-  return int(value)
+  return _checks.positive_int(value, name=name)
 
 
 def _non_negative_int(value, *, name: str) -> int:

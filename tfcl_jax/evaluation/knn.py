@@ -63,8 +63,7 @@ def knn_predict(
   if bank_labels.shape != (bank.shape[0],):
     raise ValueError(f"bank_labels must have shape [M] = ({bank.shape[0]},), "
                      f"got {bank_labels.shape}.")
-  if k < 1:
-    raise ValueError(f"k must be >= 1, got {k}.")
+  _checks.positive_int(k, name="k")
   _checks.positive_scalar(tau, name="tau")
   _checks.positive_int(chunk_size, name="chunk_size")
   return _knn_scores(query, bank, bank_labels, num_classes=num_classes,

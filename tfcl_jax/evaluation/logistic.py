@@ -126,9 +126,8 @@ def fit_logistic_regression(
 
 
 def _check_schedule(*, epochs, learning_rate, weight_decay, test_interval=1):
-  if not isinstance(epochs, int) or epochs < 1:
-    raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
-  if not isinstance(test_interval, int) or test_interval < 1 or epochs % test_interval:
+  _checks.positive_int(epochs, name="epochs")
+  if _checks.positive_int(test_interval, name="test_interval") and epochs % test_interval:
     raise ValueError(f"test_interval must be an int >= 1 dividing epochs = {epochs}, "
                      f"got {test_interval!r}.")
   _checks.positive_scalar(learning_rate, name="learning_rate")

@@ -7,7 +7,6 @@ losses both start here.
 
 from __future__ import annotations
 
-import numbers
 from typing import NamedTuple
 
 import jax
@@ -85,11 +84,7 @@ def check_block_size(block_size) -> int | None:
   """
   if block_size is None:
     return None
-  if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, numbers.Integral):
-    raise TypeError(f"block_size must be an int > 0 or None (automatic), got {block_size!r}.")
-  if block_size <= 0:
-    raise ValueError(f"block_size must be an int > 0 or None (automatic), got {block_size!r}.")
-  return int(block_size)
+  return _checks.positive_int(block_size, name="block_size (or None: automatic)")
 
 
 def check_pair(z1, z2, *, local: bool = False) -> tuple[jax.Array, jax.Array]:

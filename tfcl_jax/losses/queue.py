@@ -7,7 +7,6 @@ as a pure pytree state: `init` once, `push` each step, and pass `queue.vectors` 
 
 from __future__ import annotations
 
-import numbers
 from typing import NamedTuple
 
 import jax
@@ -34,9 +33,7 @@ def init(size: int, dim: int, *, dtype=jnp.float32) -> Queue:
     >>> q.vectors.shape, q.valid.tolist()
     ((4, 2), [False, False, False, False])
   """
-  for value, name in ((size, "size"), (dim, "dim")):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-      raise ValueError(f"{name} must be an int > 0, got {value!r}.")
+  size, dim = _checks.positive_int(size, name="size"), _checks.positive_int(dim, name="dim")
   return Queue(jnp.zeros((size, dim), dtype), jnp.zeros((size,), bool), jnp.zeros((), jnp.int32))
 
 
