@@ -180,6 +180,19 @@ class AutodiffGradientScaleTest(chex.TestCase):
     chex.assert_shape(got, CS.shape)
     np.testing.assert_allclose(got, analysis.eq7(CS, 0.5, 4), rtol=1e-4)
 
+  def test_float32_keeps_relative_accuracy_near_the_optimum(self):
+    # info_nce's softplus row loss gives the positive sigmoid(lse_negatives - positive), not
+    # p_positive - 1 (which rounds to 0 once 1 - p < eps and halves the scale at tau = 0.1).
+    # The float32 values of C, in float64: the closed forms at the C the loss really sees.
+    c = np.array([0.5, 0.8, 0.9, 0.99, 0.999], np.float32).astype(np.float64)
+    eq7 = 1 * (2 / 0.1) / (1 + np.exp(2 * c / 0.1))  # N = 2, tau = 0.1, in float64
+    eq13 = 4 * 15 * (1 - c) / ((1 + c) * (16 * (1 - c) ** 2 + 4 * c))  # N = 16
+    for mapping, n, closed in ((mappings.temperature(0.1), 2, eq7),
+                               (mappings.temperature_free(), 16, eq13)):
+      got = analysis.gradient_scale(mapping, jnp.asarray(c, jnp.float32), n)
+      chex.assert_type(got, jnp.float32)
+      np.testing.assert_allclose(np.asarray(got, np.float64), closed, rtol=5e-6)
+
 
 class HardnessTest(chex.TestCase):
 

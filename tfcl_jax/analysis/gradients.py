@@ -77,7 +77,7 @@ def gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int) -> jax.A
   Numerics: this is the gradient `info_nce` really produces. Its softplus row
   loss gives the positive `sigmoid(lse_negatives - positive)` rather than
   `p_positive - 1`, so the value keeps its relative accuracy near the optimum
-  (`benchmarks/gradient_precision.py`: ~1e-7 in float32 up to `C = 0.999`).
+  (~1e-7 relative error in float32 up to `C = 0.999`, checked by the tests).
   Use float64 to compare with the closed forms.
 
   Examples:
