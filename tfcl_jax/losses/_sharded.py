@@ -216,15 +216,24 @@ def sharded_info_nce(
   lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank,
                       lse_fn=device_reduce(axis_name, strategy))
   valid_rows = _layout.anchor_valid(rows)
-  per_row = jnp.where(valid_rows, row_losses(rows, lse, mapping), 0.0)
+  return reduce_across_devices(row_losses(rows, lse, mapping), valid_rows, reduction=reduction,
+                               masked=where is not None, axis_name=axis_name, size=size)
+
+
+def reduce_across_devices(per_row: jax.Array, valid: jax.Array, *, reduction: str, masked: bool,
+                          axis_name, size: int) -> jax.Array:
+  """This device's row losses (invalid rows zeroed) as `reduction` over the rows of all `size`
+  devices on `axis_name`: per row (`"none"`, this device's), summed, or the mean over all rows
+  (over the valid ones when `masked`)."""
+  per_row = jnp.where(valid, per_row, 0.0)
   if reduction == "none":
     return per_row
   total = jax.lax.psum(jnp.sum(per_row), axis_name)
   if reduction == "sum":
     return total
-  if where is None:
+  if not masked:
     return total / (per_row.shape[0] * size)
-  return total / jnp.maximum(jax.lax.psum(jnp.sum(valid_rows), axis_name), 1)
+  return total / jnp.maximum(jax.lax.psum(jnp.sum(valid), axis_name), 1)
 
 
 def info_nce_on_mesh(

@@ -14,7 +14,13 @@ from tfcl_jax import _checks
 from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._engine import tile_reduce
-from tfcl_jax.losses._sharded import STRATEGIES, axis_size, device_reduce, on_mesh
+from tfcl_jax.losses._sharded import (
+    STRATEGIES,
+    axis_size,
+    device_reduce,
+    on_mesh,
+    reduce_across_devices,
+)
 from tfcl_jax.losses._tiles import SigmoidSum
 
 BIAS_INITS = ("siglip", "prior")
@@ -224,15 +230,8 @@ def sharded_sigmoid_loss(
   per_row, _ = device_reduce(axis_name, strategy)(
       rows.rows, rows.columns, mapping=mapping, kind=rows.kind, block_size=block_size,
       reduction=SigmoidSum)
-  per_row = jnp.where(rows.rows.valid, per_row, 0.0)
-  if reduction == "none":
-    return per_row
-  total = jax.lax.psum(jnp.sum(per_row), axis_name)
-  if reduction == "sum":
-    return total
-  if where is None:
-    return total / (per_row.shape[0] * size)
-  return total / jnp.maximum(jax.lax.psum(jnp.sum(rows.rows.valid), axis_name), 1)
+  return reduce_across_devices(per_row, rows.rows.valid, reduction=reduction,
+                               masked=where is not None, axis_name=axis_name, size=size)
 
 
 def sigmoid_loss_on_mesh(z1, z2, *, mesh: jax.sharding.Mesh, axis_name: str = "data",
