@@ -76,7 +76,10 @@ def run_main(
 
   def parse_flags(argv):
     if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
-      print(help_text(argv, usage=usage, default_config=default_config))
+      try:
+        print(help_text(argv, usage=usage, default_config=default_config), flush=True)
+      except BrokenPipeError:  # `--help | head`: the reader has all it wants
+        os._exit(0)
       sys.exit(0)
     problem = check_overrides(argv, default_config=default_config)
     if problem:
