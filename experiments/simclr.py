@@ -36,7 +36,7 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
       runs, lambda run: trainer.run(run, workdir), workdir=workdir, progress=config.progress,
       write_tables=lambda results: simclr_report.write(
           results, workdir, mode=config.mode, run_dirs=run_dirs[:len(results)],
-          figures=len(results) == len(runs)))
+          figures=len(results) == len(runs), knn_k=config.knn_k, knn_tau=config.knn_tau))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,11 @@ COLUMNS = ("mapping", "seed", "batch_size", "knn_top1", "linear_top1", "final_lo
 
 
 def write(results: list[dict], workdir: str, *, mode: str, run_dirs: list[str],
-          figures: bool = True) -> None:
+          figures: bool = True, knn_k: int = 200, knn_tau: float = 0.1) -> None:
   """`results.csv` (one row per run), `results.md` (mean and std per mapping) and, with
   `figures`, the plots (`write_plots`) for the runs in `run_dirs` (in `results` order)."""
-  table = n_table(results) if mode == "n_sensitivity" else table2(results)
+  table = (n_table(results) if mode == "n_sensitivity"
+           else table2(results, knn_k=knn_k, knn_tau=knn_tau))
   tables.write_results(
       workdir, results, columns=COLUMNS, markdown=table,
       figures=[lambda path: write_plots(results, path, mode=mode, run_dirs=run_dirs)]
@@ -52,7 +53,7 @@ def _against(values, reference) -> str:
   return f"{difference:+.2f} (p = {stats.ttest_ind(values, reference, equal_var=False).pvalue:.2g})"
 
 
-def table2(results: list[dict]) -> str:
+def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> str:
   """A Markdown table shaped like the paper's Table 2, plus best-against-worst Welch t-test."""
   groups = _groups(results, lambda row: row["mapping"])
   has_probe = all("linear_top1" in row for row in results)
@@ -71,7 +72,8 @@ def table2(results: list[dict]) -> str:
                    if mapping != "free" else "")
     lines.append("| " + " | ".join(cells + [str(len(rows))]) + " |")
   lines.append("")
-  lines.append("Mean ± sample std over seeds; kNN: k = 200, τ_kNN = 0.1 on backbone features.")
+  lines.append(f"Mean ± sample std over seeds; kNN: k = {knn_k}, τ_kNN = {knn_tau:g} on backbone "
+               "features.")
   means = {m: np.mean([r["knn_top1"] for r in rows]) for m, rows in groups.items()}
   if len(means) >= 2 and all(len(rows) >= 2 for rows in groups.values()):
     best, worst = max(means, key=means.get), min(means, key=means.get)

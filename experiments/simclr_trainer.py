@@ -98,8 +98,8 @@ class ImageData:
                                             out_size=self.view_size))
 
   def dummy_batch(self) -> jax.Array:
-    """Two zero views, for `init`."""
-    return jnp.zeros((2, self.view_size, self.view_size, self.info.channels), jnp.float32)
+    """Two zero views (images or signals), for `init`."""
+    return jnp.zeros((2, *self.info.example_shape(self.view_size)), jnp.float32)
 
 
 class Trainer(ImageData):

@@ -11,7 +11,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The `experiments`, `data` and `bench` extras; scipy comes with jax itself.
 EXTRAS = ("tqdm", "matplotlib", "sklearn", "ml_collections", "tensorflow_datasets", "grain",
-          "tensorflow", "torch")
+          "tensorflow", "torch", "mnist1d")
 
 SCRIPT = r"""
 import sys

@@ -76,3 +76,16 @@ def test_run_writes_results_and_resume_is_checked(tmp_path):
   grown = experiment.run_experiment(_tiny_config(seeds=3), workdir)
   assert grown[:2] == results and grown[2]["seed"] == 2
   assert len(open(os.path.join(workdir, "results.csv")).read().splitlines()) == 4
+
+
+def test_mnist1d_signals_run_through_the_same_experiment(tmp_path):
+  from experiments.configs import simclr_mnist1d  # noqa: PLC0415
+
+  config = simclr_mnist1d.get_config()
+  config.update(dict(mappings="free", seeds=1, epochs=1, width=4, proj_hidden_dim=8, proj_dim=8,
+                     probe_epochs=20, eval_every_epochs=0, devices=2, progress=False,
+                     data_dir=str(tmp_path / "data")))
+  (result,) = experiment.run_experiment(config, str(tmp_path / "run"))
+  assert result["steps"] == 15  # 4000 signals, batch 256
+  assert 0.1 < result["knn_top1"] <= 1.0  # above chance after one epoch
+  assert "kNN: k = 50" in (tmp_path / "run" / "results.md").read_text()

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks
-from tfcl_jax.augment import blur, colour, geometry
+from tfcl_jax.augment import blur, colour, geometry, signal
 
 # LightlySSL's (and torchvision's) ImageNet statistics, used by the paper's SimCLR recipes.
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -35,6 +35,8 @@ class Recipe:
     num_uniforms: `(out_size, channels) -> n`, the draws one view needs.
     mean, std: per-channel statistics; views are returned as `(x - mean) / std`.
     channels: number of channels the recipe needs (`None`: any).
+    spatial_dims: 2 for images `[H, W, C]`, 1 for signals `[L, C]`.
+    center: `(example, out_size=...) -> view`, the evaluation view before normalisation.
   """
 
   name: str
@@ -43,6 +45,8 @@ class Recipe:
   mean: tuple[float, ...]
   std: tuple[float, ...]
   channels: int | None
+  spatial_dims: int = 2
+  center: Callable[..., jax.Array] = geometry.center_crop
 
 
 def _split(uniforms: jax.Array, counts: tuple[int, ...]) -> list[jax.Array]:
@@ -92,6 +96,10 @@ RECIPES: dict[str, Recipe] = {
         _IMAGENET_MEAN, _IMAGENET_STD, channels=3),
     "digits": Recipe(
         "digits", _digits_view, _digits_uniforms, _DIGITS_MEAN, _DIGITS_STD, channels=None),
+    # MNIST-1D's signals are already standardised (mean 0, std 1) by their generator.
+    "mnist1d": Recipe(
+        "mnist1d", signal.mnist1d_view, signal.mnist1d_uniforms, (0.0,), (1.0,), channels=1,
+        spatial_dims=1, center=signal.center_signal),
 }
 
 
@@ -108,8 +116,10 @@ def _check_images(images, recipe: Recipe) -> jax.Array:
   if dtype != np.uint8 and not np.issubdtype(dtype, np.floating):
     raise TypeError(
         f"images must be uint8 (0..255) or floating (0..1), got dtype {dtype}.")
-  if images.ndim != 4:
-    raise ValueError(f"images must have rank 4 ([B, H, W, C]), got shape {images.shape}.")
+  if images.ndim != recipe.spatial_dims + 2:
+    layout = "[B, H, W, C]" if recipe.spatial_dims == 2 else "[B, L, C]"
+    raise ValueError(f"images must have rank {recipe.spatial_dims + 2} ({layout}) for recipe "
+                     f"{recipe.name!r}, got shape {images.shape}.")
   if recipe.channels is not None and images.shape[-1] != recipe.channels:
     raise ValueError(
         f"images must have {recipe.channels} channels for recipe {recipe.name!r}, got shape "
@@ -191,6 +201,9 @@ def two_views(
   * `"digits"`: one bilinear warp: crop area (0.6, 1), aspect (3/4, 4/3), shift +-1 pixel,
     rotation +-15 degrees (0 outside); then Gaussian pixel noise std 0.05. No flip (digits are not
     mirror-symmetric) and no colour (grey). Mean 0.3053, std 0.3759 (the 1797 digits).
+  * `"mnist1d"`: signals `[B, L, 1]` (`augment.signal.mnist1d_view`): amplitude scale, circular
+    shift up to +-8 samples, correlated and i.i.d. noise and shear as MNIST-1D's generator makes
+    them; no normalisation (the signals are standardised).
 
   Examples:
     >>> import jax, numpy as np
@@ -202,7 +215,7 @@ def two_views(
   Args:
     key: PRNG key.
     images: `[B, H, W, C]` uint8 (0..255) or float (0..1); `C = 3` for the SimCLR recipes.
-    recipe: "simclr", "simclr_cifar" or "digits" (static under `jit`).
+    recipe: "simclr", "simclr_cifar", "digits" or "mnist1d" (static under `jit`).
     out_size: side `S` of the views (static); `None` keeps `H` (pass e.g. 128 for Imagenette's
       160-pixel images, `tfcl_jax.data.get_info(name).view_size`).
 
@@ -221,7 +234,7 @@ def two_views(
 @functools.partial(jax.jit, static_argnames=("recipe_name", "out_size"))
 def _center_view(images, recipe_name: str, out_size: int):
   recipe = RECIPES[recipe_name]
-  crop = functools.partial(geometry.center_crop, out_size=out_size)
+  crop = functools.partial(recipe.center, out_size=out_size)
   return _normalize(jax.vmap(crop)(_to_unit_float(images)), recipe)
 
 
@@ -248,5 +261,5 @@ def center_view(
   recipe_spec = _check_recipe(recipe)
   images = _check_images(images, recipe_spec)
   if out_size is None:
-    out_size = min(images.shape[1:3])
+    out_size = min(images.shape[1:1 + recipe_spec.spatial_dims])
   return _center_view(images, recipe, _check_out_size(out_size, images))

@@ -12,6 +12,7 @@ import numpy as np
 
 from tfcl_jax import _checks
 from tfcl_jax.data import digits as digits_lib
+from tfcl_jax.data import mnist1d as mnist1d_lib
 from tfcl_jax.data import registry, tfds_source
 
 # Batches are fetched by worker threads; each thread reads and decodes one whole batch, and as
@@ -28,7 +29,7 @@ def _import_grain():
 
 
 class _ArraySource:
-  """Random access to in-memory `images [N, H, W, C]`, `labels [N]`."""
+  """Random access to in-memory `images [N, ...]` (images or signals), `labels [N]`."""
 
   def __init__(self, images: np.ndarray, labels: np.ndarray):
     self._images, self._labels = images, labels
@@ -44,9 +45,16 @@ def _open_source(name: str, split: str, data_dir):
   info = registry.get_info(name)
   registry.check_split(info, split)
   if info.tfds_name is None:
-    return _ArraySource(*digits_lib.load_digits(split))
+    return _ArraySource(*_generated(name, split, data_dir))
   source = tfds_source.open_data_source(info, split, data_dir=data_dir)
   return tfds_source.ImageSource(source, image_size=info.image_size, channels=info.channels)
+
+
+def _generated(name: str, split: str, data_dir) -> tuple[np.ndarray, np.ndarray]:
+  """The datasets made without TFDS: scikit-learn's digits, the generated MNIST-1D."""
+  if name == "mnist1d":
+    return mnist1d_lib.load_mnist1d(split, data_dir=data_dir)
+  return digits_lib.load_digits(split)
 
 
 def _positive_int(value, *, name: str) -> int:
@@ -231,8 +239,8 @@ def make_loader(
 def load_arrays(name: str, split: str, *, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
   """A whole split in memory: `(images uint8 [N, H, W, C], labels int32 [N])`, in order.
 
-  Meant for small splits and evaluation features (digits, CIFAR-10); unlabelled examples carry
-  label -1.
+  Meant for small splits and evaluation features (digits, MNIST-1D, CIFAR-10); unlabelled
+  examples carry label -1. MNIST-1D gives float32 signals `[N, 40, 1]`.
 
   Examples:
     >>> from tfcl_jax import data
@@ -247,7 +255,7 @@ def load_arrays(name: str, split: str, *, data_dir=None) -> tuple[np.ndarray, np
   info = registry.get_info(name)
   registry.check_split(info, split)
   if info.tfds_name is None:
-    return digits_lib.load_digits(split)
+    return _generated(name, split, data_dir)
   grain = _import_grain()
   source = _open_source(name, split, data_dir)
   images = np.empty((len(source), info.image_size, info.image_size, info.channels), np.uint8)
