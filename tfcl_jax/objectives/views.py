@@ -43,8 +43,9 @@ def encode_two_views(
     raise ValueError(f"view1 and view2 must have the same shape, got {view1.shape} and "
                      f"{view2.shape}.")
   outputs, aux = apply(jnp.concatenate([view1, view2], axis=0))
-  first = jax.tree.map(lambda x: x[:view1.shape[0]], outputs)
-  second = jax.tree.map(lambda x: x[view1.shape[0]:], outputs)
+  halves = jax.tree.map(lambda x: jnp.split(x, 2, axis=0), outputs)
+  first = jax.tree.map(lambda x: x[0], halves, is_leaf=lambda x: isinstance(x, list))
+  second = jax.tree.map(lambda x: x[1], halves, is_leaf=lambda x: isinstance(x, list))
   return first, second, aux
 
 
