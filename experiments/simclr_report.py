@@ -12,7 +12,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy import stats  # noqa: E402
 
 from experiments import tables  # noqa: E402
 from tfcl_jax.training import loop  # noqa: E402
@@ -46,20 +45,29 @@ def _mean_std(values) -> str:
   return f"{values.mean():.2f} ± {std:.2f}"
 
 
-def _against(values, reference) -> str:
-  difference = 100 * (np.mean(values) - np.mean(reference))
-  if len(values) < 2 or len(reference) < 2:
-    return f"{difference:+.2f}"
-  return f"{difference:+.2f} (p = {stats.ttest_ind(values, reference, equal_var=False).pvalue:.2g})"
+def _paired_cell(row: dict) -> str:
+  """`free − mapping` in points, paired by seed: mean (s.e.), p and free's wins."""
+  if row["seeds"] < 2:
+    return f"{row['mean']:+.2f}"
+  return (f"{row['mean']:+.2f} ({row['sem']:.2f}), p = {row['p_value']:.2g}, "
+          f"{row['wins']}/{row['seeds']}")
 
 
 def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> str:
-  """A Markdown table shaped like the paper's Table 2, plus best-against-worst Welch t-test."""
+  """A Markdown table shaped like the paper's Table 2: kNN and linear top-1 per mapping and,
+  with a `free` row, `free − mapping` paired by seed; plus best against worst, paired.
+
+  A seed fixes the initialisation, the views and the data order of every mapping's run, so
+  per-seed differences (paired t-test, `tables.paired_differences`) cancel that noise.
+  """
   groups = _groups(results, lambda row: row["mapping"])
   has_probe = all("linear_top1" in row for row in results)
   against_free = "free" in groups and len(groups) > 1
+  paired = ({row["mapping"]: row for row in tables.paired_differences(
+      results, list(groups), metric="knn_top1")} if against_free else {})
   header = ("| mapping | kNN top-1 (%) | " + ("linear top-1 (%) | " if has_probe else "")
-            + ("kNN − free (Welch p) | " if against_free else "") + "seeds |")
+            + ("kNN: free − mapping, paired by seed (s.e.), p, free wins | "
+               if against_free else "") + "seeds |")
   lines = [header, "|---|---|" + ("---|" if has_probe else "") + ("---|" if against_free else "")
            + "---|"]
   for mapping, rows in groups.items():
@@ -68,8 +76,7 @@ def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> st
     if has_probe:
       cells.append(_mean_std([r["linear_top1"] for r in rows]))
     if against_free:
-      cells.append(_against(knn_values, [r["knn_top1"] for r in groups["free"]])
-                   if mapping != "free" else "")
+      cells.append(_paired_cell(paired[mapping]) if mapping in paired else "")
     lines.append("| " + " | ".join(cells + [str(len(rows))]) + " |")
   lines.append("")
   lines.append(f"Mean ± sample std over seeds; kNN: k = {knn_k}, τ_kNN = {knn_tau:g} on backbone "
@@ -77,13 +84,14 @@ def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> st
   means = {m: np.mean([r["knn_top1"] for r in rows]) for m, rows in groups.items()}
   if len(means) >= 2 and all(len(rows) >= 2 for rows in groups.values()):
     best, worst = max(means, key=means.get), min(means, key=means.get)
-    best_values = [r["knn_top1"] for r in groups[best]]
-    worst_values = [r["knn_top1"] for r in groups[worst]]
-    test = stats.ttest_ind(best_values, worst_values, equal_var=False)
-    lines.append(
-        f"Best `{best}` against worst `{worst}`: {100 * (means[best] - means[worst]):.2f} points, "
-        f"Welch t-test p = {test.pvalue:.3g} ({'beyond' if test.pvalue < 0.05 else 'within'} "
-        f"seed noise at 5%).")
+    test = tables.paired_differences(results, [best, worst], metric="knn_top1",
+                                     reference=best)
+    if test and test[0]["seeds"] >= 2:
+      p_value = test[0]["p_value"]
+      lines.append(
+          f"Best `{best}` against worst `{worst}`: {test[0]['mean']:.2f} points, paired by "
+          f"seed, t-test p = {p_value:.3g} ({'beyond' if p_value < 0.05 else 'within'} "
+          f"seed noise at 5%).")
   return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,7 @@ import csv
 import os
 
 import jax
+import numpy as np
 import pytest
 
 from experiments import simclr as experiment
@@ -89,3 +90,27 @@ def test_mnist1d_signals_run_through_the_same_experiment(tmp_path):
   assert result["steps"] == 15  # 4000 signals, batch 256
   assert 0.1 < result["knn_top1"] <= 1.0  # above chance after one epoch
   assert "kNN: k = 50" in (tmp_path / "run" / "results.md").read_text()
+
+
+def test_table2_pairs_free_against_each_mapping_by_seed():
+  from scipy import stats  # noqa: PLC0415
+
+  from experiments import simclr_report  # noqa: PLC0415
+
+  free = [0.80, 0.75, 0.90, 0.70]
+  tau = [0.78, 0.72, 0.87, 0.67]  # a seed effect much larger than the mapping effect
+  results = ([{"mapping": "tau=0.1", "seed": s, "knn_top1": v, "linear_top1": 0.9}
+              for s, v in enumerate(tau)]
+             + [{"mapping": "free", "seed": s, "knn_top1": v, "linear_top1": 0.9}
+                for s, v in enumerate(free)])
+  table = simclr_report.table2(results, knn_k=7)
+  differences = 100 * (np.array(free) - np.array(tau))
+  p_value = stats.ttest_rel(free, tau).pvalue
+  sem = differences.std(ddof=1) / np.sqrt(4)
+  row = next(line for line in table.splitlines() if line.startswith("| tau=0.1 |"))
+  assert (f"| {differences.mean():+.2f} ({sem:.2f}), p = {p_value:.2g}, 4/4 | 4 |"
+          in row), row
+  # Welch's unpaired test would call this noise; the paired one does not.
+  assert stats.ttest_ind(free, tau, equal_var=False).pvalue > 0.5 > 0.05 > p_value
+  assert "kNN: k = 7" in table
+  assert f"paired by seed, t-test p = {p_value:.3g} (beyond seed noise at 5%)" in table
