@@ -174,13 +174,9 @@ def table3(rows: list[dict], specs: list[str], *, dataset: str, command: str,
     paper_macro = _cell(paper[2], paper[3]) if paper and dataset == "citeseer" else "-"
     lines.append(f"| {row['mapping']} | {row['runs']} | {_cell(row['micro'], row['micro_std'])} | "
                  f"{paper_micro} | {_cell(row['macro'], row['macro_std'])} | {paper_macro} |")
-  if paired:
-    lines += ["", "free minus each mapping, F1-micro points, paired by seed (same init, views and "
-              "split):", "", "| mapping | seeds | free − mapping (s.e.) | paired t-test p "
-              "| seeds free wins |", "|---|---|---|---|---|"]
-    for row in paired:
-      lines.append(f"| {row['mapping']} | {row['seeds']} | {row['mean']:+.2f} ({row['sem']:.2f}) "
-                   f"| {row['p_value']:.2g} | {row['wins']}/{row['seeds']} |")
+  lines += tables.paired_markdown(
+      paired, caption="free minus each mapping, F1-micro points, paired by seed (same init, "
+      "views and split):")
   return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,359 @@
+r"""DCRec on MovieLens with each similarity-to-logit map: the paper's Table 6 (Section 5.4).
+
+DCRec (Yang et al., WWW 2023) as in its reference code (`tfcl_jax.models.dcrec`,
+`tfcl_jax.objectives.dcrec`): RecBole's leave-one-out sequences with prefix training targets
+(`tfcl_jax.data.sequences`), the transition and co-interaction item graphs
+(`tfcl_jax.data.item_graphs`), Adam, batches of 512 training examples (a fresh permutation per
+epoch; the last partial batch of an epoch is dropped so that every step has one shape). The
+mapping replaces DCRec's `cos / cl_temp` (0.8) in its cross-view contrastive term.
+
+Evaluation as the reference (`pop100`, `tfcl_jax.evaluation.ranking`): each user's validation
+and test target is ranked against 100 items drawn by popularity among those the user never
+interacted with (one draw per seed, so every mapping of a seed meets the same negatives), and
+HR@k, NDCG@k (k = 1, 5, 10) are computed. Both splits are scored after every epoch; a run
+reports the test metrics of the epoch with the best validation NDCG@10. The reference's
+benchmark files hold only a training and a test split and its early stopping watches the test
+split; selecting on the validation split is the unbiased version of the same rule.
+
+Run: python -m experiments.dcrec --config=experiments/configs/dcrec_ml100k.py --workdir=DIR
+  [--config.mappings=tau=0.8,free --config.seeds=10 --config.epochs=20]
+
+Writes DIR/results.csv (one row per (mapping, seed)), DIR/results.md (Table 6's metrics per
+mapping beside the paper's ML-20M numbers, and free minus each mapping paired by seed) and
+DIR/ndcg.png, rewritten as each run ends. Rerunning the command continues the workdir
+(`experiments/runner.py`); more seeds or mappings may be added, other fields are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+
+import jax
+import numpy as np
+
+from experiments import cli, runner, tables
+from tfcl_jax import losses, training
+from tfcl_jax.data import movielens, sequences
+from tfcl_jax.evaluation import ranking
+from tfcl_jax.models import dcrec
+from tfcl_jax.objectives import dcrec as dcrec_objective
+
+KS = (1, 5, 10)
+METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg") for k in KS)
+SELECT_METRIC = "ndcg@10"  # validation metric of the model selection
+RESULT_FIELDS = ("dataset", "mapping", "seed", *METRICS, "best_epoch", "valid_ndcg@10",
+                 "final_loss", "epochs", "steps", "train_seconds", "seconds_per_epoch")
+
+# Table 6 (DCRec on MovieLens-20M, 10 seeds): metric -> (mean, std), τ = 0.8 and free.
+PAPER_TABLE6 = {
+    "tau=0.8": {"hr@1": (0.1336, 0.0012), "hr@5": (0.3719, 0.0010), "hr@10": (0.5191, 0.0008),
+                "ndcg@1": (0.1336, 0.0012), "ndcg@5": (0.2556, 0.0007),
+                "ndcg@10": (0.3031, 0.0008)},
+    "free": {"hr@1": (0.1360, 0.0004), "hr@5": (0.3741, 0.0015), "hr@10": (0.5209, 0.0018),
+             "ndcg@1": (0.1360, 0.0004), "ndcg@5": (0.2579, 0.0007),
+             "ndcg@10": (0.3052, 0.0008)},
+}
+
+# Fields that only choose which runs exist: a workdir may be rerun with other values.
+PLAN_FIELDS = ("mappings", "seeds", "seed_offset")
+
+ConfigError = cli.ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  mapping: str  # the canonical loss spec
+  seed: int
+
+  def directory(self, workdir: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9.]+", "_", f"{self.mapping}_seed{self.seed}")
+    return os.path.join(workdir, "runs", name)
+
+
+def load_data(config) -> sequences.SequenceData:
+  """The config's ratings file as leave-one-out sequences.
+
+  Raises:
+    ConfigError: no ratings file under `config.data_dir` (naming the download command), or a
+      malformed file or too short a user (naming the file, line or option).
+  """
+  path = os.path.expanduser(config.data_dir)
+  try:
+    ratings = movielens.read_ratings(path)
+  except movielens.RatingsNotFoundError as error:
+    raise ConfigError(f"config.data_dir: {error}") from error
+  except ValueError as error:
+    raise ConfigError(f"config.data_dir: {error}") from error
+  try:
+    return sequences.build_sequences(
+        ratings, max_length=config.max_length,
+        min_user_interactions=config.min_user_interactions or None,
+        min_rating=None if config.min_rating is None else float(config.min_rating))
+  except ValueError as error:
+    raise ConfigError(f"{error} (config.min_user_interactions, config.max_length)") from error
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSet:
+  """One split scored against sampled negatives: the target is candidate 0."""
+
+  inputs: np.ndarray  # [M, L]
+  lengths: np.ndarray  # [M]
+  candidates: np.ndarray  # [M, 1 + num_negatives]
+
+
+def evaluation_set(data: sequences.SequenceData, split: sequences.SequenceSplit, *, seed: int,
+                   num_negatives: int) -> EvaluationSet:
+  """`split`'s examples with `num_negatives` popularity-sampled negatives each (`pop100`)."""
+  negatives = ranking.sample_popular_negatives(
+      seed, users=split.users, user_items=data.user_items, item_counts=data.item_counts(),
+      num_negatives=num_negatives)
+  return EvaluationSet(split.inputs(), split.lengths,
+                       np.concatenate([split.targets[:, None], negatives], axis=1))
+
+
+def epoch_batches(split: sequences.SequenceSplit, *, batch_size: int, seed: int, start: int,
+                  num_steps: int):
+  """Training batches for steps `start + 1 … num_steps`: epoch `e` visits the examples in the
+  order of `default_rng((seed, e))`, in `len(split) // batch_size` full batches."""
+  steps_per_epoch = len(split) // batch_size
+  for step in range(start, num_steps):
+    epoch, position = divmod(step, steps_per_epoch)
+    order = np.random.default_rng((seed, epoch)).permutation(len(split))
+    index = np.sort(order[position * batch_size:(position + 1) * batch_size])
+    yield {"users": split.users[index], "inputs": split.inputs(index),
+           "lengths": split.lengths[index], "targets": split.targets[index]}
+
+
+def make_evaluator(model: dcrec.DCRec, graphs: dcrec_objective.DCRecGraphs, *,
+                   chunk: int = 2048):
+  """`evaluate(params, EvaluationSet, key) -> {metric: float}` (HR@k, NDCG@k for `KS`); `key`
+  draws the graph dropout the reference applies at evaluation too."""
+  score = jax.jit(dcrec_objective.make_scorer(model, graphs))
+
+  def evaluate(params, split: EvaluationSet, key) -> dict[str, float]:
+    ranks = []
+    for start in range(0, len(split.lengths), chunk):
+      part = slice(start, start + chunk)
+      scores = score(params, key, split.inputs[part], split.lengths[part],
+                     split.candidates[part])
+      ranks.append(np.asarray(ranking.target_rank(scores[:, 0], scores[:, 1:])))
+    metrics = ranking.hit_ratio_and_ndcg(np.concatenate(ranks), KS)
+    return {name: float(value) for name, value in metrics.items()}
+
+  return evaluate
+
+
+def best_epoch(rows: list[dict], *, steps_per_epoch: int) -> dict:
+  """The `eval.csv` row with the highest validation NDCG@10 (the earliest among ties)."""
+  best = max(rows, key=lambda row: (float(row[f"valid_{SELECT_METRIC}"]), -float(row["step"])))
+  return {**best, "epoch": int(round(float(best["step"]) / steps_per_epoch))}
+
+
+def make_model(config, data: sequences.SequenceData) -> dcrec.DCRec:
+  return dcrec.DCRec(
+      num_nodes=data.num_items + 2, max_length=config.max_length,
+      hidden_size=config.hidden_size, inner_size=config.inner_size,
+      num_layers=config.num_layers, num_heads=config.num_heads,
+      hidden_dropout=config.hidden_dropout, attention_dropout=config.attention_dropout,
+      graph_dropout=config.graph_dropout, graph_dropout_at_eval=config.graph_dropout_at_eval)
+
+
+def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict, run: Run, *,
+            workdir: str, progress: bool = True) -> dict:
+  """Trains DCRec for `run` (`tfcl_jax.training`), scores both splits after every epoch and
+  returns the results row (test metrics at the best validation epoch).
+
+  `evaluators`: `{"valid", "test"}` -> `make_evaluator(...)`, shared by every run.
+  """
+  objective = losses.from_spec(run.mapping, num_candidates=config.batch_size)
+  model = make_model(config, data)
+  steps_per_epoch = len(data.train) // config.batch_size
+  num_steps = config.epochs * steps_per_epoch
+  init_key, train_key, eval_key = jax.random.split(jax.random.key(run.seed), 3)
+  example = next(epoch_batches(data.train, batch_size=config.batch_size, seed=run.seed,
+                               start=0, num_steps=1))
+  state = training.create_train_state(
+      model_params=model.init(init_key, example["inputs"], example["lengths"])["params"],
+      tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
+                                 total_steps=num_steps, schedule="constant"),
+      apply_fn=model.apply, mapping_params=objective.params)
+  mesh = training.make_mesh(jax.devices()[:config.num_devices])
+  loss_fn = dcrec_objective.make_dcrec_loss(
+      model, objective, graphs["train"], cl_weight=config.cl_weight,
+      kl_weight=config.kl_weight, weight_mean=config.weight_mean)
+  train_step = training.make_train_step(loss_fn, mesh=mesh)
+  # Negatives are drawn once per seed: every mapping of a seed meets the same candidates.
+  splits = {name: evaluation_set(data, getattr(data, name), seed=run.seed,
+                                 num_negatives=config.num_negatives)
+            for name in ("valid", "test")}
+  def eval_fn(train_state):
+    params = jax.device_get(train_state.params["model"])
+    return {f"{name}_{metric}": value for name in ("valid", "test")
+            for metric, value in evaluators[name](params, splits[name], eval_key).items()}
+
+  run_dir = run.directory(workdir)
+  record = {k: v for k, v in config.to_dict().items() if k not in PLAN_FIELDS}
+  start = time.perf_counter()
+  training.train(
+      state, train_step=train_step,
+      batches=lambda first: epoch_batches(data.train, batch_size=config.batch_size,
+                                          seed=run.seed, start=first, num_steps=num_steps),
+      num_steps=num_steps, workdir=run_dir, key=train_key, mesh=mesh,
+      config={"spec": objective.spec, "seed": run.seed, **record}, resume=True,
+      checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch, eval_fn=eval_fn,
+      log_every=config.log_every, examples_per_step=config.batch_size, progress=progress,
+      desc=f"{objective.spec} seed {run.seed}")
+  seconds = time.perf_counter() - start
+  history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))
+  evals = tables.read_csv(os.path.join(run_dir, training.loop.EVAL_FILE))
+  best = best_epoch(evals, steps_per_epoch=steps_per_epoch)
+  return {
+      "dataset": config.dataset, "mapping": objective.spec, "seed": run.seed,
+      **{metric: float(best[f"test_{metric}"]) for metric in METRICS},
+      "best_epoch": best["epoch"], f"valid_{SELECT_METRIC}": float(best[f"valid_{SELECT_METRIC}"]),
+      "final_loss": float(history["loss"][-1]), "epochs": config.epochs, "steps": num_steps,
+      "train_seconds": round(seconds, 2),
+      "seconds_per_epoch": round(seconds / config.epochs, 2),
+  }
+
+
+def _cell(values) -> str:
+  mean, std = tables.mean_std(values)
+  return f"{mean:.4f} ({std:.4f})" if np.isfinite(std) else f"{mean:.4f} (n=1)"
+
+
+def table6(rows: list[dict], specs: list[str], *, dataset: str, command: str,
+           epochs: int) -> str:
+  """Markdown: the six metrics per mapping beside the paper's Table 6 (ML-20M), and free minus
+  each mapping paired by seed (`tables.paired_differences`) for NDCG@10 and HR@10."""
+  present = [spec for spec in specs if any(r["mapping"] == spec for r in rows)]
+  lines = [
+      f"# DCRec on {dataset}: HR@k and NDCG@k, mean (std) over seeds",
+      "",
+      f"Command: `{command}`",
+      "",
+      f"{epochs} epochs per run; test metrics of the epoch with the best validation NDCG@10; "
+      "each target ranked against 100 popularity-sampled negatives (`pop100`). Paper: Kim & "
+      "Kim, arXiv 2501.17683, Table 6 (MovieLens-20M, 10 seeds, τ = 0.8 against free).",
+      "",
+      "| metric | " + " | ".join(f"{spec} (ours)" for spec in present)
+      + " | τ = 0.8 (paper) | free (paper) |",
+      "|---|" + "---|" * (len(present) + 2),
+  ]
+  for metric in METRICS:
+    cells = [_cell([float(r[metric]) for r in rows if r["mapping"] == spec]) for spec in present]
+    paper = [f"{PAPER_TABLE6[name][metric][0]:.4f} ({PAPER_TABLE6[name][metric][1]:.4f})"
+             for name in ("tau=0.8", "free")]
+    lines.append(f"| {metric.upper()} | " + " | ".join(cells + paper)
+                 + " |")
+  runs = {spec: sum(r["mapping"] == spec for r in rows) for spec in present}
+  lines += ["", "Runs: " + ", ".join(f"{spec} {count}" for spec, count in runs.items()) + "."]
+  for metric in ("ndcg@10", "hr@10"):
+    lines += tables.paired_markdown(
+        tables.paired_differences(rows, specs, metric=metric, scale=1.0), digits=4,
+        caption=f"free minus each mapping, {metric.upper()}, paired by seed (same init, "
+        "batches and negatives):")
+  return "\n".join(lines) + "\n"
+
+
+def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -> None:
+  """Test NDCG@10 and HR@10 of every run per mapping, with mean and std."""
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  present = [spec for spec in specs if any(r["mapping"] == spec for r in rows)]
+  fig, axes = plt.subplots(1, 2, figsize=(2.4 * len(present) + 2, 3.4))
+  for ax, metric in zip(axes, ("ndcg@10", "hr@10"), strict=True):
+    for i, spec in enumerate(present):
+      values = np.array([float(r[metric]) for r in rows if r["mapping"] == spec])
+      ax.scatter(np.full(values.size, i), values, s=12, alpha=0.6, color="C0")
+      ax.errorbar(i, values.mean(), yerr=values.std(ddof=1) if values.size > 1 else 0,
+                  fmt="o", color="C0", capsize=4)
+    ax.set_xticks(range(len(present)), present, rotation=20)
+    ax.set_ylabel(f"test {metric.upper()}")
+  fig.suptitle(f"DCRec on {dataset}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plan_runs(config) -> list[Run]:
+  """The (mapping, seed) runs, seed-major (an interrupted sweep has as many seeds per mapping).
+
+  Raises:
+    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, or a field that
+      must be a positive int and is not.
+  """
+  try:
+    specs = [losses.from_spec(spec, num_candidates=2).spec
+             for spec in runner.split_list(config.mappings, name="mappings")]
+  except ValueError as error:
+    message = str(error)
+    raise ConfigError(message if message.startswith("config.") else
+                      f"config.mappings: {message} (e.g. --config.mappings=tau=0.8,free)"
+                      ) from error
+  try:
+    runner.check_positive_ints(config, "seeds", "epochs", "batch_size", "max_length",
+                               "num_negatives", "top_k", "hidden_size", "num_devices")
+  except (TypeError, ValueError) as error:
+    raise ConfigError(str(error)) from error
+  seeds = range(config.seed_offset, config.seed_offset + config.seeds)
+  return [Run(spec, seed) for seed in seeds for spec in dict.fromkeys(specs)]
+
+
+def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
+  """Trains every (mapping, seed) run not yet finished in `workdir`; rewrites the tables.
+
+  Raises:
+    ConfigError: (a `ValueError`) for a malformed config, missing or malformed data, fewer
+      training examples than one batch, more negatives than the catalogue allows, or a workdir
+      made with another config: before any training.
+  """
+  runs = plan_runs(config)
+  data = load_data(config)
+  if len(data.train) < config.batch_size:
+    raise ConfigError(f"config.batch_size={config.batch_size} but {config.data_dir} gives only "
+                      f"{len(data.train)} training examples.")
+  free_items = data.num_items - max(np.unique(data.user_items(u)).size
+                                    for u in range(data.num_users))
+  if config.num_negatives > free_items:
+    raise ConfigError(f"config.num_negatives={config.num_negatives} but a user of "
+                      f"{config.data_dir} leaves only {free_items} of the {data.num_items} "
+                      "items to draw negatives from.")
+  try:
+    runner.prepare(workdir, config, plan_fields=PLAN_FIELDS)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  graphs = {phase: dcrec_objective.make_graphs(data, k=config.top_k, phase=phase)
+            for phase in ("train", "test")}
+  # Each split is scored on graphs built without its targets: validation on the training
+  # graphs, test on the test graphs (the reference's test phase).
+  model = make_model(config, data)
+  evaluators = {"valid": make_evaluator(model, graphs["train"]),
+                "test": make_evaluator(model, graphs["test"])}
+  specs = list(dict.fromkeys(r.mapping for r in runs))
+
+  def write_tables(results):
+    tables.write_results(
+        workdir, results, columns=RESULT_FIELDS,
+        markdown=table6(results, specs, dataset=config.dataset, command=command,
+                        epochs=config.epochs),
+        figures=[lambda path: write_plot(os.path.join(path, "ndcg.png"), results, specs,
+                                         dataset=config.dataset)])
+
+  return runner.run_all(
+      runs, lambda r: run_one(config, data, graphs, evaluators, r, workdir=workdir,
+                       progress=progress),
+      workdir=workdir, write_tables=write_tables, progress=progress)
+
+
+if __name__ == "__main__":
+  cli.run_main(lambda config, workdir: run(config, workdir, command=tables.command_line()),
+               usage="pass --config=experiments/configs/dcrec_ml100k.py --workdir=DIR",
+               user_errors=(ConfigError,))
