@@ -312,8 +312,8 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
 
   Raises:
     ConfigError: (a `ValueError`) for a malformed config, missing or malformed data, fewer
-      training examples than one batch, more negatives than the catalogue allows, or a workdir
-      made with another config: before any training.
+      training examples than one batch, more negatives or co-interaction neighbours (`top_k`)
+      than the catalogue allows, or a workdir made with another config: before any training.
   """
   runs = plan_runs(config)
   data = load_data(config)
@@ -327,11 +327,14 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
                       f"{config.data_dir} leaves only {free_items} of the {data.num_items} "
                       "items to draw negatives from.")
   try:
+    graphs = {phase: dcrec_objective.make_graphs(data, k=config.top_k, phase=phase)
+              for phase in ("train", "test")}
+  except ValueError as error:
+    raise ConfigError(f"config.top_k={config.top_k}: {error}") from error
+  try:
     runner.prepare(workdir, config, plan_fields=PLAN_FIELDS)
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  graphs = {phase: dcrec_objective.make_graphs(data, k=config.top_k, phase=phase)
-            for phase in ("train", "test")}
   # Each split is scored on graphs built without its targets: validation on the training
   # graphs, test on the test graphs (the reference's test phase).
   model = make_model(config, data)

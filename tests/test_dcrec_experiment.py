@@ -108,6 +108,7 @@ def test_epoch_batches_visit_each_example_once_per_epoch_and_resume_in_place(tmp
     ("mappings", "tua=0.8", "config.mappings"),
     ("batch_size", 10_000, "config.batch_size=10000"),
     ("max_length", 0, "config.max_length"),
+    ("top_k", 100, "config.top_k=100"),
 ])
 def test_config_errors_name_the_field_before_training(tiny_config, tmp_path, field, value,
                                                       message):
