@@ -83,9 +83,7 @@ def load_data(config) -> sequences.SequenceData:
   path = os.path.expanduser(config.data_dir)
   try:
     ratings = movielens.read_ratings(path)
-  except movielens.RatingsNotFoundError as error:
-    raise ConfigError(f"config.data_dir: {error}") from error
-  except ValueError as error:
+  except (movielens.RatingsNotFoundError, ValueError) as error:
     raise ConfigError(f"config.data_dir: {error}") from error
   try:
     return sequences.build_sequences(
@@ -291,20 +289,16 @@ def plan_runs(config) -> list[Run]:
       must be a positive int and is not.
   """
   try:
-    specs = [losses.from_spec(spec, num_candidates=2).spec
-             for spec in runner.split_list(config.mappings, name="mappings")]
+    specs = runner.loss_specs(config, example="tau=0.8,free")
   except ValueError as error:
-    message = str(error)
-    raise ConfigError(message if message.startswith("config.") else
-                      f"config.mappings: {message} (e.g. --config.mappings=tau=0.8,free)"
-                      ) from error
+    raise ConfigError(str(error)) from error
   try:
     runner.check_positive_ints(config, "seeds", "epochs", "batch_size", "max_length",
                                "num_negatives", "top_k", "hidden_size", "num_devices")
   except (TypeError, ValueError) as error:
     raise ConfigError(str(error)) from error
   seeds = range(config.seed_offset, config.seed_offset + config.seeds)
-  return [Run(spec, seed) for seed in seeds for spec in dict.fromkeys(specs)]
+  return [Run(spec, seed) for seed in seeds for spec in specs]
 
 
 def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:

@@ -218,19 +218,15 @@ def plan_runs(config) -> list[Run]:
       epochs below 1.
   """
   try:
-    specs = [parse_spec(spec, 2).spec for spec in runner.split_list(config.mappings,
-                                                                     name="mappings")]
+    specs = runner.loss_specs(config, example="free,tau=0.5")
   except ValueError as error:
-    message = str(error)
-    raise ConfigError(message if message.startswith("config.") else
-                      f"config.mappings: {message} (e.g. --config.mappings=free,tau=0.5)"
-                      ) from error
+    raise ConfigError(str(error)) from error
   try:
     runner.check_positive_ints(config, "seeds", "epochs")
   except (TypeError, ValueError) as error:
     raise ConfigError(str(error)) from error
   seeds = range(config.seed_offset, config.seed_offset + config.seeds)
-  return [Run(spec, seed) for seed in seeds for spec in dict.fromkeys(specs)]
+  return [Run(spec, seed) for seed in seeds for spec in specs]
 
 
 def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:

@@ -38,6 +38,27 @@ def split_list(text, *, name: str) -> list[str]:
   return items
 
 
+def loss_specs(config, *, example: str) -> list[str]:
+  """The canonical loss specs (`tfcl_jax.losses.from_spec`) of `config.mappings`, each once,
+  in order.
+
+  Raises:
+    ValueError: an empty list or a malformed spec; the message names `config.mappings` and
+      shows `example` (e.g. `"free,tau=0.5"`).
+  """
+  from tfcl_jax import losses  # noqa: PLC0415
+
+  try:
+    return list(dict.fromkeys(losses.from_spec(spec, num_candidates=2).spec
+                              for spec in split_list(config.mappings, name="mappings")))
+  except ValueError as error:
+    message = str(error)
+    if message.startswith("config."):
+      raise
+    raise ValueError(f"config.mappings: {message} (e.g. --config.mappings={example})"
+                     ) from error
+
+
 def check_positive_ints(config, *fields: str) -> None:
   """Each `config.<field>` is an int >= 1.
 
