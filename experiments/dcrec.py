@@ -189,7 +189,7 @@ def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict
                                  num_negatives=config.num_negatives)
             for name in ("valid", "test")}
   def eval_fn(train_state):
-    params = jax.device_get(train_state.params["model"])
+    params = train_state.params["model"]  # stays on the device for the jitted scorer
     return {f"{name}_{metric}": value for name in ("valid", "test")
             for metric, value in evaluators[name](params, splits[name], eval_key).items()}
 
