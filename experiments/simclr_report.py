@@ -26,6 +26,8 @@ def write(results: list[dict], workdir: str, *, mode: str, run_dirs: list[str],
   `figures`, the plots (`write_plots`) for the runs in `run_dirs` (in `results` order)."""
   table = (n_table(results) if mode == "n_sensitivity"
            else table2(results, knn_k=knn_k, knn_tau=knn_tau))
+  if mode != "n_sensitivity":
+    table += training_table(results, run_dirs)
   tables.write_results(
       workdir, results, columns=COLUMNS, markdown=table,
       figures=[lambda path: write_plots(results, path, mode=mode, run_dirs=run_dirs)]
@@ -92,6 +94,48 @@ def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> st
           f"Best `{best}` against worst `{worst}`: {test[0]['mean']:.2f} points, paired by "
           f"seed, t-test p = {p_value:.3g} ({'beyond' if p_value < 0.05 else 'within'} "
           f"seed noise at 5%).")
+  return "\n".join(lines) + "\n"
+
+
+def training_table(results: list[dict], run_dirs: list[str], *, columns: int = 6) -> str:
+  """kNN top-1 during training: the mean over seeds of each mapping's `eval.csv` at up to
+  `columns` evaluation steps spread evenly to the last, with `free − mapping` paired by seed at
+  the first and last of them; "" when the runs logged fewer than two evaluations.
+
+  It tells a gap that closes with training (a slower start) from one that stays.
+  """
+  rows = []
+  for run_dir, result in zip(run_dirs, results, strict=True):
+    path = os.path.join(run_dir, loop.EVAL_FILE)
+    evaluation = loop.read_csv(path) if os.path.exists(path) else {}
+    if "knn_top1" in evaluation:
+      rows.append((result, dict(zip(evaluation["step"], evaluation["knn_top1"], strict=True))))
+  if not rows:
+    return ""
+  common = sorted(set.intersection(*(set(curve) for _, curve in rows)))
+  if len(common) < 2:
+    return ""
+  steps = [common[int(i)] for i in
+           dict.fromkeys(np.linspace(0, len(common) - 1, min(columns, len(common))).round())]
+  groups = _groups(rows, lambda row: row[0]["mapping"])
+  by_step = {step: [{**result, "knn_top1": curve[step]} for result, curve in rows]
+             for step in (steps[0], steps[-1])}
+  paired = {step: {row["mapping"]: row for row in tables.paired_differences(
+      by_step[step], list(groups), metric="knn_top1")} if "free" in groups else {}
+      for step in by_step}
+  lines = ["", "kNN top-1 (%) during training, mean over seeds at each evaluation step"
+           + (" (free − mapping paired by seed at the first and last):" if "free" in groups
+              else ":"), "",
+           "| mapping | " + " | ".join(f"step {step:g}" for step in steps)
+           + (f" | free − mapping, step {steps[0]:g} | free − mapping, step {steps[-1]:g} |"
+              if "free" in groups else " |"),
+           "|---|" + "---|" * (len(steps) + (2 if "free" in groups else 0))]
+  for mapping, members in groups.items():
+    cells = [f"{100 * np.mean([curve[step] for _, curve in members]):.2f}" for step in steps]
+    if "free" in groups:
+      cells += [_paired_cell(paired[step][mapping]) if mapping in paired[step] else ""
+                for step in (steps[0], steps[-1])]
+    lines.append(f"| {mapping} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
