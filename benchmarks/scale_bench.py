@@ -11,6 +11,7 @@ temperature-scaled.
   python -m benchmarks.scale_bench --quick
   python -m benchmarks.scale_bench --full
   python -m benchmarks.scale_bench --largest   # N = 2^17 pairs, D = 256, tiled only
+  python -m benchmarks.scale_bench --largest --loss sigmoid   # the same for `sigmoid_loss`
 
 PyTorch is optional (`pip install torch==2.13.0`); without it the torch column is empty.
 """
@@ -56,7 +57,7 @@ def _views(n, d, dtype):
   return z1.astype(dtype), z2.astype(dtype)
 
 
-def _loss_fn(method, mapping, negatives, block_size):
+def _loss_fn(method, mapping, negatives, block_size, loss="info_nce"):
   from tfcl_jax import losses, mappings
   if method == "optax":
     import jax.numpy as jnp
@@ -73,12 +74,14 @@ def _loss_fn(method, mapping, negatives, block_size):
   def loss(z1, z2):
     rows = z1.shape[0] * (2 if negatives == "all" else 1)
     size = block_size if method == "tiled" else rows
+    if loss == "sigmoid":
+      return losses.sigmoid_loss(z1, z2, mapping=spec, negatives=negatives, block_size=size)
     return losses.info_nce(z1, z2, mapping=spec, negatives=negatives, block_size=size)
 
   return loss
 
 
-def build(method, *, n, d, dtype, mapping, negatives, block_size):
+def build(method, *, n, d, dtype, mapping, negatives, block_size, loss="info_nce"):
   """`run()` doing one loss + gradient (or the floor's three products), blocking."""
   import jax
   import jax.numpy as jnp
@@ -94,7 +97,8 @@ def build(method, *, n, d, dtype, mapping, negatives, block_size):
     weights = jax.random.uniform(jax.random.key(2), (rows, rows), jnp.float32)
     products = jax.jit(lambda u, w: (u @ u.T, w @ u, w.T @ u))
     return lambda: jax.block_until_ready(products(u, weights))
-  grad = jax.jit(jax.value_and_grad(_loss_fn(method, mapping, negatives, block_size), (0, 1)))
+  grad = jax.jit(jax.value_and_grad(_loss_fn(method, mapping, negatives, block_size, loss),
+                                     (0, 1)))
   return lambda: jax.block_until_ready(grad(z1, z2))
 
 
@@ -272,10 +276,11 @@ def _table(rows, mapping_names, clock):
   return "\n".join(lines)
 
 
-def largest(*, n, d, negatives, block_size):
-  config = dict(n=n, d=d, dtype="float32", negatives=negatives, block_size=block_size)
+def largest(*, n, d, negatives, block_size, loss="info_nce"):
+  config = dict(n=n, d=d, dtype="float32", negatives=negatives, block_size=block_size, loss=loss)
   need = dense_bytes(n=n, d=d, dtype="float32", negatives=negatives, mapping="free")
-  print(f"dense loss+grad at N={n}, D={d}, negatives={negatives}: XLA plans "
+  print(f"{loss}, tiled; for scale, a plain dense InfoNCE loss+grad (the same [2N, 2N] "
+        f"logits as a dense sigmoid loss) at N={n}, D={d}, negatives={negatives}: XLA plans "
         f"{need / 2**30:.1f} GiB", flush=True)
   stats = measure_memory("tiled", "free", **config)
   print(json.dumps(dict(config, mapping="free", **stats)), flush=True)
@@ -304,12 +309,17 @@ def main(argv=None):
   parser.add_argument("--workdir", default=None, help="write results.csv / results.md here")
   parser.add_argument("--n", type=int, default=2**17, help="pairs for --largest")
   parser.add_argument("--d", type=int, default=256, help="dimension for --largest")
+  parser.add_argument("--loss", default="info_nce", choices=["info_nce", "sigmoid"],
+                      help="the loss of --largest: info_nce or sigmoid_loss (free map, b = 0)")
   args = parser.parse_args(argv)
+  if args.loss != "info_nce" and not args.largest:
+    parser.error("--loss applies to --largest only")
   if args.worker:
     print(json.dumps(_worker(json.loads(args.worker))))
     return
   if args.largest:
-    largest(n=args.n, d=args.d, negatives=args.negatives, block_size=args.block_size)
+    largest(n=args.n, d=args.d, negatives=args.negatives, block_size=args.block_size,
+            loss=args.loss)
     return
   grid = GRIDS["full" if args.full else "quick"]
   run_grid(grid, negatives=args.negatives, block_size=args.block_size, reps=args.reps,
