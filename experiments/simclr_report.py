@@ -25,9 +25,8 @@ def write(results: list[dict], workdir: str, *, mode: str, run_dirs: list[str],
   """`results.csv` (one row per run), `results.md` (mean and std per mapping) and, with
   `figures`, the plots (`write_plots`) for the runs in `run_dirs` (in `results` order)."""
   table = (n_table(results) if mode == "n_sensitivity"
-           else table2(results, knn_k=knn_k, knn_tau=knn_tau))
-  if mode != "n_sensitivity":
-    table += training_table(results, run_dirs)
+           else table2(results, knn_k=knn_k, knn_tau=knn_tau)
+           + training_table(results, run_dirs))
   tables.write_results(
       workdir, results, columns=COLUMNS, markdown=table,
       figures=[lambda path: write_plots(results, path, mode=mode, run_dirs=run_dirs)]
@@ -118,23 +117,19 @@ def training_table(results: list[dict], run_dirs: list[str], *, columns: int = 6
   steps = [common[int(i)] for i in
            dict.fromkeys(np.linspace(0, len(common) - 1, min(columns, len(common))).round())]
   groups = _groups(rows, lambda row: row[0]["mapping"])
-  by_step = {step: [{**result, "knn_top1": curve[step]} for result, curve in rows]
-             for step in (steps[0], steps[-1])}
+  ends = (steps[0], steps[-1]) if "free" in groups else ()
   paired = {step: {row["mapping"]: row for row in tables.paired_differences(
-      by_step[step], list(groups), metric="knn_top1")} if "free" in groups else {}
-      for step in by_step}
+      [{**result, "knn_top1": curve[step]} for result, curve in rows], list(groups),
+      metric="knn_top1")} for step in ends}
   lines = ["", "kNN top-1 (%) during training, mean over seeds at each evaluation step"
-           + (" (free − mapping paired by seed at the first and last):" if "free" in groups
-              else ":"), "",
+           + (" (free − mapping paired by seed at the first and last):" if ends else ":"), "",
            "| mapping | " + " | ".join(f"step {step:g}" for step in steps)
-           + (f" | free − mapping, step {steps[0]:g} | free − mapping, step {steps[-1]:g} |"
-              if "free" in groups else " |"),
-           "|---|" + "---|" * (len(steps) + (2 if "free" in groups else 0))]
+           + "".join(f" | free − mapping, step {step:g}" for step in ends) + " |",
+           "|---|" + "---|" * (len(steps) + len(ends))]
   for mapping, members in groups.items():
     cells = [f"{100 * np.mean([curve[step] for _, curve in members]):.2f}" for step in steps]
-    if "free" in groups:
-      cells += [_paired_cell(paired[step][mapping]) if mapping in paired[step] else ""
-                for step in (steps[0], steps[-1])]
+    cells += [_paired_cell(paired[step][mapping]) if mapping in paired[step] else ""
+              for step in ends]
     lines.append(f"| {mapping} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
