@@ -57,7 +57,7 @@ def _views(n, d, dtype):
   return z1.astype(dtype), z2.astype(dtype)
 
 
-def _loss_fn(method, mapping, negatives, block_size, loss="info_nce"):
+def _loss_fn(method, mapping, negatives, block_size, loss_name="info_nce"):
   from tfcl_jax import losses, mappings
   if method == "optax":
     import jax.numpy as jnp
@@ -74,7 +74,7 @@ def _loss_fn(method, mapping, negatives, block_size, loss="info_nce"):
   def loss(z1, z2):
     rows = z1.shape[0] * (2 if negatives == "all" else 1)
     size = block_size if method == "tiled" else rows
-    if loss == "sigmoid":
+    if loss_name == "sigmoid":
       return losses.sigmoid_loss(z1, z2, mapping=spec, negatives=negatives, block_size=size)
     return losses.info_nce(z1, z2, mapping=spec, negatives=negatives, block_size=size)
 
