@@ -12,7 +12,7 @@ contend). Ratios are of medians measured in this one process.
 * ours: `info_nce(z1, z2, mapping=..., negatives=..., symmetric=...)` and
   `sigmoid_loss(z1, z2, mapping=..., negatives=...)` with no `block_size` (the default call)
   for `tau = 0.1` and the temperature-free map, loss and gradients of both views;
-  `--mappings` adds learnable / dynamic / annealed rows;
+  `--mappings` adds learnable / dynamic / annealed rows and their ratios to `tau = 0.1`;
 * PyTorch eager, LightlySSL's NT-Xent formula (`benchmarks/torch_ntxent.py`), `tau = 0.1` and
   the free map, when torch is installed (`pip install -e ".[bench]"`);
 * `optax.losses.ntxent` (`tau = 0.1`) where XLA's memory estimate for its `[2N, 2N, D]`
@@ -192,6 +192,15 @@ def main() -> None:
     print(f"| {n} | " + " | ".join(
         r(get((f"sigmoid {mode}", spec)), get((mode, spec)))
         for mode in ("all", "cross") for spec in ("tau=0.1", "free")) + " |")
+  others = [spec for spec in args.mappings if spec not in ("tau=0.1", "free")]
+  if others:
+    print("\nOther mappings / tau=0.1, same loss and negatives, default call:")
+    print("| N | mapping | " + " | ".join(MODES) + " |")
+    print("|---" * (len(MODES) + 2) + "|")
+    for n, t in rows:
+      for spec in others:
+        print(f"| {n} | {spec} | " + " | ".join(
+            r(t.get((mode, spec)), t.get((mode, "tau=0.1"))) for mode in MODES) + " |")
   for note in notes:
     print("  " + note)
 

@@ -391,6 +391,21 @@ def test_fast_forms_are_declared_by_the_mapping():
   assert mappings.temperature(0.02).exp_form(jnp.float64) is not None
   assert mappings.learnable_temperature(tau=0.5).exp_form(jnp.float32) is None
   assert mappings.as_mapping(lambda c: 2 * c).exp_form(jnp.float32) is None
+  assert mappings.dynamic_temperature(0.02, 0.2).exp_form(jnp.float32) is None
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 2e-6), (np.float64, 1e-14)])
+def test_dynamic_exp_form_equals_numpy(dtype, rtol):
+  # DySTreSS: w = exp(s / tau(s) - 1/tau_min) with tau from its cosine formula, dw/ds = w / tau.
+  cos = np.linspace(-1.0, 1.0, 4001)
+  tau = 0.1 + 0.5 * (0.3 - 0.1) * (1.0 + np.cos(np.pi * (1.0 + cos)))
+  weight = np.exp(cos / tau - 10.0)
+  with jax.enable_x64(dtype == np.float64):
+    form = mappings.dynamic_temperature(0.1, 0.3).exp_form(jnp.dtype(dtype))
+    assert form.shift == pytest.approx(10.0)  # |s / tau(s)| <= 1 / tau_min: w <= 1
+    x = jnp.asarray(cos, dtype)
+    np.testing.assert_allclose(form.weight(x), weight, rtol=rtol, atol=1e-30)
+    np.testing.assert_allclose(form.weight_grad(x), weight / tau, rtol=rtol, atol=1e-30)
 
 
 class BadInputTest(parameterized.TestCase):
