@@ -78,6 +78,26 @@ class Run:
     return os.path.join(workdir, "runs", name)
 
 
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The run's (initialisation, training, evaluation) keys: a seed fixes all three."""
+  return tuple(jax.random.split(jax.random.key(seed), 3))
+
+
+def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
+          run: Run) -> tuple[gcn.GRACE, losses.LossSpec, training.TrainState, gcn.Propagation]:
+  """The run's model, loss spec, initial train state and full-graph propagation."""
+  objective = parse_spec(run.mapping, graph.num_nodes)
+  model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
+                    projection_dim=config.projection_dim)
+  full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
+  state = training.create_train_state(
+      model_params=model.init(run_keys(run.seed)[0], batch.features, full)["params"],
+      tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
+                                 total_steps=config.epochs, schedule="constant"),
+      apply_fn=model.apply, mapping_params=objective.params)
+  return model, objective, state, full
+
+
 def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
             run: Run, *, workdir: str, progress: bool = True) -> dict:
   """Trains GRACE for `run` (`tfcl_jax.training`), evaluates it; returns its results row.
@@ -85,16 +105,8 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Grap
   The run's `metrics.csv` and checkpoints go to `run.directory(workdir)`; a killed run
   resumes from its last checkpoint.
   """
-  objective = parse_spec(run.mapping, graph.num_nodes)
-  model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
-                    projection_dim=config.projection_dim)
-  init_key, train_key, eval_key = jax.random.split(jax.random.key(run.seed), 3)
-  full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
-  state = training.create_train_state(
-      model_params=model.init(init_key, batch.features, full)["params"],
-      tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
-                                 total_steps=config.epochs, schedule="constant"),
-      apply_fn=model.apply, mapping_params=objective.params)
+  model, objective, state, full = build(config, graph, batch, run)
+  _, train_key, eval_key = run_keys(run.seed)
   # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
   loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=config.edge_rate,
@@ -146,7 +158,8 @@ def summarize(rows: list[dict], specs: list[str]) -> list[dict]:
   return table
 
 
-def _cell(mean, std):
+def cell(mean: float, std: float) -> str:
+  """`mean (std)`, or `mean (n=1)` where one value has no std."""
   return f"{mean:.2f} ({std:.2f})" if np.isfinite(std) else f"{mean:.2f} (n=1)"
 
 
@@ -170,10 +183,10 @@ def table3(rows: list[dict], specs: list[str], *, dataset: str, command: str,
   ]
   for row in table:
     paper = row["paper"]
-    paper_micro = _cell(paper[0], paper[1]) if paper and dataset == "citeseer" else "-"
-    paper_macro = _cell(paper[2], paper[3]) if paper and dataset == "citeseer" else "-"
-    lines.append(f"| {row['mapping']} | {row['runs']} | {_cell(row['micro'], row['micro_std'])} | "
-                 f"{paper_micro} | {_cell(row['macro'], row['macro_std'])} | {paper_macro} |")
+    paper_micro = cell(paper[0], paper[1]) if paper and dataset == "citeseer" else "-"
+    paper_macro = cell(paper[2], paper[3]) if paper and dataset == "citeseer" else "-"
+    lines.append(f"| {row['mapping']} | {row['runs']} | {cell(row['micro'], row['micro_std'])} | "
+                 f"{paper_micro} | {cell(row['macro'], row['macro_std'])} | {paper_macro} |")
   lines += tables.paired_markdown(
       paired, caption="free minus each mapping, F1-micro points, paired by seed (same init, "
       "views and split):")

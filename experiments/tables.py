@@ -16,9 +16,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-RESULTS_CSV = "results.csv"
-RESULTS_MD = "results.md"
-
 
 def write_results(
     workdir: str,
@@ -27,8 +24,9 @@ def write_results(
     markdown: str,
     columns: Sequence[str] | None = None,
     figures: Iterable[Callable[[str], None]] = (),
+    name: str = "results",
 ) -> None:
-  """Writes `workdir/results.csv` (one line per row), `workdir/results.md`, then the figures.
+  """Writes `workdir/<name>.csv` (one line per row), `workdir/<name>.md`, then the figures.
 
   Only process 0 of a multi-process job writes. `columns` orders the CSV (missing values empty,
   other keys dropped); by default the keys of every row in first-seen order. Each figure is
@@ -46,11 +44,11 @@ def write_results(
   os.makedirs(workdir, exist_ok=True)
   if columns is None:
     columns = list(dict.fromkeys(key for row in rows for key in row))
-  with open(os.path.join(workdir, RESULTS_CSV), "w", newline="") as file:
+  with open(os.path.join(workdir, name + ".csv"), "w", newline="") as file:
     writer = csv.DictWriter(file, list(columns), restval="", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-  with open(os.path.join(workdir, RESULTS_MD), "w") as file:
+  with open(os.path.join(workdir, name + ".md"), "w") as file:
     file.write(markdown.rstrip() + "\n")
   for figure in figures:
     figure(workdir)

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import grace, tables
+from experiments import grace, grace_probe, tables
 from experiments.configs import grace_citeseer
 from tfcl_jax import mappings, training
 from tfcl_jax.augment import graph as graph_augment
@@ -140,6 +140,32 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path):
   tiny_config.epochs = 3
   with pytest.raises(grace.ConfigError, match="epochs: recorded 2, now 3"):
     grace.run(tiny_config, str(tmp_path), progress=False)
+
+
+def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_path):
+  tiny_config.update(dict(seeds=2, mappings="tau=0.5,free"))
+  results = grace.run(tiny_config, str(tmp_path), progress=False)
+  rows = grace_probe.run(str(tmp_path), val_ratios=[0.2, 0.7], draws=2, command="cmd")
+  assert len(rows) == 4 * 2 * 2
+  # Draw 0 under the workdir's own split is the sweep's evaluation of the restored encoder.
+  recorded = {(r["mapping"], r["seed"]): r["f1_micro"] for r in results}
+  for row in rows:
+    if row["val_ratio"] == 0.2 and row["draw"] == 0:
+      assert row["f1_micro"] == recorded[row["mapping"], row["seed"]]
+  # 40 nodes: 8 train, 28 validation, 4 test; F1-micro of 4 single-label nodes is k / 4.
+  other = [r for r in rows if r["val_ratio"] == 0.7]
+  assert {r["test_nodes"] for r in other} == {4}
+  for row in other:
+    assert 4 * row["f1_micro"] == pytest.approx(round(4 * row["f1_micro"]), abs=1e-6)
+  markdown = (tmp_path / "probe_splits.md").read_text()
+  assert "## Split 20 / 70 / 10 % (4 test nodes)" in markdown
+  assert "largest |difference| 0 F1-micro" in markdown and "| tau=0.5 | 2 |" in markdown
+  with open(tmp_path / "probe_splits.csv", newline="") as f:
+    assert len(list(csv.DictReader(f))) == len(rows)
+  with pytest.raises(ValueError, match="--draws"):
+    grace_probe.run(str(tmp_path), val_ratios=[0.7], draws=0)
+  with pytest.raises(ValueError, match="no results.csv"):
+    grace_probe.run(str(tmp_path / "runs"), val_ratios=[0.7], draws=1)
 
 
 def test_bad_spec_fails_before_training(tiny_config, tmp_path):

@@ -1,0 +1,169 @@
+r"""A finished GRACE sweep's encoders probed under other evaluation splits (PyGCL's `get_split`).
+
+The paper's code evaluates with PyGCL's `get_split(train_ratio=0.1, test_ratio=0.8)`, whose
+slicing trains the probe on 10 % of the nodes, validates on 80 % and tests on the last 10 %
+(`evaluation.logistic.random_split`); `experiments.grace` tests on 80 % by default. Here every
+finished run of a GRACE workdir is restored from its final checkpoint and its frozen embeddings
+are probed (`logistic.lr_evaluate`) under each `--val_ratios` split, `--draws` times: draw 0
+uses the run's own evaluation key (with the workdir's split it reproduces `result.json`, which
+is checked), draw k > 0 folds k into it. Nothing is retrained.
+
+Run: python -m experiments.grace_probe --workdir=DIR [--val_ratios 0.1 0.8] [--draws 5]
+
+Writes DIR/probe_splits.csv (one row per run, split and draw) and DIR/probe_splits.md: per
+split, F1-micro at draw 0 (mean and std over seeds, as a sweep reports it), the std over draws
+within a run (the noise of the split alone), and free minus each mapping paired by seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+
+from experiments import grace, runner, tables
+from tfcl_jax.evaluation import logistic
+from tfcl_jax.models import gcn
+from tfcl_jax.training import checkpoint, loop
+
+FIELDS = ("dataset", "mapping", "seed", "train_ratio", "val_ratio", "test_nodes", "draw",
+          "f1_micro", "f1_macro", "val_f1_micro")
+
+
+def finished_runs(workdir: str) -> list[grace.Run]:
+  """The runs of `workdir` with a `result.json` and a checkpoint, in `results.csv` order."""
+  path = os.path.join(workdir, "results.csv")
+  if not os.path.exists(path):
+    raise ValueError(f"--workdir {workdir!r} holds no results.csv: run experiments.grace first.")
+  runs = [grace.Run(row["mapping"], int(row["seed"])) for row in tables.read_csv(path)]
+  return [run for run in runs if os.path.isdir(
+      os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))
+      and runner.finished(run, workdir)]
+
+
+def probe(config, graph, batch, run: grace.Run, *, workdir: str,
+          val_ratios: list[float], draws: int) -> list[dict]:
+  """`FIELDS` rows of one run: its final encoder probed under each split, `draws` times."""
+  model, _, template, full = grace.build(config, graph, batch, run)
+  manager = checkpoint.make_manager(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))
+  state = checkpoint.restore_latest(manager, template)
+  if state is None or int(state.step) != config.epochs:
+    raise ValueError(f"{run.directory(workdir)}: no checkpoint of the final epoch "
+                     f"{config.epochs}")
+  embeddings = model.apply({"params": state.params["model"]}, batch.features, full,
+                           method=gcn.GRACE.embed)
+  eval_key = grace.run_keys(run.seed)[2]
+  rows = []
+  for val_ratio in val_ratios:
+    test_nodes = len(logistic.random_split(graph.num_nodes, key=eval_key,
+                                           train_ratio=config.train_ratio,
+                                           val_ratio=val_ratio)[2])
+    for draw in range(draws):
+      scores = logistic.lr_evaluate(
+          embeddings, graph.labels, key=eval_key if draw == 0 else jax.random.fold_in(
+              eval_key, draw), num_classes=graph.num_classes, train_ratio=config.train_ratio,
+          val_ratio=val_ratio, epochs=config.eval_epochs,
+          learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
+      rows.append({"dataset": graph.name, "mapping": run.mapping, "seed": run.seed,
+                   "train_ratio": config.train_ratio, "val_ratio": val_ratio,
+                   "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],
+                   "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"]})
+  return rows
+
+
+def split_name(train_ratio: float, val_ratio: float) -> str:
+  test = 1.0 - train_ratio - val_ratio
+  return f"{100 * train_ratio:.0f} / {100 * val_ratio:.0f} / {100 * test:.0f} %"
+
+
+def markdown(rows: list[dict], *, command: str, agreement: float | None) -> str:
+  """Per split: F1-micro at draw 0 over seeds, the std over draws within a run, and free minus
+  each mapping paired by seed."""
+  specs = list(dict.fromkeys(r["mapping"] for r in rows))
+  lines = [f"# GRACE on {rows[0]['dataset']}: the same encoders under other probe splits", "",
+           f"Command: `{command}`", "",
+           "Each run's final encoder, probed with PyGCL's LREvaluator under each split "
+           "(train / validation / test). Draw 0 uses the run's own evaluation key; the "
+           "within-run std is over the draws (new split and probe initialisation, same "
+           "encoder).", ""]
+  if agreement is not None:
+    lines += [f"Draw 0 under the workdir's own split reproduces `result.json`: largest "
+              f"|difference| {agreement:.2g} F1-micro.", ""]
+  for val_ratio in dict.fromkeys(r["val_ratio"] for r in rows):
+    split = [r for r in rows if r["val_ratio"] == val_ratio]
+    first = [r for r in split if r["draw"] == 0]
+    lines += [f"## Split {split_name(split[0]['train_ratio'], val_ratio)} "
+              f"({split[0]['test_nodes']} test nodes)", "",
+              "| mapping | seeds | F1-micro, draw 0 (std over seeds) | F1-macro, draw 0 "
+              "| within-run std over draws |", "|---|---|---|---|---|"]
+    for spec in specs:
+      ours = [r for r in first if r["mapping"] == spec]
+      micro = tables.mean_std([100 * r["f1_micro"] for r in ours])
+      macro = tables.mean_std([100 * r["f1_macro"] for r in ours])
+      within = [tables.mean_std([100 * r["f1_micro"] for r in split
+                                 if r["mapping"] == spec and r["seed"] == seed])[1]
+                for seed in dict.fromkeys(r["seed"] for r in ours)]
+      spread = f"{np.sqrt(np.mean(np.square(within))):.2f}" if np.all(np.isfinite(within)) \
+          else "-"
+      lines.append(f"| {spec} | {len(ours)} | {grace.cell(*micro)} | {grace.cell(*macro)} "
+                   f"| {spread} |")
+    lines += tables.paired_markdown(
+        tables.paired_differences(first, specs, metric="f1_micro"),
+        caption="free minus each mapping, F1-micro points at draw 0, paired by seed:")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def run(workdir: str, *, val_ratios: list[float], draws: int, data_dir: str | None = None,
+        command: str = "") -> list[dict]:
+  """Probes every finished run of `workdir`; writes `probe_splits.{csv,md}` there."""
+  if draws < 1:
+    raise ValueError(f"--draws must be >= 1, got {draws}.")
+  runs = finished_runs(workdir)
+  if not runs:
+    raise ValueError(f"--workdir {workdir!r}: no finished run has a checkpoint.")
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  if data_dir is not None:
+    config.data_dir = data_dir
+  graph, batch = grace.load_graph(config)
+  rows = []
+  for run in runs:
+    rows += probe(config, graph, batch, run, workdir=workdir, val_ratios=val_ratios,
+                  draws=draws)
+  agreement = None
+  if config.val_ratio in val_ratios:
+    recorded = {(r["mapping"], int(r["seed"])): float(r["f1_micro"])
+                for r in tables.read_csv(os.path.join(workdir, "results.csv"))}
+    agreement = max(abs(r["f1_micro"] - recorded[r["mapping"], r["seed"]]) for r in rows
+                    if r["val_ratio"] == config.val_ratio and r["draw"] == 0)
+  tables.write_results(workdir, rows, columns=FIELDS, name="probe_splits",
+                       markdown=markdown(rows, command=command, agreement=agreement))
+  return rows
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", required=True, help="a workdir of experiments.grace")
+  parser.add_argument("--val_ratios", type=float, nargs="+", default=[0.1, 0.8],
+                      help="validation fractions (the test set is the rest after "
+                           "the workdir's train_ratio); 0.8 is PyGCL's get_split")
+  parser.add_argument("--draws", type=int, default=5, help="probe splits per run and ratio")
+  parser.add_argument("--data_dir", default=None, help="default: the workdir's config")
+  args = parser.parse_args(argv)
+  try:
+    run(args.workdir, val_ratios=args.val_ratios, draws=args.draws, data_dir=args.data_dir,
+        command=tables.command_line())
+  except (ValueError, FileNotFoundError) as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+  print(f"wrote {os.path.join(args.workdir, 'probe_splits.md')}")
+
+
+if __name__ == "__main__":
+  main()
