@@ -36,11 +36,14 @@ FIELDS = ("dataset", "mapping", "seed", "train_ratio", "val_ratio", "test_nodes"
 
 
 def finished_runs(workdir: str) -> list[grace.Run]:
-  """The runs of `workdir` with a `result.json` and a checkpoint, in `results.csv` order."""
+  """The runs of `workdir` with a `result.json` and a checkpoint, mapping by mapping in the
+  order of its `results.csv`."""
   path = os.path.join(workdir, "results.csv")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir!r} holds no results.csv: run experiments.grace first.")
   runs = [grace.Run(row["mapping"], int(row["seed"])) for row in tables.read_csv(path)]
+  order = list(dict.fromkeys(run.mapping for run in runs))  # the sweep's table order
+  runs.sort(key=lambda run: (order.index(run.mapping), run.seed))
   return [run for run in runs if os.path.isdir(
       os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))
       and runner.finished(run, workdir)]
