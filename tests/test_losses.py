@@ -406,6 +406,7 @@ def test_dynamic_exp_form_equals_numpy(dtype, rtol):
     x = jnp.asarray(cos, dtype)
     np.testing.assert_allclose(form.weight(x), weight, rtol=rtol, atol=1e-30)
     np.testing.assert_allclose(form.weight_grad(x), weight / tau, rtol=rtol, atol=1e-30)
+    assert float(jnp.max(form.weight(x))) <= 1.0  # the shift bounds every weight
 
 
 class BadInputTest(parameterized.TestCase):
