@@ -12,7 +12,8 @@ Run: python -m experiments.grace_probe --workdir=DIR [--val_ratios 0.1 0.8] [--d
 
 Writes DIR/probe_splits.csv (one row per run, split and draw) and DIR/probe_splits.md: per
 split, F1-micro at draw 0 (mean and std over seeds, as a sweep reports it), the std over draws
-within a run (the noise of the split alone), and free minus each mapping paired by seed.
+within a run (the probe's own noise: its split and initialisation), and free minus each
+mapping paired by seed.
 """
 
 from __future__ import annotations

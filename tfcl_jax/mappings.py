@@ -425,8 +425,7 @@ class _Dynamic:
 
     def weight_grad(cos):
       # tau(s) is detached (DySTreSS): d/ds exp(s / tau - shift) = w / tau.
-      t = tau(cos)
-      return jnp.exp(cos / t - shift) / t
+      return weight(cos) / tau(cos)
 
     return ExpForm(shift, weight, weight_grad)
 
