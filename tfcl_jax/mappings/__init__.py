@@ -1,0 +1,40 @@
+r"""Similarity-to-logit maps for InfoNCE: fixed, free, learnable, dynamic and annealed temperature.
+
+Section 2 of Kim & Kim (arXiv 2501.17683) feeds `cos / tau` to the softmax
+(Eq. 1); Section 4 replaces it with the scaled log-odds `2 artanh(cos)` (Eq. 11).
+
+Every map is a `Mapping` (a pytree: learnable scalars are its leaves):
+- `temperature(tau)`: `cos / tau` (Eq. 1);
+- `temperature_free()`: `2 artanh(cos)` (Eq. 11), the default of every loss;
+- `learnable_temperature(tau=...)`: CLIP's `exp(t) cos` (Eq. 8);
+- `dynamic_temperature(tau_min, tau_max)`: DySTreSS's per-pair `cos / tau(cos)`;
+- `annealed_temperature(schedule)`: `cos / schedule(step)`;
+- `from_spec("tau=0.25")`: any of them from a config string (`SPEC_FORMS`).
+"""
+
+from tfcl_jax.mappings._base import ExpForm, LogitFn, LogSigmoidForm, Mapping, as_mapping
+from tfcl_jax.mappings._dynamic import dynamic_tau, dynamic_temperature
+from tfcl_jax.mappings._free import max_free_logit, temperature_free
+from tfcl_jax.mappings._spec import SPEC_FORMS, from_spec
+from tfcl_jax.mappings._temperature import (
+    annealed_temperature,
+    learnable_temperature,
+    temperature,
+)
+
+__all__ = [
+    "SPEC_FORMS",
+    "ExpForm",
+    "LogSigmoidForm",
+    "LogitFn",
+    "Mapping",
+    "annealed_temperature",
+    "as_mapping",
+    "dynamic_tau",
+    "dynamic_temperature",
+    "from_spec",
+    "learnable_temperature",
+    "max_free_logit",
+    "temperature",
+    "temperature_free",
+]

@@ -1,0 +1,179 @@
+"""The `Mapping` type: a similarity-to-logit map as a pytree, with closed forms for the losses."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Mapping as MappingType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from tfcl_jax import _checks
+
+LogitFn = Callable[[jax.Array, MappingType[str, jax.Array], jax.Array], jax.Array]
+
+# Largest spread of logits, in nats, that a fixed shift may cover: `exp(f(c) - shift)` then
+# stays above exp(-60) ~ 1e-26, far from float32's smallest normal (1e-38).
+FIXED_SHIFT_RANGE = {4: 60.0, 8: 600.0}
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mapping:
+  """A similarity-to-logit map, applied elementwise to cosine similarities.
+
+  Call it on cosines: `mapping(cos) -> logits`. Learnable maps carry their
+  trainable scalars in `params` (a dict, empty for the others); scheduled maps
+  read the training `step`. Both can be overridden per call,
+  `mapping(cos, params=..., step=...)`, or fixed with `mapping.bind(params=..., step=...)`,
+  which is how a train step hands the current ones to a loss inside `jit`.
+
+  A `Mapping` is a pytree: its leaves are `params` (and a bound `step`), the rest is static.
+  It passes through `jax.jit`, `vmap` and `grad` as an argument; the gradient with respect to
+  a `Mapping` is a `Mapping` whose `params` hold the gradients, and `optax` updates it.
+
+  The pure map `fn` may declare cheaper closed forms that the losses ask for (`exp_form`):
+  Eq. 11's `exp(2 artanh c) = (1 + c) / (1 - c)` is one division per logit.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import mappings
+    >>> m = mappings.learnable_temperature(tau=0.5)
+    >>> grad = jax.grad(lambda m: m(jnp.array(0.25)))(m)   # d(exp(t) c)/dt = exp(t) c
+    >>> round(float(grad.params["t"]), 4), type(grad).__name__
+    (0.5, 'Mapping')
+
+  Attributes:
+    spec: canonical spec string (`from_spec(mapping.spec)` rebuilds it).
+    fn: `fn(cos, params, step) -> logits`, the pure map.
+    params: trainable scalars, `{}` for non-learnable maps.
+    scheduled: whether the map depends on `step`.
+    step: the step fixed by `bind` (None: 0).
+  """
+
+  spec: str
+  fn: LogitFn = dataclasses.field(repr=False)
+  params: dict[str, Any] = dataclasses.field(default_factory=dict)
+  scheduled: bool = False
+  step: Any = dataclasses.field(default=None, repr=False)
+
+  def tree_flatten(self):
+    return (self.params, self.step), (self.spec, self.fn, self.scheduled)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    spec, fn, scheduled = aux
+    params, step = children
+    return cls(spec, fn, params, scheduled, step)
+
+  def __call__(self, cos: jax.typing.ArrayLike, *, params=None, step=None) -> jax.Array:
+    cos = jnp.asarray(cos)
+    if not jnp.issubdtype(cos.dtype, jnp.floating):
+      raise TypeError(f"cos must have a floating dtype, got {cos.dtype}.")
+    cos = cos.astype(_checks.compute_dtype(cos.dtype))
+    params = self.params if params is None else params
+    step = self.bound_step() if step is None else step
+    return self.fn(cos, params, step)
+
+  def bound_step(self) -> jax.Array:
+    """The step fixed by `bind`, else 0."""
+    return jnp.zeros((), jnp.int32) if self.step is None else jnp.asarray(self.step)
+
+  def bind(self, *, params=None, step=None) -> Mapping:
+    """This map with its trainable `params` and training `step` fixed, as a `Mapping`.
+
+    What a train step hands to a loss: unlike `lambda cos: m(cos, params=p, step=s)`, the
+    result is still this `Mapping` (same `spec`), so the losses keep its fast forms and take
+    gradients with respect to `params` and `step`-dependent values.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from tfcl_jax import mappings
+      >>> m = mappings.learnable_temperature(tau=1.0).bind(params={"t": jnp.log(2.0)})
+      >>> round(m(0.25).item(), 4), m.spec
+      (0.5, 'learnable=1')
+
+    Args:
+      params: replaces `self.params` (same keys); None keeps them.
+      step: the training step a scheduled map reads; None keeps the bound one (else 0).
+    """
+    if params is not None and set(params) != set(self.params):
+      raise ValueError(
+          f"params must have the keys {sorted(self.params)} of mapping {self.spec!r}, "
+          f"got {sorted(params)}.")
+    return dataclasses.replace(self, params=self.params if params is None else dict(params),
+                               step=self.step if step is None else step)
+
+  @property
+  def learnable(self) -> bool:
+    return bool(self.params)
+
+  def exp_form(self, dtype) -> ExpForm | None:
+    """The map's closed form of `exp(f(c) - shift)` for cosines of `dtype`, if it has one.
+
+    Losses that sum `exp(logits)` (InfoNCE's logsumexp) use it instead of `exp(fn(c))`:
+    a constant `shift` replaces the running maximum, and the weight and its derivative come
+    from the map's own formula. None when the map declares no such form, has learnable
+    parameters (their gradient goes through `fn`), or its logits span more than the dtype can
+    hold under one shift (e.g. `tau < 1/30` in float32).
+    """
+    return self._declared("exp_form", dtype)
+
+  def log_sigmoid_form(self, dtype) -> LogSigmoidForm | None:
+    """The map's closed form of `-log sigmoid(s f(c))`, `s = +-1`, if it has one.
+
+    The sigmoid (SigLIP) loss uses it instead of `softplus(-s f(c))`. Eq. 11 has one:
+    `sigmoid(2 artanh c) = (1 + c) / 2`. None as for `exp_form`.
+    """
+    return self._declared("log_sigmoid_form", dtype)
+
+  def _declared(self, name: str, dtype):
+    declare = getattr(self.fn, name, None)
+    if declare is None or self.params:
+      return None
+    return declare(jnp.dtype(dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpForm:
+  """`w(c) = exp(f(c) - shift)` and `dw/dc` in closed form, for `c` in `[-1, 1]`.
+
+  `shift` is a constant at least `max f`, so `w <= 1` (or bounded: Eq. 11 uses `shift = 0`
+  with `w <= 2 / margin`); losses then need no running maximum.
+  """
+
+  shift: float
+  weight: Callable[[jax.Array], jax.Array]
+  weight_grad: Callable[[jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSigmoidForm:
+  """`t(c, s) = -log sigmoid(s f(c))` and `dt/dc` in closed form, `s = +-1` (the pair's label)."""
+
+  term: Callable[[jax.Array, jax.Array], jax.Array]
+  term_grad: Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def as_mapping(mapping) -> Mapping:
+  """`mapping` as a `Mapping`: a `Mapping` as is, a plain callable `cos -> logits` wrapped.
+
+  Examples:
+    >>> from tfcl_jax import mappings
+    >>> mappings.as_mapping(lambda cos: 3.0 * cos)(0.5).item()
+    1.5
+  """
+  if isinstance(mapping, Mapping):
+    return mapping
+  if not callable(mapping):
+    raise TypeError(
+        f"mapping must be a callable cos -> logits (see tfcl_jax.mappings), got "
+        f"{type(mapping).__name__}.")
+  return Mapping("callable", lambda cos, params, step: mapping(cos))
+
+
+def format_number(x) -> str:
+  """A number as it appears in a spec string (`0.25`, `1`, `1e-05`)."""
+  return f"{float(x):g}"

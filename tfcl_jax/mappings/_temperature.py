@@ -1,0 +1,145 @@
+"""Temperature maps: fixed `cos / tau` (Eq. 1), learnable `exp(t) cos` (Eq. 8), annealed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tfcl_jax import _checks, schedules
+from tfcl_jax.mappings._base import FIXED_SHIFT_RANGE, ExpForm, Mapping, format_number
+
+
+@dataclasses.dataclass(frozen=True)
+class _Temperature:
+  """`cos / tau` with a concrete `tau` (Eq. 1)."""
+
+  tau: float
+
+  def __call__(self, cos, params, step):
+    return cos / jnp.asarray(self.tau, cos.dtype)
+
+  def exp_form(self, dtype) -> ExpForm | None:
+    if 2.0 / self.tau > FIXED_SHIFT_RANGE[dtype.itemsize]:
+      return None
+    inverse = 1.0 / self.tau
+
+    def weight(cos):
+      return jnp.exp((cos - 1.0) * inverse)
+
+    return ExpForm(inverse, weight, lambda cos: weight(cos) * inverse)
+
+
+def temperature(tau: jax.typing.ArrayLike) -> Mapping:
+  r"""Division by temperature, `cos / tau` (Eq. 1; SimCLR's NT-Xent).
+
+  Logits lie in `[-1/tau, 1/tau]`, an interval of finite length `2/tau`: the
+  representational limit of Example 3.1.
+
+  Examples:
+    >>> from tfcl_jax import mappings
+    >>> mappings.temperature(0.5)(0.25).item()
+    0.5
+
+  Args:
+    tau: temperature, > 0. May be a traced array (e.g. `schedule(step)`); a
+      concrete value <= 0 raises `ValueError`.
+
+  Returns:
+    A `Mapping`.
+  """
+  _checks.positive_scalar(tau, name="tau")
+  if _checks.is_concrete(tau):
+    return Mapping(f"tau={format_number(tau)}", _Temperature(float(tau)))
+  return Mapping("tau=<traced>", lambda cos, params, step: cos / jnp.asarray(tau, cos.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Learnable:
+  """`min(exp(t), max_scale) * cos` (Eq. 8), `t` in `params`."""
+
+  max_scale: float | None = None
+
+  def __call__(self, cos, params, step):
+    scale = jnp.exp(jnp.asarray(params["t"], cos.dtype))
+    if self.max_scale is not None:
+      scale = jnp.minimum(scale, self.max_scale)
+    return scale * cos
+
+
+def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
+                          t: jax.typing.ArrayLike | None = None,
+                          max_scale: float | None = None) -> Mapping:
+  r"""CLIP's learnable temperature: `exp(t) * cos` (Eq. 8), started at temperature `tau`.
+
+  `t = log(1 / tau)` is the log inverse temperature (the logit scale's log, stored as in
+  CLIP and big_vision); it lives in `mapping.params["t"]` for the train state. Give the
+  initial temperature `tau` (default 0.07, CLIP's) or `t` itself, not both:
+  `learnable_temperature(tau=0.07)` is `from_spec("learnable=0.07")`. Eq. 10: the gradient
+  `|dL/dt| = 2 C e^t / (1 + e^{2 C e^t})` vanishes at `C = 0` for every `t`.
+
+  Examples:
+    >>> from tfcl_jax import mappings
+    >>> clip_init = mappings.learnable_temperature(tau=0.07)
+    >>> round(clip_init(0.07).item(), 4), clip_init.spec
+    (1.0, 'learnable=0.07')
+    >>> capped = mappings.learnable_temperature(tau=0.001, max_scale=100.0)
+    >>> round(capped(0.5).item(), 4)   # open_clip clamps the scale exp(t) at 100
+    50.0
+
+  Args:
+    tau: initial temperature, > 0 (default 0.07 when `t` is not given).
+    t: initial log inverse temperature instead of `tau`; may be a traced scalar, so that
+      gradients reach it.
+    max_scale: optional cap on the logit scale `exp(t)` (open_clip uses 100); None: no cap.
+
+  Returns:
+    A `Mapping` with `params == {"t": t}`.
+  """
+  if tau is not None and t is not None:
+    raise ValueError(f"give the initial temperature tau or its log inverse t, not both "
+                     f"(got tau={tau!r}, t={t!r}).")
+  if max_scale is not None:
+    _checks.positive_scalar(max_scale, name="max_scale")
+    max_scale = float(max_scale)
+  if t is None:
+    tau = 0.07 if tau is None else tau
+    _checks.positive_scalar(tau, name="tau")
+    t = jnp.log(1.0 / jnp.asarray(tau, float)) if _checks.is_concrete(tau) else -jnp.log(tau)
+  elif _checks.is_concrete(t):
+    t_value = np.asarray(t)
+    if t_value.ndim != 0 or not np.issubdtype(t_value.dtype, np.number) or not np.isfinite(
+        t_value):
+      raise ValueError(f"t must be a finite scalar, got {t!r}.")
+  concrete = _checks.is_concrete(t)
+  spec = f"learnable={format_number(math.exp(-float(t)))}" if concrete else "learnable"
+  return Mapping(spec, _Learnable(max_scale),
+                 params={"t": jnp.asarray(t, float) if concrete else t})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Annealed:
+  """`cos / schedule(step)`."""
+
+  schedule: schedules.Schedule
+
+  def __call__(self, cos, params, step):
+    return cos / self.schedule(step).astype(cos.dtype)
+
+
+def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") -> Mapping:
+  """Division by a scheduled temperature, `cos / schedule(step)`.
+
+  Examples:
+    >>> from tfcl_jax import mappings, schedules
+    >>> schedule = schedules.linear(tau_start=1.0, tau_end=0.5, steps=10)
+    >>> mapping = mappings.annealed_temperature(schedule)
+    >>> mapping(0.5, step=10).item()
+    1.0
+  """
+  if not callable(schedule):
+    raise TypeError(f"schedule must be a callable step -> tau, got {type(schedule).__name__}.")
+  return Mapping(spec, _Annealed(schedule), scheduled=True)
