@@ -133,17 +133,21 @@ class LearnableTemperatureTest(chex.TestCase):
     assert float(grad) == 0.0
 
 
-class DynamicTemperatureTest(chex.TestCase):
+class DynamicTemperatureTest(parameterized.TestCase):
 
-  def test_tau_formula_and_stop_gradient(self):
-    with jax.enable_x64(True):
-      s = np.linspace(-1, 1, 101)
-      tau = 0.1 + 0.5 * (0.3 - 0.1) * (1 + np.cos(np.pi * (1 + s)))
+  @parameterized.parameters((np.float64, 1e-14), (np.float32, 2e-6))
+  def test_tau_formula_and_stop_gradient(self, dtype, rtol):
+    # The map's Taylor series for tau against the cosine formula, on a fine grid of [-1, 1]
+    # and a few ulps past +-1 (where a normalised vector's self-similarity can land).
+    eps = np.finfo(dtype).eps
+    s = np.concatenate([np.linspace(-1, 1, 4001), [-1 - 4 * eps, 1 + 4 * eps]]).astype(dtype)
+    tau = 0.1 + 0.5 * (0.3 - 0.1) * (1 + np.cos(np.pi * (1 + s.astype(np.float64))))
+    with jax.enable_x64(dtype == np.float64):
       mapping = mappings.dynamic_temperature(0.1, 0.3)
-      np.testing.assert_allclose(mapping(s), s / tau, rtol=1e-12)
+      np.testing.assert_allclose(mapping(s), s / tau, rtol=rtol)
       # tau(s) is detached, so the gradient of s / tau(s) is 1 / tau(s).
-      grad = jax.vmap(jax.grad(lambda x: mapping(x)))(s)
-      np.testing.assert_allclose(grad, 1 / tau, rtol=1e-12)
+      grad = jax.vmap(jax.grad(lambda x: mapping(x)))(jnp.asarray(s))
+      np.testing.assert_allclose(grad, 1 / tau, rtol=rtol)
 
   def test_bad_range(self):
     with pytest.raises(ValueError, match="tau_max"):
