@@ -32,8 +32,7 @@ def _free_port() -> int:
 def _launch(task: str, out_dir, *extra: str, timeout: float = 240) -> list[tuple[int, str]]:
   """Runs both processes of `task`; returns (exit code, output) per process, killing on timeout."""
   port = str(_free_port())
-  env = {**os.environ, "PYTHONPATH": ROOT}
-  env.pop("XLA_FLAGS", None)
+  env = {**os.environ, "PYTHONPATH": ROOT}  # the worker sets its own device count
   procs = [subprocess.Popen(
       [sys.executable, os.path.join(ROOT, "tests", "multiprocess_worker.py"), task, str(i), "2",
        port, str(out_dir), *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
