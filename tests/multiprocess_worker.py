@@ -22,6 +22,8 @@ import sys
 
 import jax
 
+from tests import xla_flags
+
 BATCH, STEPS = 32, 4
 
 
@@ -161,9 +163,7 @@ def crash_task(process_id: int) -> None:
 def main() -> None:
   # Before the first device query (importing this module from the tests must not touch them).
   # 4 devices per process; other flags (the tests' compiler settings) pass through.
-  flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-           if "xla_force_host_platform_device_count" not in flag]
-  os.environ["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
+  os.environ["XLA_FLAGS"] = xla_flags.with_host_devices(4)
   os.environ["JAX_PLATFORMS"] = "cpu"
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   task, process_id, num_processes, port, out_dir = sys.argv[1:6]

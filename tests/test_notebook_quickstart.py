@@ -9,6 +9,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests import xla_flags
+
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 
 
@@ -19,9 +21,7 @@ def test_quickstart_notebook_runs(monkeypatch):
   monkeypatch.setenv("PYTHONPATH", root + os.pathsep + os.environ.get("PYTHONPATH", ""))
   monkeypatch.setenv("MPLBACKEND", "Agg")
   # One device in the kernel: conftest's 8 host devices would only slow compilation here.
-  flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-           if "xla_force_host_platform_device_count" not in flag]
-  monkeypatch.setenv("XLA_FLAGS", " ".join([*flags, "--xla_force_host_platform_device_count=1"]))
+  monkeypatch.setenv("XLA_FLAGS", xla_flags.with_host_devices(1))
   notebook = nbformat.read(NOTEBOOK, as_version=4)
   NotebookClient(notebook, timeout=300, kernel_name="python3",
                  resources={"metadata": {"path": root}}).execute()
