@@ -1,5 +1,6 @@
-"""The fused Pallas kernel (`info_nce(..., implementation="pallas")`, interpreted on CPU)
-against the XLA engine and a NumPy reference: values and gradients, ragged N, masks."""
+"""The fused kernels (`info_nce(..., implementation="pallas")`, interpreted on CPU) against the
+XLA engine and a NumPy reference: values and gradients (embeddings and the map's parameters),
+ragged N and D, masks, extra negatives, every mapping with scalar parameters, bfloat16 inputs."""
 
 from __future__ import annotations
 
@@ -10,53 +11,99 @@ import numpy as np
 import pytest
 
 from tfcl_jax import losses, mappings, schedules
+from tfcl_jax.losses import _pallas
 
-N, D = 21, 6  # 21 rows in tiles of 8: ragged, padded inside
+# 37 rows in blocks of 16 (ragged, padded inside); D = 70 in chunks of 64 (two chunks, the
+# second padded with zeros).
+N, D, BANK = 37, 70, 19
+SCHEDULE = schedules.linear(tau_start=0.5, tau_end=0.1, steps=10)
 
 MAPPINGS = {
     "tau": mappings.temperature(0.2),
     "free": mappings.temperature_free(),
     "learnable": mappings.learnable_temperature(tau=0.3),
+    "learnable_capped": mappings.learnable_temperature(tau=0.001, max_scale=100.0),
     "dynamic": mappings.dynamic_temperature(0.1, 0.2),
-    "annealed": mappings.annealed_temperature(
-        schedules.linear(tau_start=0.5, tau_end=0.1, steps=10)).bind(step=3.0),  # a float leaf
+    "annealed": mappings.annealed_temperature(SCHEDULE).bind(step=3.0),  # a float leaf
 }
-MODES = [dict(negatives="cross"), dict(negatives="cross", symmetric=True),
-         dict(negatives="all"), dict(negatives="all", masked=True)]
+MODES = {
+    "cross": dict(negatives="cross"),
+    "symmetric": dict(negatives="cross", symmetric=True),
+    "all": dict(negatives="all"),
+    "all-masked": dict(negatives="all", masked=True),
+    "cross-masked-bank": dict(negatives="cross", masked=True, bank=True),
+    "symmetric-bank": dict(negatives="cross", symmetric=True, bank=True),
+    "all-bank": dict(negatives="all", bank=True),
+}
 
 
-def _views():
+def _views(dtype=jnp.float32):
   z1 = jax.random.normal(jax.random.key(0), (N, D))
   z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (N, D))
-  return z1, z2, (jnp.arange(N) % 5) != 2
+  bank = jax.random.normal(jax.random.key(2), (BANK, D))
+  return z1.astype(dtype), z2.astype(dtype), (jnp.arange(N) % 5) != 2, bank.astype(dtype)
 
 
-# Every mapping on the hardest mode (masked NT-Xent), every mode under a learnable map.
-CASES = ([(name, MODES[-1]) for name in MAPPINGS]
-         + [("learnable", mode) for mode in MODES[:-1]])
-
-
-@pytest.mark.parametrize("name, mode", CASES,
-                         ids=[f"{n}-" + "-".join(f"{k}={v}" for k, v in m.items())
-                              for n, m in CASES])
-def test_pallas_equals_xla_values_and_gradients(name, mode):
-  z1, z2, where = _views()
+def _kwargs(mode, where, bank):
   mode = dict(mode)
   if mode.pop("masked", False):
     mode["where"] = where
+  if mode.pop("bank", False):
+    mode["extra_negatives"] = bank
+    mode["extra_where"] = jnp.arange(BANK) % 4 != 1
+  return mode
 
+
+def _grad(mode, where, bank):
   def loss(a, b, mapping, implementation):
-    return losses.info_nce(a, b, mapping=mapping, block_size=8, implementation=implementation,
-                           **mode)
+    return losses.info_nce(a, b, mapping=mapping, block_size=16, implementation=implementation,
+                           **_kwargs(mode, where, bank))
 
-  grad = jax.value_and_grad(loss, argnums=(0, 1, 2))
+  return jax.value_and_grad(loss, argnums=(0, 1, 2))
+
+
+# Every mapping on the two hardest modes (masked NT-Xent; the two-tower loss with a bank),
+# every mode under the learnable map (its parameter's gradient takes every path).
+CASES = ([(name, "all-masked") for name in MAPPINGS]
+         + [(name, "symmetric-bank") for name in MAPPINGS if name != "learnable"]
+         + [("learnable", mode) for mode in MODES if mode != "all-masked"])
+
+
+@pytest.mark.parametrize("name, mode", CASES, ids=[f"{n}-{m}" for n, m in CASES])
+def test_pallas_equals_xla_values_and_gradients(name, mode):
+  z1, z2, where, bank = _views()
+  grad = _grad(MODES[mode], where, bank)
   expected = grad(z1, z2, MAPPINGS[name], "xla")
   got = jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], "pallas")
   chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_traced_temperature_closed_over_by_the_map_gets_its_gradient():
+  # A schedule evaluated outside the loss: the map closes over a traced tau.
+  z1, z2, _, _ = _views()
+
+  def loss(tau, implementation):
+    return losses.info_nce(z1, z2, mapping=mappings.temperature(tau), negatives="all",
+                           block_size=16, implementation=implementation)
+
+  expected = jax.value_and_grad(loss)(0.3, "xla")
+  got = jax.jit(jax.value_and_grad(loss), static_argnums=1)(0.3, "pallas")
+  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_inputs_are_computed_in_float32_like_the_xla_engine():
+  z1, z2, where, bank = _views(jnp.bfloat16)
+  grad = _grad(MODES["symmetric"], where, bank)
+  expected = grad(z1, z2, MAPPINGS["free"], "xla")
+  got = jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS["free"], "pallas")
+  assert got[0].dtype == jnp.float32 and got[1][0].dtype == jnp.bfloat16
+  chex.assert_trees_all_close(got, expected, atol=1e-2, rtol=1e-2)  # bfloat16 gradients
+  z1_32, z2_32 = z1.astype(jnp.float32), z2.astype(jnp.float32)
+  np.testing.assert_allclose(got[0], grad(z1_32, z2_32, MAPPINGS["free"], "xla")[0], rtol=1e-5)
+
+
 def test_pallas_equals_numpy_nt_xent():
-  z1, z2, _ = _views()
+  z1, z2, _, _ = _views()
   u = np.concatenate([z1, z2]).astype(np.float64)
   u /= np.linalg.norm(u, axis=1, keepdims=True)
   logits = np.log1p(u @ u.T) - np.log1p(-np.clip(u @ u.T, -1, 1 - 1e-12))  # 2 artanh
@@ -64,14 +111,31 @@ def test_pallas_equals_numpy_nt_xent():
   positive = (np.arange(2 * N) + N) % (2 * N)
   lse = np.log(np.exp(logits).sum(axis=1))
   expected = np.mean(lse - logits[np.arange(2 * N), positive])
-  got = losses.info_nce(z1, z2, negatives="all", implementation="pallas", block_size=8)
+  got = losses.info_nce(z1, z2, negatives="all", implementation="pallas", block_size=16)
   np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
-def test_bad_implementation_and_unsupported_mapping():
-  z1, z2, _ = _views()
+def test_tiles_are_powers_of_two():
+  for rows, dim, block_size in [(37, 70, 16), (1000, 128, None), (4096, 768, None),
+                                (2**17, 256, 1000), (5, 3, None)]:
+    block, block_d = _pallas.tile_geometry(rows, rows, dim, block_size)
+    assert block & (block - 1) == 0 and block_d & (block_d - 1) == 0, (block, block_d)
+    assert block >= _pallas.SMALLEST_BLOCK and block_d >= _pallas.SMALLEST_BLOCK
+    if block_size is not None:
+      assert block <= max(block_size, _pallas.SMALLEST_BLOCK)
+
+
+def test_bad_implementation_block_size_and_unsupported_mapping():
+  z1, z2, _, _ = _views()
   with pytest.raises(ValueError, match="implementation"):
     losses.info_nce(z1, z2, implementation="triton")
+  with pytest.raises(ValueError, match="block_size must be >= 16"):
+    losses.info_nce(z1, z2, implementation="pallas", block_size=8)
   vector_params = mappings.Mapping("vec", lambda c, p, s: c * p["w"][0], {"w": jnp.ones(2)})
   with pytest.raises(ValueError, match="params are scalars"):
     losses.info_nce(z1, z2, mapping=vector_params, implementation="pallas")
+  table = jnp.array([2.0, 0.5])
+  closes_over_array = mappings.Mapping("table", lambda c, p, s: c * table[0] + table[1])
+  with pytest.raises(ValueError, match="closes over scalars only"):
+    jax.jit(lambda a, b: losses.info_nce(a, b, mapping=closes_over_array, block_size=16,
+                                         implementation="pallas"))(z1, z2)

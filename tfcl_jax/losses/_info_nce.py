@@ -22,17 +22,18 @@ def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
-                  lse_fn=tile_reduce) -> jax.Array:
+                  lse_fn=tile_reduce, bank_fn=tile_reduce) -> jax.Array:
   """Per anchor, the logsumexp of its negatives' logits (in-batch, then the extra bank).
 
-  `lse_fn` computes the in-batch part (the single-device engine, or a cross-device one).
+  `lse_fn` computes the in-batch part (the single-device engine, a cross-device one, or the
+  fused kernels), `bank_fn` the bank's (the engine or the kernels, on each device's anchors).
   """
   row_lse, col_lse = lse_fn(layout.rows, layout.columns, mapping=mapping, kind=layout.kind,
                             block_size=block_size)
   if bank is not None:
     def bank_lse(anchors):
-      return tile_reduce(anchors, bank, mapping=mapping, kind="rows",
-                                 block_size=block_size, column_grad=False)[0]
+      return bank_fn(anchors, bank, mapping=mapping, kind="rows", block_size=block_size,
+                     column_grad=False)[0]
 
     row_lse = log_add(row_lse, bank_lse(layout.rows))
     if col_lse is not None:
@@ -154,6 +155,7 @@ def info_nce(
       raise ValueError("implementation='pallas' needs a tfcl_jax.mappings.Mapping whose params "
                        f"are scalars, got {mapping!r}; use implementation='xla'.")
     lse_fn = _pallas.pallas_reduce
-  lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank, lse_fn=lse_fn)
+  lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank, lse_fn=lse_fn,
+                      bank_fn=lse_fn)
   per_row = row_losses(rows, lse, mapping)
   return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)
