@@ -26,9 +26,11 @@ from tfcl_jax.losses._tiles import LogSumExp, MapArgs, Side, TileMap
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 
-# Tile side of the automatic choice on CPU, and the largest matrix side held as one tile.
-_CPU_BLOCK = 512
-_ACCELERATOR_BLOCK = 2048
+# Tile side of the automatic choice, and the largest matrix side held as one tile, per backend:
+# measured on CPU; on GPU and TPU chosen by the cost argument of docs/losses.md (unmeasured).
+_BLOCKS = {"cpu": 512, "gpu": 4096, "tpu": 4096}
+# The platforms a program can be lowered for, and the backend whose default each takes.
+_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,22 +60,45 @@ def balanced_tile(block_size: int, n: int) -> int:
 
 
 def auto_block_size(num_rows: int, num_cols: int, backend: str | None = None) -> int:
-  """The tile side the losses use when `block_size` is None.
+  """The tile side the losses use when `block_size` is None, on `backend`.
 
   On CPU, tiles of 512 (one tile up to 512 rows): measured fastest from 1,024 to 16,384 rows
   (`python -m benchmarks.loss_bench`); a `[512, 512]` float32 tile (1 MiB) stays in cache.
-  On accelerators, one tile up to 2,048 rows, else tiles of 2,048 (big matmuls keep the cores
-  busy; memory stays O(N * 2048)).
+  On GPU and TPU, one tile up to 4,096 rows, else tiles of 4,096: a `[4096, 4096]` float32
+  tile is 64 MiB, and each step of the tile loop does enough work (8.6 GFLOP per product at
+  D = 256) to hide the step's fixed cost (kernel launches on GPU); docs/losses.md gives the
+  argument. The losses take the backend the program is lowered for (`by_platform`), so a
+  program lowered for `cuda` on a CPU host gets the GPU's tiles.
 
   Examples:
     >>> from tfcl_jax.losses import auto_block_size
     >>> auto_block_size(8192, 8192, "cpu"), auto_block_size(300, 300, "cpu")
     (512, 300)
+    >>> auto_block_size(8192, 8192, "gpu"), auto_block_size(3000, 3000, "tpu")
+    (4096, 3000)
+
+  Args:
+    num_rows: rows of the similarity matrix.
+    num_cols: its columns.
+    backend: `"cpu"`, `"gpu"` (or `"cuda"`, `"rocm"`), `"tpu"`; None: `jax.default_backend()`.
   """
   backend = jax.default_backend() if backend is None else backend
-  block = _CPU_BLOCK if backend == "cpu" else _ACCELERATOR_BLOCK
+  block = _BLOCKS.get(_PLATFORMS.get(backend, backend), _BLOCKS["gpu"])
   largest = max(num_rows, num_cols)
   return largest if largest <= block else block
+
+
+def by_platform(num_rows: int, num_cols: int, fn, *args):
+  """`fn(block_size, *args)` with the automatic tile side of the platform the program is
+  lowered for (`jax.lax.platform_dependent`): one branch per distinct choice, resolved at
+  lowering, so the compiled program holds only its platform's."""
+  choices = {platform: auto_block_size(num_rows, num_cols, backend)
+             for platform, backend in _PLATFORMS.items()}
+  if len(set(choices.values())) == 1:
+    return fn(choices["cpu"], *args)
+  branches = {block: functools.partial(fn, block) for block in set(choices.values())}
+  return jax.lax.platform_dependent(
+      *args, **{platform: branches[block] for platform, block in choices.items()})
 
 
 def pad_side(side: Side, multiple: int) -> Side:
@@ -298,7 +323,17 @@ def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
   num_rows = rows.ids.shape[0]
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   if block_size is None:
-    block_size = auto_block_size(num_rows, num_cols)
+    return by_platform(num_rows, num_cols, functools.partial(
+        _tile_reduce, mapping=mapping, kind=kind, column_grad=column_grad,
+        reduction=reduction), rows, columns)
+  return _tile_reduce(block_size, rows, columns, mapping=mapping, kind=kind,
+                      column_grad=column_grad, reduction=reduction)
+
+
+def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
+                 column_grad: bool, reduction):
+  num_rows = rows.ids.shape[0]
+  num_cols = num_rows if columns is None else columns.ids.shape[0]
   block_rows = balanced_tile(block_size, num_rows)
   block_cols = block_rows if columns is None else balanced_tile(block_size, num_cols)
   tile_map, args = pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),

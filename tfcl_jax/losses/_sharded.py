@@ -107,14 +107,18 @@ def device_reduce(axis_name, strategy):
         col_lse = jax.lax.dynamic_slice_in_dim(col_lse, jax.lax.axis_index(axis_name) * n, n)
       return row_lse, col_lse
     if block_size is None:
-      block_size = _engine.auto_block_size(rows.ids.shape[0], columns.ids.shape[0])
+      return _engine.by_platform(rows.ids.shape[0], columns.ids.shape[0], functools.partial(
+          ring, kind=kind, mapping=mapping, reduction=reduction), rows, columns)
+    return ring(block_size, rows, columns, kind=kind, mapping=mapping, reduction=reduction)
+
+  def ring(block_size, rows, columns, *, kind, mapping, reduction):
     block_rows = _engine.balanced_tile(block_size, rows.ids.shape[0])
     block_cols = _engine.balanced_tile(block_size, columns.ids.shape[0])
     tile_map, args = _engine.pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
                                       like=rows.vectors, reduction=reduction)
     plan = _engine.Plan(kind, block_rows, block_cols, tile_map, reduction=reduction)
     row_lse, col_lse = _ring_reduce(plan, axis_name, _engine.pad_side(rows, block_rows),
-                                 _engine.pad_side(columns, block_cols), args)
+                                    _engine.pad_side(columns, block_cols), args)
     num_rows, num_cols = rows.ids.shape[0], columns.ids.shape[0]
     return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
 
