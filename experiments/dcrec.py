@@ -160,6 +160,25 @@ def make_model(config, data: sequences.SequenceData) -> dcrec.DCRec:
       graph_dropout=config.graph_dropout, graph_dropout_at_eval=config.graph_dropout_at_eval)
 
 
+def make_train_step(config, model: dcrec.DCRec, objective: losses.LossSpec,
+                    graphs: dcrec_objective.DCRecGraphs, mesh):
+  """DCRec's sharded train step on the training-phase `graphs`."""
+  loss_fn = dcrec_objective.make_dcrec_loss(
+      model, objective, graphs, cl_weight=config.cl_weight, kl_weight=config.kl_weight,
+      weight_mean=config.weight_mean)
+  return training.make_train_step(loss_fn, mesh=mesh)
+
+
+def initial_state(config, model: dcrec.DCRec, objective: losses.LossSpec, example: dict,
+                  key: jax.Array, *, num_steps: int) -> training.TrainState:
+  """The run's train state, its model initialised on one batch `example`."""
+  return training.create_train_state(
+      model_params=model.init(key, example["inputs"], example["lengths"])["params"],
+      tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
+                                 total_steps=num_steps, schedule="constant"),
+      apply_fn=model.apply, mapping_params=objective.params)
+
+
 def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict, run: Run, *,
             workdir: str, progress: bool = True) -> dict:
   """Trains DCRec for `run` (`tfcl_jax.training`), scores both splits after every epoch and
@@ -174,16 +193,9 @@ def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict
   init_key, train_key, eval_key = jax.random.split(jax.random.key(run.seed), 3)
   example = next(epoch_batches(data.train, batch_size=config.batch_size, seed=run.seed,
                                start=0, num_steps=1))
-  state = training.create_train_state(
-      model_params=model.init(init_key, example["inputs"], example["lengths"])["params"],
-      tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
-                                 total_steps=num_steps, schedule="constant"),
-      apply_fn=model.apply, mapping_params=objective.params)
+  state = initial_state(config, model, objective, example, init_key, num_steps=num_steps)
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  loss_fn = dcrec_objective.make_dcrec_loss(
-      model, objective, graphs["train"], cl_weight=config.cl_weight,
-      kl_weight=config.kl_weight, weight_mean=config.weight_mean)
-  train_step = training.make_train_step(loss_fn, mesh=mesh)
+  train_step = make_train_step(config, model, objective, graphs["train"], mesh)
   # Negatives are drawn once per seed: every mapping of a seed meets the same candidates.
   splits = {name: evaluation_set(data, getattr(data, name), seed=run.seed,
                                  num_negatives=config.num_negatives)

@@ -98,6 +98,14 @@ def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphB
   return model, objective, state, full
 
 
+def make_train_step(config, model: gcn.GRACE, objective: losses.LossSpec, mesh):
+  """GRACE's full-batch train step: the whole graph is one replicated batch."""
+  loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=config.edge_rate,
+                                            feature_rate=config.feature_rate,
+                                            block_size=config.block_size)
+  return training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
+
+
 def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
             run: Run, *, workdir: str, progress: bool = True) -> dict:
   """Trains GRACE for `run` (`tfcl_jax.training`), evaluates it; returns its results row.
@@ -109,10 +117,7 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Grap
   _, train_key, eval_key = run_keys(run.seed)
   # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=config.edge_rate,
-                                            feature_rate=config.feature_rate,
-                                            block_size=config.block_size)
-  train_step = training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
+  train_step = make_train_step(config, model, objective, mesh)
   batch = training.sharding.shard_batch(batch, mesh, sharded=False)
   run_dir = run.directory(workdir)
   record = {k: v for k, v in config.to_dict().items() if k not in PLAN_FIELDS}

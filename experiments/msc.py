@@ -82,6 +82,22 @@ def _frozen(config) -> list[str]:
   return [name.strip() for name in str(config.frozen).split(",") if name.strip()]
 
 
+def make_optimizer(config: ml_collections.ConfigDict, params, *, total_steps: int):
+  """The config's fine-tuning optimiser, the `config.frozen` modules of `params` frozen."""
+  tx = optim.make_optimizer(
+      name=config.optimizer, learning_rate=config.learning_rate, total_steps=total_steps,
+      schedule=config.schedule, momentum=config.momentum, weight_decay=config.weight_decay)
+  return msc.freeze(tx, params, frozen=_frozen(config))
+
+
+def make_train_step(config: ml_collections.ConfigDict, encoder, mapping: mappings.Mapping, mesh,
+                    augment_fn):
+  """MSC's sharded fine-tuning step (`objectives.msc`, `training.make_train_step`)."""
+  loss_fn = msc_objective.make_msc_loss(encoder, mapping=mapping, augment=augment_fn,
+                                        angular=config.angular)
+  return step.make_train_step(loss_fn, mesh=mesh)
+
+
 class Experiment(simclr_trainer.ImageData):
   """What the runs share: data, encoder, pretrained variables, optimiser, compiled steps."""
 
@@ -173,18 +189,13 @@ class Experiment(simclr_trainer.ImageData):
   def optimizer(self, params):
     # One optax object for every run: the compiled step is reused only for the same (static) tx.
     if self._tx is None:
-      c = self.config
-      tx = optim.make_optimizer(
-          name=c.optimizer, learning_rate=c.learning_rate, total_steps=self.max_steps,
-          schedule=c.schedule, momentum=c.momentum, weight_decay=c.weight_decay)
-      self._tx = msc.freeze(tx, params, frozen=_frozen(c))
+      self._tx = make_optimizer(self.config, params, total_steps=self.max_steps)
     return self._tx
 
   def train_step(self, mapping: mappings.Mapping):
     if mapping.spec not in self._steps:
-      loss_fn = msc_objective.make_msc_loss(self.encoder, mapping=mapping, augment=self.augment,
-                                  angular=self.config.angular)
-      self._steps[mapping.spec] = step.make_train_step(loss_fn, mesh=self.mesh)
+      self._steps[mapping.spec] = make_train_step(self.config, self.encoder, mapping, self.mesh,
+                                                  self.augment)
     return self._steps[mapping.spec]
 
   def batches(self, images: np.ndarray, *, seed: int, start_step: int):

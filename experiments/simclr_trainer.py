@@ -78,15 +78,45 @@ def _host_batch(batch_size: int) -> int:
   return batch_size // jax.process_count()
 
 
+def views(config: ml_collections.ConfigDict) -> tuple[data.DatasetInfo, str, int]:
+  """The dataset's info, the augmentation recipe and the side of the views of `config`
+  (`config.dataset`, `recipe`, `view_size`; empty fields take the dataset's)."""
+  info = data.get_info(config.dataset)
+  return info, config.recipe or info.recipe, config.view_size or info.view_size or info.image_size
+
+
+def make_model(config: ml_collections.ConfigDict):
+  """The config's encoder with its projection head (`models.ContrastiveModel`)."""
+  return models.make_contrastive_model(
+      config.backbone, width=config.width or None, proj_hidden_dim=config.proj_hidden_dim,
+      proj_dim=config.proj_dim)
+
+
+def make_optimizer(config: ml_collections.ConfigDict, *, batch_size: int, steps_per_epoch: int):
+  """The config's optimiser for `batch_size` (linear learning-rate scaling if asked)."""
+  scale = batch_size / 256 if config.lr_scaling == "linear" else 1.0
+  total = config.epochs * steps_per_epoch
+  return optim.make_optimizer(
+      name=config.optimizer, learning_rate=config.learning_rate * scale, total_steps=total,
+      warmup_steps=min(config.warmup_epochs * steps_per_epoch, total),
+      momentum=config.momentum, weight_decay=config.weight_decay)
+
+
+def make_train_step(config: ml_collections.ConfigDict, model, loss: losses.LossSpec, mesh,
+                    augment_fn):
+  """SimCLR's sharded train step (`objectives.simclr`, `training.make_train_step`)."""
+  loss_fn = simclr.make_simclr_loss(model, mapping=loss, augment=augment_fn,
+                                    negatives=config.negatives)
+  return step.make_train_step(loss_fn, mesh=mesh)
+
+
 class ImageData:
   """A config's image dataset: its info, train and test arrays, view recipe and size, and the
   jitted two-view augmentation and center view (`config.dataset`, `recipe`, `view_size`,
   `data_dir`). SimCLR and MSC read their images through it."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    self.info = data.get_info(config.dataset)
-    self.recipe = config.recipe or self.info.recipe
-    self.view_size = config.view_size or self.info.view_size or self.info.image_size
+    self.info, self.recipe, self.view_size = views(config)
     self.data_dir = config.data_dir or None
     self.train_images, self.train_labels = data.load_arrays(
         self.info.name, self.info.train_split, data_dir=self.data_dir)
@@ -108,9 +138,7 @@ class Trainer(ImageData):
   def __init__(self, config: ml_collections.ConfigDict, mesh):
     super().__init__(config)
     self.config, self.mesh = config, mesh
-    self.model = models.make_contrastive_model(
-        config.backbone, width=config.width or None, proj_hidden_dim=config.proj_hidden_dim,
-        proj_dim=config.proj_dim)
+    self.model = make_model(config)
     dummy = self.dummy_batch()
     self.init = jax.jit(lambda key: self.model.init(key, dummy, train=False))
     self.feature_fn = simclr.make_feature_fn(self.model)
@@ -125,20 +153,14 @@ class Trainer(ImageData):
     # One optax object per batch size: the compiled step is reused across seeds only if the
     # state's (static) optimiser is the same object.
     if batch_size not in self._optimizers:
-      c = self.config
-      scale = batch_size / 256 if c.lr_scaling == "linear" else 1.0
-      total = c.epochs * self.steps_per_epoch(batch_size)
-      self._optimizers[batch_size] = optim.make_optimizer(
-          name=c.optimizer, learning_rate=c.learning_rate * scale, total_steps=total,
-          warmup_steps=min(c.warmup_epochs * self.steps_per_epoch(batch_size), total),
-          momentum=c.momentum, weight_decay=c.weight_decay)
+      self._optimizers[batch_size] = make_optimizer(
+          self.config, batch_size=batch_size, steps_per_epoch=self.steps_per_epoch(batch_size))
     return self._optimizers[batch_size]
 
   def train_step(self, mapping: losses.LossSpec):
     if mapping.spec not in self._steps:
-      loss_fn = simclr.make_simclr_loss(self.model, mapping=mapping, augment=self.augment,
-                                        negatives=self.config.negatives)
-      self._steps[mapping.spec] = step.make_train_step(loss_fn, mesh=self.mesh)
+      self._steps[mapping.spec] = make_train_step(self.config, self.model, mapping, self.mesh,
+                                                  self.augment)
     return self._steps[mapping.spec]
 
   def features(self, train_state, images):

@@ -3,7 +3,7 @@
 The same pieces train SimCLR on images (`experiments/simclr.py`) and GRACE on a graph.
 """
 
-from tfcl_jax.training import checkpoint, loop, optim, sharding, state, step
+from tfcl_jax.training import checkpoint, loop, lowering, optim, sharding, state, step
 from tfcl_jax.training.loop import train
 from tfcl_jax.training.optim import make_optimizer
 from tfcl_jax.training.sharding import make_mesh
@@ -15,6 +15,7 @@ __all__ = [
     "checkpoint",
     "create_train_state",
     "loop",
+    "lowering",
     "make_mesh",
     "make_optimizer",
     "make_train_step",

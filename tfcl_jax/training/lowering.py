@@ -1,0 +1,101 @@
+"""A jitted program lowered for another platform from any host, and what the lowering holds.
+
+JAX lowers a program for the platform it is asked for, whatever the host has: a laptop can
+check that a train step compiles for `cuda` or `tpu` (StableHLO, with any Pallas kernel as its
+compiled custom call) before a job is queued. `inspect` reports what would not run there:
+float64 values, host callbacks, CPU-only library calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Any
+
+import jax
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+# A Pallas kernel compiled by Triton (`implementation="pallas"` on a GPU).
+TRITON_KERNEL = "__gpu$xla.gpu.triton"
+# Custom calls of JAX's own partitioning, valid on every platform.
+SHARDING_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
+_CPU_ONLY = re.compile(r"lapack|ducc|cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringReport:
+  """What a lowered program holds.
+
+  Attributes:
+    platform: the platform it was lowered for.
+    custom_calls: call target -> count.
+    float64: how many float64 tensor types the program mentions.
+    text: the StableHLO text.
+  """
+
+  platform: str
+  custom_calls: dict[str, int]
+  float64: int
+  text: str = dataclasses.field(repr=False)
+
+  @property
+  def triton_kernels(self) -> int:
+    return self.custom_calls.get(TRITON_KERNEL, 0)
+
+  @property
+  def host_callbacks(self) -> tuple[str, ...]:
+    return tuple(sorted(name for name in self.custom_calls if "callback" in name))
+
+  def problems(self) -> list[str]:
+    """What would not run as intended on `platform`: float64 values (slow or absent on
+    accelerators), host callbacks, custom calls of another platform or unknown ones."""
+    found = []
+    if self.float64:
+      found.append(f"{self.float64} float64 tensor types")
+    if self.host_callbacks:
+      found.append(f"host callbacks {list(self.host_callbacks)}")
+    allowed = set(SHARDING_CALLS)
+    if self.platform in ("cuda", "rocm"):
+      allowed.add(TRITON_KERNEL)
+    others = sorted(name for name in self.custom_calls
+                    if name not in allowed and name not in self.host_callbacks)
+    if others:
+      kind = "CPU-only" if all(_CPU_ONLY.search(name) for name in others) else "unexpected"
+      found.append(f"{kind} custom calls {others}")
+    return found
+
+
+def lower(fn, *args: Any, platform: str, **kwargs: Any) -> jax.stages.Lowered:
+  """`fn(*args, **kwargs)` lowered for `platform` (no device of that platform needed).
+
+  `args` may be arrays or `jax.ShapeDtypeStruct`s (with shardings, for a sharded program).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import losses
+    >>> from tfcl_jax.training import lowering
+    >>> z = jax.ShapeDtypeStruct((4096, 256), jnp.bfloat16)
+    >>> lowered = lowering.lower(jax.grad(losses.info_nce), z, z, platform="cuda")
+    >>> report = lowering.inspect(lowered, platform="cuda")
+    >>> report.problems(), report.triton_kernels
+    ([], 0)
+
+  Args:
+    fn: a function or a `jax.jit`-ed one (whose shardings and donations are kept).
+    *args: its arguments.
+    platform: one of `PLATFORMS`.
+    **kwargs: its keyword arguments.
+  """
+  if platform not in PLATFORMS:
+    raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}.")
+  jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
+  return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
+
+
+def inspect(lowered: jax.stages.Lowered, *, platform: str) -> LoweringReport:
+  """The custom calls and float64 types of a program lowered for `platform` by `lower`."""
+  text = lowered.as_text()
+  calls = collections.Counter(re.findall(r"custom_call @([\w$.]+)", text))
+  float64 = len(re.findall(r"tensor<(?:[\d?]+x)*f64>", text))
+  return LoweringReport(platform, dict(calls), float64, text)
