@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.loss_bench import time_interleaved
+from benchmarks.timing import time_interleaved
 from tfcl_jax import losses, mappings
 
 _MARGIN = 8 * float(jnp.finfo(jnp.float32).epsneg)

@@ -21,37 +21,73 @@ def available() -> bool:
 
 def loss_and_grad_fn(z1: np.ndarray, z2: np.ndarray, *, temperature: float | None,
                      mapping: str = "tau"):
-  """Returns `run()`: one eager NT-Xent forward + backward on copies of `z1`, `z2` `[N, D]`.
+  """Returns `run()`: one eager NT-Xent forward + backward on CPU copies of `z1`, `z2` `[N, D]`.
 
   `mapping`: `"tau"` (`cos / temperature`) or `"free"` (Eq. 11; `temperature` unused).
+  """
+  spec = "free" if mapping == "free" else f"tau={temperature}"
+  run, _ = device_loss_and_grad_fn(z1, z2, mapping=spec, device="cpu")
+  return run
+
+
+def device_loss_and_grad_fn(z1: np.ndarray, z2: np.ndarray, *, mapping: str,
+                            dtype: str = "float32", compile: bool = False,
+                            device: str | None = None):
+  """`(run, peak)`: one NT-Xent forward + backward of `z1`, `z2` `[N, D]` on `device`
+  (default: CUDA if available), and `peak()`: the peak bytes allocated on a GPU (else None).
+
+  `mapping`: `"free"` (Eq. 11) or `"tau=<value>"`. Inputs are stored in `dtype` and computed
+  in float32, as `tfcl_jax.losses.info_nce` does. `compile`: the loss through `torch.compile`.
   """
   import torch
   import torch.nn.functional as F
 
-  out0 = torch.from_numpy(np.array(z1, np.float32)).requires_grad_(True)
-  out1 = torch.from_numpy(np.array(z2, np.float32)).requires_grad_(True)
+  if mapping == "free":
+    temperature = None
+  elif mapping.startswith("tau="):
+    temperature = float(mapping[len("tau="):])
+  else:
+    raise ValueError(f"the PyTorch baseline has mapping 'free' or 'tau=<value>', got "
+                     f"{mapping!r}.")
+  device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+  storage = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+  out0 = torch.tensor(np.asarray(z1, np.float32), dtype=storage, device=device,
+                      requires_grad=True)
+  out1 = torch.tensor(np.asarray(z2, np.float32), dtype=storage, device=device,
+                      requires_grad=True)
   n = out0.shape[0]
-  diagonal = torch.eye(n, dtype=torch.bool)
-  labels = torch.arange(n).repeat(2)
+  diagonal = torch.eye(n, dtype=torch.bool, device=device)
+  labels = torch.arange(n, device=device).repeat(2)
   margin = 8 * float(np.finfo(np.float32).epsneg)
 
   def logit(cos):
-    if mapping == "free":
+    if temperature is None:
       cos = cos.clamp(-1 + margin, 1 - margin)
       return torch.log1p(cos) - torch.log1p(-cos)
     return cos / temperature
 
-  def run():
-    out0.grad = out1.grad = None
-    a, b = F.normalize(out0, dim=1), F.normalize(out1, dim=1)
+  def forward(x0, x1):
+    a, b = F.normalize(x0.float(), dim=1), F.normalize(x1.float(), dim=1)
     logits_00, logits_01 = logit(a @ a.T), logit(a @ b.T)
     logits_10, logits_11 = logit(b @ a.T), logit(b @ b.T)
     logits_00 = logits_00[~diagonal].view(n, -1)
     logits_11 = logits_11[~diagonal].view(n, -1)
     logits = torch.cat([torch.cat([logits_01, logits_00], dim=1),
                         torch.cat([logits_10, logits_11], dim=1)], dim=0)
-    loss = F.cross_entropy(logits, labels)
-    loss.backward()
-    return float(loss.detach())
+    return F.cross_entropy(logits, labels)
 
-  return run
+  loss_fn = torch.compile(forward) if compile else forward
+
+  def run():
+    out0.grad = out1.grad = None
+    loss = loss_fn(out0, out1)
+    loss.backward()
+    return float(loss.detach())  # waits for the device
+
+  if device == "cuda":
+    torch.cuda.reset_peak_memory_stats()
+
+  def peak():
+    return torch.cuda.max_memory_allocated() if device == "cuda" else None
+
+  return run, peak
