@@ -1,8 +1,11 @@
 """The fused kernels (`info_nce(..., implementation="pallas")`, interpreted on CPU) against the
 XLA engine and a NumPy reference: values and gradients (embeddings and the map's parameters),
-ragged N and D, masks, extra negatives, every mapping with scalar parameters, bfloat16 inputs."""
+ragged N and D, masks, extra negatives, every mapping with scalar parameters, bfloat16 inputs;
+the Triton family (GPUs, what a CPU runs) and the Mosaic family (TPUs, forced here)."""
 
 from __future__ import annotations
+
+import functools
 
 import chex
 import jax
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 
 from tfcl_jax import losses, mappings, schedules
-from tfcl_jax.losses import _pallas
+from tfcl_jax.losses import _kernel_tpu, _kernel_triton, _pallas
 
 # 37 rows in blocks of 16 (ragged, padded inside); D = 70 in chunks of 64 (two chunks, the
 # second padded with zeros).
@@ -78,6 +81,27 @@ def test_pallas_equals_xla_values_and_gradients(name, mode):
   chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+# The TPU kernels (blocks of 128 rows: 37 rows padded to one block, 150 to two).
+TPU_CASES = ([(name, "all-masked", N) for name in ("free", "learnable_capped", "annealed")]
+             + [("learnable", mode, 150) for mode in ("cross", "symmetric-bank", "all-bank")]
+             + [("dynamic", "cross-masked-bank", 150)])
+
+
+@pytest.mark.parametrize("name, mode, rows", TPU_CASES,
+                         ids=[f"{n}-{m}-{r}" for n, m, r in TPU_CASES])
+def test_tpu_kernels_equal_xla_values_and_gradients(name, mode, rows, monkeypatch):
+  monkeypatch.setattr(_pallas, "pallas_reduce",
+                      functools.partial(_pallas.pallas_reduce, family="mosaic_tpu"))
+  z1 = jax.random.normal(jax.random.key(0), (rows, D))
+  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (rows, D))
+  where = (jnp.arange(rows) % 5) != 2
+  _, _, _, bank = _views()
+  grad = _grad(MODES[mode], where, bank)
+  expected = grad(z1, z2, MAPPINGS[name], "xla")
+  got = jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], "pallas")
+  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_a_traced_temperature_closed_over_by_the_map_gets_its_gradient():
   # A schedule evaluated outside the loss: the map closes over a traced tau.
   z1, z2, _, _ = _views()
@@ -115,14 +139,17 @@ def test_pallas_equals_numpy_nt_xent():
   np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
-def test_tiles_are_powers_of_two():
+def test_tiles_are_powers_of_two_on_gpus_and_lane_multiples_on_tpus():
   for rows, dim, block_size in [(37, 70, 16), (1000, 128, None), (4096, 768, None),
                                 (2**17, 256, 1000), (5, 3, None)]:
-    block, block_d = _pallas.tile_geometry(rows, rows, dim, block_size)
-    assert block & (block - 1) == 0 and block_d & (block_d - 1) == 0, (block, block_d)
-    assert block >= _pallas.SMALLEST_BLOCK and block_d >= _pallas.SMALLEST_BLOCK
+    tiles = _kernel_triton.tiles(rows, rows, dim, block_size)
+    assert tiles.block & (tiles.block - 1) == 0 and tiles.block_d & (tiles.block_d - 1) == 0
+    assert min(tiles.block, tiles.block_d) >= _kernel_triton.SMALLEST_BLOCK
+    assert tiles.padded_dim(dim) % tiles.block_d == 0 and tiles.padded_dim(dim) >= dim
     if block_size is not None:
-      assert block <= max(block_size, _pallas.SMALLEST_BLOCK)
+      assert tiles.block <= max(block_size, _kernel_triton.SMALLEST_BLOCK)
+    tpu = _kernel_tpu.tiles(rows, rows, dim, block_size)
+    assert tpu.block % 128 == 0 and tpu.padded_dim(dim) == dim
 
 
 def test_bad_implementation_block_size_and_unsupported_mapping():

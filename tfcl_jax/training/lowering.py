@@ -1,9 +1,9 @@
 """A jitted program lowered for another platform from any host, and what the lowering holds.
 
 JAX lowers a program for the platform it is asked for, whatever the host has: a laptop can
-check that a train step compiles for `cuda` or `tpu` (StableHLO, with any Pallas kernel as its
-compiled custom call) before a job is queued. `inspect` reports what would not run there:
-float64 values, host callbacks, CPU-only library calls.
+check that a train step lowers for `cuda` or `tpu` (StableHLO, with any Pallas kernel as its
+compiled custom call: Triton's on GPUs, Mosaic's on TPUs) before a job is queued. `inspect`
+reports what would not run there: float64 values, host callbacks, CPU-only library calls.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 import jax
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
-# A Pallas kernel compiled by Triton (`implementation="pallas"` on a GPU).
+# Pallas kernels compiled by Triton (GPUs) and by Mosaic (TPUs): `implementation="pallas"`.
 TRITON_KERNEL = "__gpu$xla.gpu.triton"
+MOSAIC_TPU_KERNEL = "tpu_custom_call"
 # Custom calls of JAX's own partitioning, valid on every platform.
 SHARDING_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
 _CPU_ONLY = re.compile(r"lapack|ducc|cpu")
@@ -40,8 +41,9 @@ class LoweringReport:
   text: str = dataclasses.field(repr=False)
 
   @property
-  def triton_kernels(self) -> int:
-    return self.custom_calls.get(TRITON_KERNEL, 0)
+  def kernels(self) -> int:
+    """Compiled Pallas kernels: Triton's on a GPU, Mosaic's on a TPU."""
+    return self.custom_calls.get(TRITON_KERNEL, 0) + self.custom_calls.get(MOSAIC_TPU_KERNEL, 0)
 
   @property
   def host_callbacks(self) -> tuple[str, ...]:
@@ -58,6 +60,8 @@ class LoweringReport:
     allowed = set(SHARDING_CALLS)
     if self.platform in ("cuda", "rocm"):
       allowed.add(TRITON_KERNEL)
+    if self.platform == "tpu":
+      allowed.add(MOSAIC_TPU_KERNEL)
     others = sorted(name for name in self.custom_calls
                     if name not in allowed and name not in self.host_callbacks)
     if others:
@@ -78,7 +82,7 @@ def lower(fn, *args: Any, platform: str, **kwargs: Any) -> jax.stages.Lowered:
     >>> z = jax.ShapeDtypeStruct((4096, 256), jnp.bfloat16)
     >>> lowered = lowering.lower(jax.grad(losses.info_nce), z, z, platform="cuda")
     >>> report = lowering.inspect(lowered, platform="cuda")
-    >>> report.problems(), report.triton_kernels
+    >>> report.problems(), report.kernels
     ([], 0)
 
   Args:
