@@ -4,7 +4,8 @@ For N = 2^10 ... 2^17 pairs, D = 256 and 768, float32 and bfloat16 inputs, `nega
 with the temperature-free map (`--mapping`), side by side in one process:
 
 * dense XLA: the textbook formulation (the `[2N, 2N]` logits, `jax.nn.logsumexp`, autodiff);
-* tiled XLA: `info_nce(..., implementation="xla")`, the default call;
+* tiled XLA: `info_nce(..., implementation="xla")`, the default call (`--blocks`: also with
+  other tile sizes, the measurement that confirms or changes `losses.auto_block_size`);
 * Pallas: `info_nce(..., implementation="pallas")`: Triton kernels on a GPU, the XLA engine on
   a TPU, Pallas's interpreter on a CPU (there only up to `--pallas_cpu_max` pairs: slow);
 * floor: the three products `S = Z Z^T`, `S Z`, `S^T Z` each timed alone at its minimum
@@ -17,7 +18,7 @@ estimate for the compiled program (`memory_analysis`: arguments, outputs and tem
 and PyTorch's peak allocation on a GPU. A variant whose estimate exceeds `--max_gib` is
 skipped (dense logits grow as N^2) and said so. Ratios are of medians from this one run.
 
-Run (on a GPU): python -m benchmarks.device_bench
+Run (on a GPU): python -m benchmarks.device_bench [--blocks 2048 8192]
      (on a CPU, small sizes): python -m benchmarks.device_bench --sizes 256 512 --dims 64
 """
 
@@ -58,10 +59,13 @@ def _compiled(loss, shape):
                     + memory.temp_size_in_bytes)
 
 
-def _jax_variants(mapping, shape, *, pallas: bool):
+def _jax_variants(mapping, shape, *, pallas: bool, blocks=()):
   variants = {"dense XLA": functools.partial(dense_nt_xent, mapping=mapping),
               "tiled XLA": functools.partial(losses.info_nce, mapping=mapping,
                                              negatives="all")}
+  for block in blocks:  # the default's alternatives (losses.auto_block_size)
+    variants[f"tiled XLA, block {block}"] = functools.partial(
+        losses.info_nce, mapping=mapping, negatives="all", block_size=block)
   if pallas:
     variants["Pallas"] = functools.partial(losses.info_nce, mapping=mapping, negatives="all",
                                            implementation="pallas")
@@ -79,7 +83,8 @@ def measure(n: int, d: int, dtype: str, args) -> dict:
   mapping = mappings.from_spec(args.mapping)
   pallas = platform != "cpu" or n <= args.pallas_cpu_max
   results, fns = {}, {}
-  for name, (compiled, memory) in _jax_variants(mapping, shape, pallas=pallas).items():
+  for name, (compiled, memory) in _jax_variants(mapping, shape, pallas=pallas,
+                                                blocks=args.blocks).items():
     if memory is not None and memory > args.max_gib * 2**30:
       results[name] = (None, memory, f"skipped: {memory / 2**30:.1f} GiB > --max_gib")
     else:
@@ -128,6 +133,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       help="skip a JAX variant whose XLA memory estimate exceeds this")
   parser.add_argument("--pallas_cpu_max", type=int, default=512,
                       help="largest N for the Pallas interpreter on a CPU")
+  parser.add_argument("--blocks", type=int, nargs="*", default=[],
+                      help="also time the tiled XLA loss with these block sizes (the default "
+                           "tile's alternatives)")
   parser.add_argument("--no_torch", action="store_true")
   parser.add_argument("--no_torch_compile", action="store_true")
   args = parser.parse_args(argv)
@@ -154,6 +162,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
       cells.append(cell + (f" {note}" if note else ""))
     print(f"| {row['n']} | {row['d']} | {row['dtype']} | {_ms(row['floor'])} | "
           + " | ".join(cells) + " |")
+  for block in args.blocks:
+    print(f"\ntiled XLA with block {block} / the default call, medians:")
+    print("| N | D | dtype | ratio |")
+    print("|---|---|---|---|")
+    for row in rows:
+      t = row["variants"]
+      print(f"| {row['n']} | {row['d']} | {row['dtype']} | "
+            f"{_ratio(t[f'tiled XLA, block {block}'][0], t['tiled XLA'][0])} |")
   print("\nRatios of medians (floor: minimum):")
   print("| N | D | dtype | tiled / floor | Pallas / tiled | dense / tiled | PyTorch eager / "
         "tiled | torch.compile / tiled |")

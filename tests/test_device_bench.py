@@ -34,15 +34,17 @@ def test_floor_products_are_the_losses_three_products():
 
 def test_device_bench_fills_every_jax_cell_on_cpu(capsys):
   rows = device_bench.main(["--sizes", "32", "--dims", "24", "--dtypes", "float32", "bfloat16",
-                            "--repeats", "2", "--floor_repeats", "2", "--no_torch"])
+                            "--repeats", "2", "--floor_repeats", "2", "--no_torch",
+                            "--blocks", "16"])
   assert [(row["n"], row["dtype"]) for row in rows] == [(32, "float32"), (32, "bfloat16")]
   for row in rows:
-    for name in ("dense XLA", "tiled XLA", "Pallas"):
+    for name in ("dense XLA", "tiled XLA", "Pallas", "tiled XLA, block 16"):
       median, memory, _ = row["variants"][name]
       assert median > 0 and memory > 0, (name, row)
     assert row["floor"] > 0
   out = capsys.readouterr().out
   assert "| 32 | 24 | bfloat16 |" in out and "Ratios of medians" in out
+  assert "tiled XLA with block 16 / the default call" in out
 
 
 def test_device_bench_skips_what_exceeds_the_memory_bound():
@@ -59,3 +61,14 @@ def test_loss_bench_prints_its_tables(capsys):
                    "--min_seconds", "0", "--no_torch", "--optax_max_gib", "0"])
   out = capsys.readouterr().out
   assert "loss / tile limit" in out and "| 64 |" in out
+
+
+def test_kernel_resources_finds_each_triton_kernel_and_its_options():
+  from benchmarks import kernel_resources
+
+  kernels = kernel_resources.triton_modules("free", "two-tower", 256, 64, jnp.float32)
+  assert [k["name"] for k in kernels] == ["info_nce_lse", "info_nce_lse", "info_nce_lse_row_grad",
+                                           "info_nce_lse_col_grad"]
+  for kernel in kernels:
+    assert kernel["ir"].startswith(f"module @{kernel['name']}") and "tt.func" in kernel["ir"]
+    assert (kernel["num_warps"], kernel["num_stages"]) == (8, 2)
