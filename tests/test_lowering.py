@@ -99,29 +99,32 @@ def test_default_tiles_follow_the_platform_lowered_for():
     assert "tensor<8192x8192xf32>" not in report.text
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_sigmoid_and_supervised_losses_lower(platform):
-  view = jax.ShapeDtypeStruct((4096, 768), jnp.bfloat16)
-  for spec in ("sigmoid/free", "sigmoid/tau=0.5/learn_b=prior",
-               "sigmoid/learnable=0.1/learn_b=siglip", "sigmoid/dynamic=0.1:0.2"):
-    loss = losses.from_spec(spec, num_candidates=4096)
-    for negatives in ("all", "cross"):
-      def fn(z1, z2, params, loss=loss, negatives=negatives):
-        return loss(z1, z2, params=params, negatives=negatives)
+SIGMOID_SPECS = ("sigmoid/free", "sigmoid/tau=0.5/learn_b=prior",
+                 "sigmoid/learnable=0.1/learn_b=siglip", "sigmoid/dynamic=0.1:0.2")
 
-      lowered = lowering.lower(jax.value_and_grad(fn, argnums=(0, 1, 2)), view, view,
-                               loss.params, platform=platform)
-      _check(lowering.inspect(lowered, platform=platform))
-  for n in (1000, 4096):
-    for name in ("tau", "free", "clip"):
-      def supervised(z, mapping):
-        labels = jnp.arange(z.shape[0]) % 100
-        return losses.supervised_info_nce(z, labels, mapping=mapping)
 
-      lowered = lowering.lower(jax.value_and_grad(supervised, argnums=(0, 1)),
-                               jax.ShapeDtypeStruct((n, 128), jnp.float32), MAPPINGS[name],
-                               platform=platform)
-      _check(lowering.inspect(lowered, platform=platform))
+@pytest.mark.parametrize("n, d, dtype", SIZES,
+                         ids=[f"{n}x{d}-{jnp.dtype(t).name}" for n, d, t in SIZES])
+def test_sigmoid_and_supervised_losses_lower(n, d, dtype):
+  index = SIZES.index((n, d, dtype))
+  view = jax.ShapeDtypeStruct((n, d), dtype)
+  spec, negatives = SIGMOID_SPECS[index % 4], ("all", "cross")[index % 2]
+  loss = losses.from_spec(spec, num_candidates=n)
+
+  def sigmoid(z1, z2, params):
+    return loss(z1, z2, params=params, negatives=negatives)
+
+  def supervised(z, mapping):
+    return losses.supervised_info_nce(z, jnp.arange(z.shape[0]) % 100, mapping=mapping)
+
+  mapping = MAPPINGS[("tau", "free", "clip")[index % 3]]
+  for platform in PLATFORMS:
+    _check(lowering.inspect(lowering.lower(jax.value_and_grad(sigmoid, argnums=(0, 1, 2)),
+                                           view, view, loss.params, platform=platform),
+                            platform=platform))
+    _check(lowering.inspect(lowering.lower(jax.value_and_grad(supervised, argnums=(0, 1)),
+                                           view, mapping, platform=platform),
+                            platform=platform))
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
