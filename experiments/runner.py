@@ -15,12 +15,12 @@ An experiment is a config, a list of runs (frozen dataclasses with a `directory(
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from collections.abc import Callable, Sequence
 
 import jax
 
-from tfcl_jax import _checks
 from tfcl_jax.training import loop
 
 RESULT_FILE = "result.json"
@@ -66,7 +66,11 @@ def check_positive_ints(config, *fields: str) -> None:
     ValueError, TypeError: naming the first field that is not.
   """
   for field in fields:
-    _checks.positive_int(config[field], name=f"config.{field}")
+    value = config[field]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+      raise TypeError(f"config.{field} must be an int >= 1, got {value!r}.")
+    if value < 1:
+      raise ValueError(f"config.{field} must be an int >= 1, got {value!r}.")
 
 
 def prepare(workdir: str, config, *, plan_fields: Sequence[str] = (),

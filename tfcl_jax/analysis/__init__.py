@@ -1,7 +1,7 @@
 """Sections 3-4 of Kim & Kim (arXiv 2501.17683) as code: closed forms, autodiff gradient scales,
 the hardness view, and the embedding geometry metrics used to read trained models."""
 
-from tfcl_jax.analysis import closed_forms, geometry, gradients
+from tfcl_jax.analysis import closed_forms, geometry, gradients, pattern
 from tfcl_jax.analysis.closed_forms import (
     eq3,
     eq4,
@@ -19,9 +19,9 @@ from tfcl_jax.analysis.gradients import (
     negative_gradients,
     negative_weights,
     optimum_probability,
-    pattern_embeddings,
     temperature_gradient_scale,
 )
+from tfcl_jax.analysis.pattern import pattern_embeddings
 
 __all__ = [
     "alignment",
@@ -40,6 +40,7 @@ __all__ = [
     "negative_gradients",
     "negative_weights",
     "optimum_probability",
+    "pattern",
     "pattern_embeddings",
     "softmax_ceiling",
     "temperature_gradient_scale",

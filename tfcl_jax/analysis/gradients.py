@@ -7,60 +7,16 @@ against the code that trains models, and extend them to mappings with no closed 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, losses, mappings
-
-MappingFn = Callable[[jax.Array], jax.Array]
-
-
-def _check_mapping(mapping) -> MappingFn:
-  if not callable(mapping):
-    raise TypeError(f"mapping must be a callable cos -> logits (see tfcl_jax.mappings), got "
-                    f"{type(mapping).__name__}.")
-  return mapping
-
-
-def pattern_embeddings(cosines: jax.Array) -> tuple[jax.Array, jax.Array]:
-  r"""Unit embeddings whose cosines with anchor row 0 are exactly `cosines`.
-
-  Anchor `e_1`; candidate `j` is `c_j e_1 + sqrt(1 - c_j^2) e_{j+2}`, each in its
-  own direction so candidates do not constrain each other. A differentiable
-  function of `cosines` on `(-1, 1)`; at `|c| = 1` the derivative of the square
-  root is infinite (any smooth path on the sphere meets a pole quadratically).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from tfcl_jax.analysis import gradients
-    >>> z1, z2 = gradients.pattern_embeddings(jnp.array([0.5, -0.5, -0.5]))
-    >>> [round(c, 6) for c in (z1[0] @ z2.T).tolist()]
-    [0.5, -0.5, -0.5]
-
-  Args:
-    cosines: `[N]` float cosines in `(-1, 1)`: candidate 0 is the positive.
-
-  Returns:
-    `(z1, z2)`, both `[N, N + 1]`: `z1[0]` the anchor, `z2` the candidates.
-    Rows `1..N-1` of `z1` (anchors of other rows) repeat the candidates.
-  """
-  n = cosines.shape[0]
-  sines = jnp.sqrt(jnp.maximum(1.0 - jnp.square(cosines), 0.0))
-  eye = jnp.eye(n + 1, dtype=cosines.dtype)
-  z2 = cosines[:, None] * eye[0] + sines[:, None] * eye[1:]
-  z1 = z2.at[0].set(eye[0])
-  return z1, z2
+from tfcl_jax.analysis.pattern import MappingFn, check_mapping, paper_pattern, pattern_embeddings
 
 
 def _row0_loss(cosines: jax.Array, mapping: MappingFn) -> jax.Array:
   z1, z2 = pattern_embeddings(cosines)
   return losses.info_nce(z1, z2, mapping=mapping, reduction="none")[0]
-
-
-def _pattern(C: jax.Array, n: int) -> jax.Array:
-  return jnp.concatenate([C[None], jnp.broadcast_to(-C, (n - 1,))])
 
 
 def gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int) -> jax.Array:
@@ -99,11 +55,11 @@ def gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int) -> jax.A
   References:
     Kim & Kim, arXiv 2501.17683, Eq. 4, 7 and 13.
   """
-  mapping = _check_mapping(mapping)
+  mapping = check_mapping(mapping)
   C = _checks.cosine(C, low_open=True, high_open=True)
   n = _checks.static_count(N)
   C = C.astype(_checks.float_dtype(C))
-  derivative = jax.grad(lambda c: _row0_loss(_pattern(c, n), mapping))
+  derivative = jax.grad(lambda c: _row0_loss(paper_pattern(c, n), mapping))
   # One compiled program: op-by-op eager dispatch of the vmapped grad is ~10x slower.
   flat = jax.jit(jax.vmap(derivative))(C.reshape(-1))
   return jnp.abs(flat).reshape(C.shape)
@@ -136,7 +92,7 @@ def temperature_gradient_scale(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike)
   C, t = jnp.broadcast_arrays(C.astype(dtype), t.astype(dtype))
 
   def loss(t_value, c):
-    return _row0_loss(_pattern(c, 2), mappings.learnable_temperature(t=t_value))
+    return _row0_loss(paper_pattern(c, 2), mappings.learnable_temperature(t=t_value))
 
   flat = jax.jit(jax.vmap(jax.grad(loss)))(t.reshape(-1), C.reshape(-1))
   return jnp.abs(flat).reshape(C.shape)
@@ -166,7 +122,7 @@ def optimum_probability(mapping: MappingFn, *, N: int = 2) -> jax.Array:
   Returns:
     A float32 scalar (float64 under x64).
   """
-  mapping = _check_mapping(mapping)
+  mapping = check_mapping(mapping)
   n = _checks.static_count(N)
   cosines = jnp.concatenate([jnp.ones((1,)), -jnp.ones((n - 1,))])
   return jax.nn.softmax(mapping(cosines))[0]
@@ -215,7 +171,7 @@ def negative_weights(
   References:
     Wang & Liu, Understanding the Behaviour of Contrastive Loss, CVPR 2021.
   """
-  mapping = _check_mapping(mapping)
+  mapping = check_mapping(mapping)
   cos_positive, cos_negatives = _hardness_inputs(cos_positive, cos_negatives)
   logits = mapping(jnp.concatenate([cos_positive[..., None], cos_negatives], axis=-1))
   return jax.nn.softmax(logits, axis=-1)[..., 1:]
@@ -251,7 +207,7 @@ def negative_gradients(
   References:
     Wang & Liu, CVPR 2021.
   """
-  mapping = _check_mapping(mapping)
+  mapping = check_mapping(mapping)
   _checks.cosine(cos_positive, name="cos_positive", low_open=True, high_open=True)
   _checks.cosine(cos_negatives, name="cos_negatives", low_open=True, high_open=True)
   cos_positive, cos_negatives = _hardness_inputs(cos_positive, cos_negatives)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, losses, mappings
-from tfcl_jax.analysis.gradients import MappingFn, _check_mapping, _pattern, pattern_embeddings
+from tfcl_jax.analysis.pattern import MappingFn, check_mapping, paper_pattern, pattern_embeddings
 
 
 def _cast(*arrays):
@@ -171,7 +171,7 @@ def sigmoid_gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int, 
   r"""`|dL/dC|` of the sigmoid loss at `[C, -C, ..., -C]` by autodiff through `sigmoid_loss`.
 
   Row 0's loss (`reduction="none"`) of `losses.sigmoid_loss` on
-  `gradients.pattern_embeddings([C, -C, ..., -C])`, differentiated in `C`: what the library's
+  `pattern.pattern_embeddings([C, -C, ..., -C])`, differentiated in `C`: what the library's
   loss really produces; equal to the closed forms above and defined for any mapping.
 
   Examples:
@@ -192,11 +192,11 @@ def sigmoid_gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int, 
   Returns:
     `|dL/dC|`, with the shape of `C`.
   """
-  mapping = _check_mapping(mapping)
+  mapping = check_mapping(mapping)
   C = _checks.cosine(C, low_open=True, high_open=True)
   n = _checks.static_count(N)
   C = C.astype(_checks.float_dtype(C))
-  derivative = jax.grad(lambda c: _row0_sigmoid(_pattern(c, n), mapping, bias))
+  derivative = jax.grad(lambda c: _row0_sigmoid(paper_pattern(c, n), mapping, bias))
   flat = jax.jit(jax.vmap(derivative))(C.reshape(-1))
   return jnp.abs(flat).reshape(C.shape)
 
@@ -226,7 +226,7 @@ def sigmoid_parameter_gradients(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike
   C, t, bias = jnp.broadcast_arrays(C, t, bias)
 
   def loss(c, t, b):
-    return _row0_sigmoid(_pattern(c, n), mappings.learnable_temperature(t=t), b)
+    return _row0_sigmoid(paper_pattern(c, n), mappings.learnable_temperature(t=t), b)
 
   grads = jax.jit(jax.vmap(jax.grad(loss, argnums=(1, 2))))(
       C.reshape(-1), t.reshape(-1), bias.reshape(-1))

@@ -13,14 +13,14 @@ import numpy as np
 from tfcl_jax import _checks
 from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.losses import _layout
-from tfcl_jax.losses._engine import tile_reduce
-from tfcl_jax.losses._sharded import (
-    STRATEGIES,
-    axis_size,
-    device_reduce,
-    on_mesh,
-    reduce_across_devices,
+from tfcl_jax.losses._devices import (
+  STRATEGIES,
+  axis_size,
+  device_reduce,
+  on_mesh,
+  reduce_across_devices,
 )
+from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._tiles import SigmoidSum
 
 BIAS_INITS = ("siglip", "prior")

@@ -1,0 +1,62 @@
+"""The paper's cosine pattern (Section 3) as embeddings: what the InfoNCE and the sigmoid
+gradient analyses (`gradients`, `sigmoid`) differentiate through the losses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+MappingFn = Callable[[jax.Array], jax.Array]
+
+
+def check_mapping(mapping) -> MappingFn:
+  """`mapping` if it is a callable `cos -> logits`; a `TypeError` naming `mapping` if not."""
+  if not callable(mapping):
+    raise TypeError(f"mapping must be a callable cos -> logits (see tfcl_jax.mappings), got "
+                    f"{type(mapping).__name__}.")
+  return mapping
+
+
+def paper_pattern(C: jax.Array, n: int) -> jax.Array:
+  """The cosines `[C, -C, ..., -C]` of Sections 3-4: the positive at `C`, `n - 1` negatives at
+  `-C` (Eq. 3's setting).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.analysis import pattern
+    >>> pattern.paper_pattern(jnp.array(0.5), 3).tolist()
+    [0.5, -0.5, -0.5]
+  """
+  return jnp.concatenate([C[None], jnp.broadcast_to(-C, (n - 1,))])
+
+
+def pattern_embeddings(cosines: jax.Array) -> tuple[jax.Array, jax.Array]:
+  r"""Unit embeddings whose cosines with anchor row 0 are exactly `cosines`.
+
+  Anchor `e_1`; candidate `j` is `c_j e_1 + sqrt(1 - c_j^2) e_{j+2}`, each in its
+  own direction so candidates do not constrain each other. A differentiable
+  function of `cosines` on `(-1, 1)`; at `|c| = 1` the derivative of the square
+  root is infinite (any smooth path on the sphere meets a pole quadratically).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.analysis import pattern
+    >>> z1, z2 = pattern.pattern_embeddings(jnp.array([0.5, -0.5, -0.5]))
+    >>> [round(c, 6) for c in (z1[0] @ z2.T).tolist()]
+    [0.5, -0.5, -0.5]
+
+  Args:
+    cosines: `[N]` float cosines in `(-1, 1)`: candidate 0 is the positive.
+
+  Returns:
+    `(z1, z2)`, both `[N, N + 1]`: `z1[0]` the anchor, `z2` the candidates.
+    Rows `1..N-1` of `z1` (anchors of other rows) repeat the candidates.
+  """
+  n = cosines.shape[0]
+  sines = jnp.sqrt(jnp.maximum(1.0 - jnp.square(cosines), 0.0))
+  eye = jnp.eye(n + 1, dtype=cosines.dtype)
+  z2 = cosines[:, None] * eye[0] + sines[:, None] * eye[1:]
+  z1 = z2.at[0].set(eye[0])
+  return z1, z2
