@@ -153,6 +153,97 @@ def _progress_bar(*, total: int, initial: int, desc: str, enabled: bool):
   return tqdm.tqdm(total=total, initial=initial, desc=desc, leave=False)
 
 
+class _Outputs:
+  """What a run writes besides checkpoints: `metrics.csv`, `eval.csv`, TensorBoard (when
+  `tensorboardX` is installed) and the progress bar. Rows past the restored step are dropped,
+  so a resumed run rewrites them."""
+
+  def __init__(self, workdir: str, *, start: int, num_steps: int, desc: str, progress: bool):
+    self.metrics = _CsvLog(os.path.join(workdir, METRICS_FILE), keep_through_step=start)
+    self.evals = _CsvLog(os.path.join(workdir, EVAL_FILE), keep_through_step=start)
+    self.writer = _summary_writer(workdir) if jax.process_index() == 0 else None
+    self.bar = _progress_bar(total=num_steps, initial=start, desc=desc, enabled=progress)
+
+  def scalars(self, prefix: str, rows: list[dict[str, float]]):
+    if self.writer is not None:
+      for row in rows:
+        for name, value in row.items():
+          self.writer.add_scalar(f"{prefix}/{name}", value, row["step"])
+
+  def evaluate(self, eval_fn, state: TrainState, step_number: int):
+    if eval_fn is None:
+      return
+    row = {"step": step_number, **{k: float(v) for k, v in eval_fn(state).items()}}
+    self.evals.write([row])
+    self.scalars("eval", [row])
+
+  def close(self):
+    self.bar.close()
+    if self.writer is not None:
+      self.writer.close()
+
+
+class _MetricsWindow:
+  """The steps' metrics since the last fetch from the device, with the window's throughput."""
+
+  def __init__(self, outputs: _Outputs, examples_per_step: int | None):
+    self.outputs, self.examples_per_step = outputs, examples_per_step
+    self.pending: list[dict] = []
+    self.start = time.perf_counter()
+
+  def add(self, metrics: dict):
+    self.pending.append(metrics)
+
+  def flush(self, step_number: int, *, checkpointed_step: int):
+    """Writes the window's rows (steps up to `step_number`); a non-finite loss stops the run
+    with `FloatingPointError` after its rows are written."""
+    rows = jax.device_get(self.pending)
+    elapsed = time.perf_counter() - self.start
+    # Throughput only where the examples per step are known (a full-graph step has none).
+    rate = {} if self.examples_per_step is None else {
+        "examples_per_sec": len(rows) * self.examples_per_step / max(elapsed, 1e-9)}
+    rows = [{"step": step_number - len(rows) + 1 + i, **{k: float(v) for k, v in row.items()},
+             **rate} for i, row in enumerate(rows)]
+    self.outputs.metrics.write(rows)
+    bad = [row["step"] for row in rows if not math.isfinite(row["loss"])]
+    if bad:
+      raise FloatingPointError(
+          f"non-finite loss at step {bad[0]} (metrics.csv has the rows); the run was not "
+          f"checkpointed past step {checkpointed_step}.")
+    self.outputs.scalars("train", rows)
+    postfix = {"loss": f"{rows[-1]['loss']:.4f}"}
+    if rate:
+      postfix["ex_per_s"] = f"{rate['examples_per_sec']:.0f}"
+    self.outputs.bar.set_postfix(**postfix)
+    self.outputs.bar.update(len(rows))
+    self.pending, self.start = [], time.perf_counter()
+
+
+def _check_intervals(num_steps: int, checkpoint_every: int, eval_every: int, log_every: int):
+  if num_steps < 0:
+    raise ValueError(f"num_steps must be >= 0, got {num_steps}.")
+  for name, value, minimum in (("checkpoint_every", checkpoint_every, 0),
+                               ("eval_every", eval_every, 0), ("log_every", log_every, 1)):
+    if value < minimum:
+      raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+
+
+def _numbered_batches(batches, start: int, num_steps: int):
+  """`(step, host batch)` for steps `start + 1 ... num_steps`, from `batches(start)`."""
+  iterator: Iterator[Any] = iter(batches(start))
+  for step_number in range(start + 1, num_steps + 1):
+    try:
+      yield step_number, next(iterator)
+    except StopIteration:
+      raise ValueError(
+          f"batches({start}) ran out at step {step_number - 1} of {num_steps}; it must yield "
+          f"one batch per step (use more epochs or fewer steps).") from None
+
+
+def _due(step_number: int, every: int) -> bool:
+  return bool(every) and step_number % every == 0
+
+
 def train(
     state: TrainState,
     *,
@@ -223,86 +314,32 @@ def train(
   Returns:
     The final `TrainState`.
   """
-  if num_steps < 0:
-    raise ValueError(f"num_steps must be >= 0, got {num_steps}.")
-  for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every),
-                      ("log_every", log_every - 1)):
-    if value < 0:
-      raise ValueError(f"{name} must be >= {0 if name != 'log_every' else 1}, got "
-                       f"{value if name != 'log_every' else log_every}.")
+  _check_intervals(num_steps, checkpoint_every, eval_every, log_every)
   config = {k: v for k, v in (config or {}).items() if k != "resume"}
   prepare_workdir(workdir, config, resume=resume)
   manager = checkpoint.make_manager(os.path.join(workdir, CHECKPOINT_DIR))
   if resume:
     restored = checkpoint.restore_latest(manager, state)
     state = state if restored is None else restored
-  state = sharding.replicate(state, mesh)
+  state, key = sharding.replicate(state, mesh), sharding.replicate(key, mesh)
   start = int(jax.device_get(state.step))
-  metrics_log = _CsvLog(os.path.join(workdir, METRICS_FILE), keep_through_step=start)
-  eval_log = _CsvLog(os.path.join(workdir, EVAL_FILE), keep_through_step=start)
-  writer = _summary_writer(workdir) if jax.process_index() == 0 else None
-  key = sharding.replicate(key, mesh)
-
-  def evaluate(step_number):
-    if eval_fn is None:
-      return
-    row = {"step": step_number, **{k: float(v) for k, v in eval_fn(state).items()}}
-    eval_log.write([row])
-    if writer is not None:
-      for name, value in row.items():
-        writer.add_scalar(f"eval/{name}", value, step_number)
-
-  bar = _progress_bar(total=num_steps, initial=start, desc=desc, enabled=progress)
-  iterator: Iterator[Any] = iter(batches(start))
-  pending: list[dict] = []
-  window_start, window_steps = time.perf_counter(), 0
+  outputs = _Outputs(workdir, start=start, num_steps=num_steps, desc=desc, progress=progress)
+  window = _MetricsWindow(outputs, examples_per_step)
   try:
-    for step_number in range(start + 1, num_steps + 1):
-      try:
-        host_batch = next(iterator)
-      except StopIteration:
-        raise ValueError(
-            f"batches({start}) ran out at step {step_number - 1} of {num_steps}; it must yield "
-            f"one batch per step (use more epochs or fewer steps).") from None
+    for step_number, host_batch in _numbered_batches(batches, start, num_steps):
       batch = sharding.shard_batch(host_batch, mesh, sharded=batch_sharded)
       state, metrics = train_step(state, batch, key)
-      pending.append(metrics)
-      window_steps += 1
+      window.add(metrics)
       last = step_number == num_steps
-      if step_number % log_every == 0 or last:
-        rows = jax.device_get(pending)
-        elapsed = time.perf_counter() - window_start
-        # Throughput only where the examples per step are known (a full-graph step has none).
-        rate = {} if examples_per_step is None else {
-            "examples_per_sec": window_steps * examples_per_step / max(elapsed, 1e-9)}
-        rows = [{"step": step_number - len(rows) + 1 + i,
-                 **{k: float(v) for k, v in row.items()}, **rate}
-                for i, row in enumerate(rows)]
-        bad = [row["step"] for row in rows if not math.isfinite(row["loss"])]
-        metrics_log.write(rows)
-        if bad:
-          raise FloatingPointError(
-              f"non-finite loss at step {bad[0]} (metrics.csv has the rows); the run was not "
-              f"checkpointed past step {int(manager.latest_step() or 0)}.")
-        if writer is not None:
-          for row in rows:
-            for name, value in row.items():
-              writer.add_scalar(f"train/{name}", value, row["step"])
-        postfix = {"loss": f"{rows[-1]['loss']:.4f}"}
-        if rate:
-          postfix["ex_per_s"] = f"{rate['examples_per_sec']:.0f}"
-        bar.set_postfix(**postfix)
-        bar.update(len(rows))
-        pending, window_start, window_steps = [], time.perf_counter(), 0
-      if checkpoint_every and step_number % checkpoint_every == 0 and not last:
+      if _due(step_number, log_every) or last:
+        window.flush(step_number, checkpointed_step=int(manager.latest_step() or 0))
+      if _due(step_number, checkpoint_every) and not last:
         checkpoint.save(manager, state)
-      if eval_every and step_number % eval_every == 0 and not last:
-        evaluate(step_number)
+      if _due(step_number, eval_every) and not last:
+        outputs.evaluate(eval_fn, state, step_number)
+    if start < num_steps or manager.latest_step() is None:
+      checkpoint.save(manager, state)
+      outputs.evaluate(eval_fn, state, num_steps)
   finally:
-    bar.close()
-  if start < num_steps or manager.latest_step() is None:
-    checkpoint.save(manager, state)
-    evaluate(num_steps)
-  if writer is not None:
-    writer.close()
+    outputs.close()
   return state
