@@ -67,9 +67,9 @@ def bench_case(name, *, batch, repeats, steps, mesh):
   key = jax.random.key(1)
   runners = {}
   for label, loss_fn in (
-      ("step free", simclr.make_simclr_loss(model, mapping=mappings.temperature_free(),
+      ("step free", simclr.make_simclr_loss(model, loss=mappings.temperature_free(),
                                             augment=augment_fn)),
-      ("step tau=0.1", simclr.make_simclr_loss(model, mapping=mappings.temperature(0.1),
+      ("step tau=0.1", simclr.make_simclr_loss(model, loss=mappings.temperature(0.1),
                                                augment=augment_fn)),
       ("step without loss", _trivial_loss(model, augment_fn))):
     train_step = step.make_train_step(loss_fn, mesh=mesh, donate=False)

@@ -10,9 +10,8 @@ import os
 import sys
 from collections.abc import Callable
 
-
-class ConfigError(ValueError):
-  """A config, dataset, checkpoint or workdir problem found before training (printed, no trace)."""
+from experiments import runner
+from experiments.runner import ConfigError  # noqa: F401  (what `user_errors` usually names)
 
 
 def run_main(
@@ -47,6 +46,9 @@ def run_main(
   coordinator = flags.DEFINE_string("coordinator_address", None, "host:port of process 0")
   num_processes = flags.DEFINE_integer("num_processes", None, "processes in the job")
   process_id = flags.DEFINE_integer("process_id", None, "this process's index")
+  migrate = flags.DEFINE_bool(
+      "migrate", False, "move the run folders of a workdir made with an earlier folder layout "
+      "to their place (runs/<spec>[/<axis>_<value>]/seed<seed>) before running")
 
   def main(argv):
     if len(argv) > 1:
@@ -65,7 +67,8 @@ def run_main(
               "--coordinator_address, --num_processes and --process_id)", file=sys.stderr)
         sys.exit(2)
     try:
-      run(config.value, workdir.value)
+      with runner.migrating(migrate.value):
+        run(config.value, workdir.value)
     except user_errors as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
@@ -188,7 +191,9 @@ def help_text(argv: list[str], *, usage: str, default_config: str | None = None)
   lines = [f"usage: python -m {script} --config=FILE "
            "--workdir=DIR [--config.FIELD=VALUE ...]", f"  ({usage})", "",
            "  --distributed | --coordinator_address=HOST:PORT --num_processes=N --process_id=I",
-           "      run as one process of a multi-host job (jax.distributed.initialize)", ""]
+           "      run as one process of a multi-host job (jax.distributed.initialize)",
+           "  --migrate",
+           "      move the run folders of a workdir of an earlier folder layout into place", ""]
   path = _config_path(argv, default_config)
   if path is None:
     lines.append("config fields: pass --config=FILE --help to list them.")

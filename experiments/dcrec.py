@@ -16,19 +16,18 @@ benchmark files hold only a training and a test split and its early stopping wat
 split; selecting on the validation split is the unbiased version of the same rule.
 
 Run: python -m experiments.dcrec --config=experiments/configs/dcrec_ml100k.py --workdir=DIR
-  [--config.mappings=tau=0.8,free --config.seeds=10 --config.epochs=20]
+  [--config.losses=tau=0.8,free --config.seeds=10 --config.epochs=20]
 
 Writes DIR/results.csv (one row per (mapping, seed)), DIR/results.md (Table 6's metrics per
 mapping beside the paper's ML-20M numbers, and free minus each mapping paired by seed) and
 DIR/ndcg.png, rewritten as each run ends. Rerunning the command continues the workdir
-(`experiments/runner.py`); more seeds or mappings may be added, other fields are refused.
+(`experiments/runner.py`); more seeds or losses may be added, other fields are refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import time
 
 import jax
@@ -58,19 +57,12 @@ PAPER_TABLE6 = {
 }
 
 # Fields that only choose which runs exist: a workdir may be rerun with other values.
-PLAN_FIELDS = ("mappings", "seeds", "seed_offset")
+PLAN_FIELDS = ("losses", "mappings", "seeds", "seed_offset")
 
-ConfigError = cli.ConfigError
+ConfigError = runner.ConfigError
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-  mapping: str  # the canonical loss spec
-  seed: int
-
-  def directory(self, workdir: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9.]+", "_", f"{self.mapping}_seed{self.seed}")
-    return os.path.join(workdir, "runs", name)
+Run = runner.Run
 
 
 def load_data(config) -> sequences.SequenceData:
@@ -160,23 +152,23 @@ def make_model(config, data: sequences.SequenceData) -> dcrec.DCRec:
       graph_dropout=config.graph_dropout, graph_dropout_at_eval=config.graph_dropout_at_eval)
 
 
-def make_train_step(config, model: dcrec.DCRec, objective: losses.LossSpec,
+def make_train_step(config, model: dcrec.DCRec, loss: losses.LossSpec,
                     graphs: dcrec_objective.DCRecGraphs, mesh):
   """DCRec's sharded train step on the training-phase `graphs`."""
   loss_fn = dcrec_objective.make_dcrec_loss(
-      model, objective, graphs, cl_weight=config.cl_weight, kl_weight=config.kl_weight,
+      model, loss, graphs, cl_weight=config.cl_weight, kl_weight=config.kl_weight,
       weight_mean=config.weight_mean)
   return training.make_train_step(loss_fn, mesh=mesh)
 
 
-def initial_state(config, model: dcrec.DCRec, objective: losses.LossSpec, example: dict,
+def initial_state(config, model: dcrec.DCRec, loss: losses.LossSpec, example: dict,
                   key: jax.Array, *, num_steps: int) -> training.TrainState:
   """The run's train state, its model initialised on one batch `example`."""
   return training.create_train_state(
       model_params=model.init(key, example["inputs"], example["lengths"])["params"],
       tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
                                  total_steps=num_steps, schedule="constant"),
-      apply_fn=model.apply, mapping_params=objective.params)
+      apply_fn=model.apply, mapping_params=loss.params)
 
 
 def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict, run: Run, *,
@@ -186,16 +178,18 @@ def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict
 
   `evaluators`: `{"valid", "test"}` -> `make_evaluator(...)`, shared by every run.
   """
-  objective = losses.from_spec(run.mapping, num_candidates=config.batch_size)
+  # The cross-view term scores each sequence against the batch's other views ("cross").
+  loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
+      config.batch_size, negatives="cross"))
   model = make_model(config, data)
   steps_per_epoch = len(data.train) // config.batch_size
   num_steps = config.epochs * steps_per_epoch
   init_key, train_key, eval_key = jax.random.split(jax.random.key(run.seed), 3)
   example = next(epoch_batches(data.train, batch_size=config.batch_size, seed=run.seed,
                                start=0, num_steps=1))
-  state = initial_state(config, model, objective, example, init_key, num_steps=num_steps)
+  state = initial_state(config, model, loss, example, init_key, num_steps=num_steps)
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  train_step = make_train_step(config, model, objective, graphs["train"], mesh)
+  train_step = make_train_step(config, model, loss, graphs["train"], mesh)
   # Negatives are drawn once per seed: every mapping of a seed meets the same candidates.
   splits = {name: evaluation_set(data, getattr(data, name), seed=run.seed,
                                  num_negatives=config.num_negatives)
@@ -213,16 +207,16 @@ def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict
       batches=lambda first: epoch_batches(data.train, batch_size=config.batch_size,
                                           seed=run.seed, start=first, num_steps=num_steps),
       num_steps=num_steps, workdir=run_dir, key=train_key, mesh=mesh,
-      config={"spec": objective.spec, "seed": run.seed, **record}, resume=True,
+      config={**run.record(), **record}, resume=True,
       checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch, eval_fn=eval_fn,
       log_every=config.log_every, examples_per_step=config.batch_size, progress=progress,
-      desc=f"{objective.spec} seed {run.seed}")
+      desc=run.label())
   seconds = time.perf_counter() - start
   history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))
   evals = tables.read_csv(os.path.join(run_dir, training.loop.EVAL_FILE))
   best = best_epoch(evals, steps_per_epoch=steps_per_epoch)
   return {
-      "dataset": config.dataset, "mapping": objective.spec, "seed": run.seed,
+      "dataset": config.dataset, "mapping": run.spec, "seed": run.seed,
       **{metric: float(best[f"test_{metric}"]) for metric in METRICS},
       "best_epoch": best["epoch"], f"valid_{SELECT_METRIC}": float(best[f"valid_{SELECT_METRIC}"]),
       "final_loss": float(history["loss"][-1]), "epochs": config.epochs, "steps": num_steps,
@@ -294,27 +288,23 @@ def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -
 
 
 def plan_runs(config) -> list[Run]:
-  """The (mapping, seed) runs, seed-major (an interrupted sweep has as many seeds per mapping).
+  """The (spec, seed) runs, seed-major (an interrupted sweep has as many seeds per spec).
 
   Raises:
-    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, or a field that
+    ConfigError: (a `ValueError`) for an empty or malformed `config.losses`, or a field that
       must be a positive int and is not.
   """
+  runs = runner.plan(config, order=("seed", "spec"), example="tau=0.8,free")
   try:
-    specs = runner.loss_specs(config, example="tau=0.8,free")
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  try:
-    runner.check_positive_ints(config, "seeds", "epochs", "batch_size", "max_length",
-                               "num_negatives", "top_k", "hidden_size", "num_devices")
+    runner.check_positive_ints(config, "epochs", "batch_size", "max_length", "num_negatives",
+                               "top_k", "hidden_size", "num_devices")
   except (TypeError, ValueError) as error:
     raise ConfigError(str(error)) from error
-  seeds = range(config.seed_offset, config.seed_offset + config.seeds)
-  return [Run(spec, seed) for seed in seeds for spec in specs]
+  return runs
 
 
 def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
-  """Trains every (mapping, seed) run not yet finished in `workdir`; rewrites the tables.
+  """Trains every (spec, seed) run not yet finished in `workdir`; rewrites the tables.
 
   Raises:
     ConfigError: (a `ValueError`) for a malformed config, missing or malformed data, fewer
@@ -337,29 +327,23 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
               for phase in ("train", "test")}
   except ValueError as error:
     raise ConfigError(f"config.top_k={config.top_k}: {error}") from error
-  try:
-    runner.prepare(workdir, config, plan_fields=PLAN_FIELDS)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
   # Each split is scored on graphs built without its targets: validation on the training
   # graphs, test on the test graphs (the reference's test phase).
   model = make_model(config, data)
   evaluators = {"valid": make_evaluator(model, graphs["train"]),
                 "test": make_evaluator(model, graphs["test"])}
-  specs = list(dict.fromkeys(r.mapping for r in runs))
-
-  def write_tables(results):
-    tables.write_results(
-        workdir, results, columns=RESULT_FIELDS,
-        markdown=table6(results, specs, dataset=config.dataset, command=command,
-                        epochs=config.epochs),
-        figures=[lambda path: write_plot(os.path.join(path, "ndcg.png"), results, specs,
-                                         dataset=config.dataset)])
-
-  return runner.run_all(
-      runs, lambda r: run_one(config, data, graphs, evaluators, r, workdir=workdir,
-                       progress=progress),
-      workdir=workdir, write_tables=write_tables, progress=progress)
+  specs = list(dict.fromkeys(r.spec for r in runs))
+  write_tables = tables.writer(
+      workdir, columns=RESULT_FIELDS,
+      markdown=lambda rows: table6(rows, specs, dataset=config.dataset, command=command,
+                                   epochs=config.epochs),
+      figures={"ndcg.png": lambda path, rows: write_plot(path, rows, specs,
+                                                         dataset=config.dataset)})
+  return runner.sweep(
+      config, workdir, runs=runs, plan_fields=PLAN_FIELDS, write_tables=write_tables,
+      train_run=lambda r: run_one(config, data, graphs, evaluators, r, workdir=workdir,
+                                  progress=progress),
+      progress=progress)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ EdgeRemoving(0.3) + FeatureMasking(0.3), InfoNCE with intra- and inter-view nega
 LREvaluator on the frozen embeddings (`evaluation.logistic.lr_evaluate`).
 
 Run: python -m experiments.grace --config=experiments/configs/grace_citeseer.py --workdir=DIR
-  [--config.mappings=free,tau=0.5 --config.seeds=20 --config.epochs=1000]
+  [--config.losses=free,tau=0.5 --config.seeds=20 --config.epochs=1000]
 
-`config.mappings` lists loss specs (`tfcl_jax.losses.from_spec`): a mapping spec trains with
+`config.losses` lists loss specs (`tfcl_jax.losses.from_spec`): a mapping spec trains with
 InfoNCE, `sigmoid/<mapping>[/b=<init> | /learn_b=<init>]` with the sigmoid loss (SigLIP:
 `sigmoid/learnable=0.1/learn_b=siglip`).
 
@@ -20,10 +20,8 @@ may be added, other fields are refused.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
-import re
 import time
 
 import jax
@@ -53,8 +51,8 @@ PAPER_TABLE3 = {
 
 
 def parse_spec(spec: str, num_nodes: int) -> losses.LossSpec:
-  """`losses.from_spec` for GRACE's loss: `2 * num_nodes - 1` candidates per anchor."""
-  return losses.from_spec(spec, num_candidates=2 * num_nodes - 1)
+  """`losses.from_spec` for GRACE's loss: every node's two views, `negatives="all"`."""
+  return losses.from_spec(spec, num_candidates=losses.num_candidates(num_nodes, negatives="all"))
 
 
 def load_graph(config) -> tuple[planetoid.PlanetoidGraph, grace_objective.GraphBatch]:
@@ -65,17 +63,8 @@ def load_graph(config) -> tuple[planetoid.PlanetoidGraph, grace_objective.GraphB
 
 
 # Fields that only choose which runs exist: a workdir may be rerun with other values.
-PLAN_FIELDS = ("mappings", "seeds", "seed_offset")
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  mapping: str  # the canonical loss spec
-  seed: int
-
-  def directory(self, workdir: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9.]+", "_", f"{self.mapping}_seed{self.seed}")
-    return os.path.join(workdir, "runs", name)
+PLAN_FIELDS = ("losses", "mappings", "seeds", "seed_offset")
+Run = runner.Run
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -85,8 +74,8 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
           run: Run) -> tuple[gcn.GRACE, losses.LossSpec, training.TrainState, gcn.Propagation]:
-  """The run's model, loss spec, initial train state and full-graph propagation."""
-  objective = parse_spec(run.mapping, graph.num_nodes)
+  """The run's model, loss, initial train state and full-graph propagation."""
+  loss = parse_spec(run.spec, graph.num_nodes)
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
                     projection_dim=config.projection_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
@@ -94,13 +83,13 @@ def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphB
       model_params=model.init(run_keys(run.seed)[0], batch.features, full)["params"],
       tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
                                  total_steps=config.epochs, schedule="constant"),
-      apply_fn=model.apply, mapping_params=objective.params)
-  return model, objective, state, full
+      apply_fn=model.apply, mapping_params=loss.params)
+  return model, loss, state, full
 
 
-def make_train_step(config, model: gcn.GRACE, objective: losses.LossSpec, mesh):
+def make_train_step(config, model: gcn.GRACE, loss: losses.LossSpec, mesh):
   """GRACE's full-batch train step: the whole graph is one replicated batch."""
-  loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=config.edge_rate,
+  loss_fn = grace_objective.make_grace_loss(model, loss, edge_rate=config.edge_rate,
                                             feature_rate=config.feature_rate,
                                             block_size=config.block_size)
   return training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
@@ -113,11 +102,11 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Grap
   The run's `metrics.csv` and checkpoints go to `run.directory(workdir)`; a killed run
   resumes from its last checkpoint.
   """
-  model, objective, state, full = build(config, graph, batch, run)
+  model, loss, state, full = build(config, graph, batch, run)
   _, train_key, eval_key = run_keys(run.seed)
   # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  train_step = make_train_step(config, model, objective, mesh)
+  train_step = make_train_step(config, model, loss, mesh)
   batch = training.sharding.shard_batch(batch, mesh, sharded=False)
   run_dir = run.directory(workdir)
   record = {k: v for k, v in config.to_dict().items() if k not in PLAN_FIELDS}
@@ -126,9 +115,9 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Grap
       state, train_step=train_step,
       batches=lambda first: itertools.repeat(batch, config.epochs - first),
       num_steps=config.epochs, workdir=run_dir, key=train_key, mesh=mesh,
-      config={"spec": objective.spec, "seed": run.seed, **record}, resume=True,
-      batch_sharded=False, checkpoint_every=config.checkpoint_every, log_every=config.log_every,
-      progress=progress, desc=f"{objective.spec} seed {run.seed}")
+      config={**run.record(), **record}, resume=True, batch_sharded=False,
+      checkpoint_every=config.checkpoint_every, log_every=config.log_every, progress=progress,
+      desc=run.label())
   seconds = time.perf_counter() - start
   history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))["loss"]
   params = state.params
@@ -140,7 +129,7 @@ def run_one(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Grap
       learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
   t, b = params["mapping"].get("t"), params["mapping"].get("bias")
   return {
-      "dataset": graph.name, "mapping": objective.spec,
+      "dataset": graph.name, "mapping": run.spec,
       "seed": run.seed, "f1_micro": scores["f1_micro"], "f1_macro": scores["f1_macro"],
       "val_f1_micro": scores["val_f1_micro"], "probe_best_epoch": scores["best_epoch"],
       "final_loss": float(history[-1]) if len(history) else float("nan"),
@@ -225,33 +214,29 @@ def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -
   plt.close(fig)
 
 
-ConfigError = cli.ConfigError
+ConfigError = runner.ConfigError
 
 
 def plan_runs(config) -> list[Run]:
-  """The (mapping, seed) runs, seed-major (an interrupted sweep has as many seeds per mapping).
+  """The (spec, seed) runs, seed-major (an interrupted sweep has as many seeds per spec).
 
   Raises:
-    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, or seeds or
+    ConfigError: (a `ValueError`) for an empty or malformed `config.losses`, or seeds or
       epochs below 1.
   """
+  runs = runner.plan(config, order=("seed", "spec"), example="free,tau=0.5")
   try:
-    specs = runner.loss_specs(config, example="free,tau=0.5")
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  try:
-    runner.check_positive_ints(config, "seeds", "epochs")
+    runner.check_positive_ints(config, "epochs")
   except (TypeError, ValueError) as error:
     raise ConfigError(str(error)) from error
-  seeds = range(config.seed_offset, config.seed_offset + config.seeds)
-  return [Run(spec, seed) for seed in seeds for spec in specs]
+  return runs
 
 
 def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
-  """Trains every (mapping, seed) run not yet finished in `workdir`; rewrites the tables.
+  """Trains every (spec, seed) run not yet finished in `workdir`; rewrites the tables.
 
   Raises:
-    ConfigError: (a `ValueError`) for an empty or malformed `config.mappings`, seeds or epochs
+    ConfigError: (a `ValueError`) for an empty or malformed `config.losses`, seeds or epochs
       below 1, a data folder without the Planetoid files, or a workdir made with another
       config: before any training.
   """
@@ -260,23 +245,17 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
     graph, batch = load_graph(config)
   except FileNotFoundError as error:
     raise ConfigError(f"config.data_dir: {error}") from error
-  try:
-    runner.prepare(workdir, config, plan_fields=PLAN_FIELDS)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  specs = list(dict.fromkeys(r.mapping for r in runs))
-
-  def write_tables(results):
-    tables.write_results(
-        workdir, results, columns=RESULT_FIELDS,
-        markdown=table3(results, specs, dataset=config.dataset, command=command,
-                        epochs=config.epochs),
-        figures=[lambda path: write_plot(os.path.join(path, "f1_micro.png"), results, specs,
-                                         dataset=config.dataset)])
-
-  return runner.run_all(
-      runs, lambda r: run_one(config, graph, batch, r, workdir=workdir, progress=progress),
-      workdir=workdir, write_tables=write_tables, progress=progress)
+  specs = list(dict.fromkeys(r.spec for r in runs))
+  write_tables = tables.writer(
+      workdir, columns=RESULT_FIELDS,
+      markdown=lambda rows: table3(rows, specs, dataset=config.dataset, command=command,
+                                   epochs=config.epochs),
+      figures={"f1_micro.png": lambda path, rows: write_plot(path, rows, specs,
+                                                             dataset=config.dataset)})
+  return runner.sweep(
+      config, workdir, runs=runs, plan_fields=PLAN_FIELDS, write_tables=write_tables,
+      train_run=lambda r: run_one(config, graph, batch, r, workdir=workdir, progress=progress),
+      progress=progress)
 
 
 if __name__ == "__main__":

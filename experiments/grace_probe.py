@@ -37,17 +37,16 @@ FIELDS = ("dataset", "mapping", "seed", "train_ratio", "val_ratio", "test_nodes"
 
 
 def finished_runs(workdir: str) -> list[grace.Run]:
-  """The runs of `workdir` with a `result.json` and a checkpoint, mapping by mapping in the
-  order of its `results.csv`."""
+  """The finished runs of a GRACE workdir that kept a checkpoint (`runner.finished_runs`),
+  spec by spec in the order of its `results.csv`, then by seed."""
   path = os.path.join(workdir, "results.csv")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir!r} holds no results.csv: run experiments.grace first.")
-  runs = [grace.Run(row["mapping"], int(row["seed"])) for row in tables.read_csv(path)]
-  order = list(dict.fromkeys(run.mapping for run in runs))  # the sweep's table order
-  runs.sort(key=lambda run: (order.index(run.mapping), run.seed))
-  return [run for run in runs if os.path.isdir(
-      os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))
-      and runner.finished(run, workdir)]
+  order = list(dict.fromkeys(row["mapping"] for row in tables.read_csv(path)))
+  runs = [run for run, _ in runner.finished_runs(workdir)
+          if os.path.isdir(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))]
+  return sorted(runs, key=lambda run: (order.index(run.spec) if run.spec in order
+                                       else len(order), run.spec, run.seed))
 
 
 def probe(config, graph, batch, run: grace.Run, *, workdir: str,
@@ -73,7 +72,7 @@ def probe(config, graph, batch, run: grace.Run, *, workdir: str,
               eval_key, draw), num_classes=graph.num_classes, train_ratio=config.train_ratio,
           val_ratio=val_ratio, epochs=config.eval_epochs,
           learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
-      rows.append({"dataset": graph.name, "mapping": run.mapping, "seed": run.seed,
+      rows.append({"dataset": graph.name, "mapping": run.spec, "seed": run.seed,
                    "train_ratio": config.train_ratio, "val_ratio": val_ratio,
                    "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],
                    "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"]})

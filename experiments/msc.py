@@ -1,11 +1,12 @@
 """Mean-Shifted Contrastive anomaly detection with fixed or temperature-free InfoNCE: Table 4.
 
   python -m experiments.msc --config=experiments/configs/msc_digits.py --workdir=DIR \
-    [--config.mappings=tau=0.25,free --config.seeds=3 --config.classes=0,1,2]
+    [--config.losses=tau=0.25,free --config.seeds=3 --config.classes=0,1,2]
 
 One normal class at a time (MSC's protocol; the others are the anomalies). Without
 `--config.init_checkpoint`, first pretrains the encoder without labels with SimCLR
-(`experiments/simclr_trainer.py`, in `DIR/pretrain`). Then per (mapping, seed, normal class):
+(`experiments/simclr_trainer.py`, in `DIR/pretrain`). Then per (mapping, seed, normal class)
+(`config.losses`: InfoNCE specs, i.e. mappings):
 the center of the normal training features, MSC fine-tuning with `tfcl_jax.training` (BatchNorm
 in inference mode, optional frozen modules), and the ROC-AUC of the kNN score on the test
 split. Writes `DIR/results.csv`, `DIR/results.md` (Table 4 layout) and `DIR/roc_auc.png`
@@ -14,7 +15,6 @@ split. Writes `DIR/results.csv`, `DIR/results.md` (Table 4 layout) and `DIR/roc_
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -31,24 +31,16 @@ from tfcl_jax.training import loop, optim, sharding, state, step
 PRETRAIN_DIR = "pretrain"
 _IGNORED_ON_RESUME = ("resume", "progress")
 # Fields that only choose which runs exist: a workdir may be rerun with other values.
-PLAN_FIELDS = ("mappings", "seeds", "classes")
+PLAN_FIELDS = ("losses", "mappings", "seeds", "classes")
 _NOT_IN_RUN_RECORD = PLAN_FIELDS + _IGNORED_ON_RESUME
 _PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size", "devices",
                     "progress")
 
 
-ConfigError = cli.ConfigError
+ConfigError = runner.ConfigError
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-  mapping: str
-  seed: int
-  normal_class: int
-
-  def directory(self, workdir: str) -> str:
-    name = self.mapping.replace("=", "_").replace(":", "_")
-    return os.path.join(workdir, "runs", name, f"class{self.normal_class}", f"seed{self.seed}")
+Run = runner.Run
 
 
 def parse_classes(text, num_classes: int) -> list[int]:
@@ -70,12 +62,16 @@ def parse_classes(text, num_classes: int) -> list[int]:
 
 
 def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
-  """The (mapping, seed, class) runs, after checking mapping specs, seeds and classes."""
-  runner.check_positive_ints(config, "seeds")
-  specs = [mappings.from_spec(spec).spec
-           for spec in runner.split_list(config.mappings, name="mappings")]
+  """The (spec, normal class, seed) runs, after checking the specs (InfoNCE only: MSC's loss
+  takes a mapping), seeds and classes."""
+  specs = runner.loss_specs(config, example="tau=0.25,free")
+  not_mappings = [spec for spec in specs if spec.startswith("sigmoid/")]
+  if not_mappings:
+    raise ValueError(f"config.losses: MSC fine-tunes with its InfoNCE loss and takes mapping "
+                     f"specs (free, tau=0.25, ...), got {not_mappings}.")
   classes = parse_classes(config.classes, data.get_info(config.dataset).num_classes)
-  return [Run(spec, seed, c) for spec in specs for c in classes for seed in range(config.seeds)]
+  return runner.plan(config, order=("spec", "normal_class", "seed"),
+                     axes={"normal_class": classes}, specs=specs)
 
 
 def _frozen(config) -> list[str]:
@@ -98,14 +94,14 @@ def make_train_step(config: ml_collections.ConfigDict, encoder, mapping: mapping
   return step.make_train_step(loss_fn, mesh=mesh)
 
 
-class Experiment(simclr_trainer.ImageData):
-  """What the runs share: data, encoder, pretrained variables, optimiser, compiled steps."""
+class Experiment:
+  """What the runs share: images, encoder, pretrained variables, optimiser, compiled steps."""
 
   def __init__(self, config: ml_collections.ConfigDict, mesh):
-    super().__init__(config)
     self.config, self.mesh = config, mesh
+    self.images = simclr_trainer.load_images(config)
     self.encoder = models.make_backbone(config.backbone, width=config.width or None)
-    dummy = self.dummy_batch()
+    dummy = self.images.dummy_batch()
     self.template = jax.eval_shape(
         lambda: self.encoder.init(jax.random.key(0), dummy, train=False))
     self.feature_fn = jax.jit(
@@ -125,23 +121,24 @@ class Experiment(simclr_trainer.ImageData):
     sharding.check_batch_size(c.batch_size, self.mesh, name="config.batch_size")
     runner.check_positive_ints(c, "epochs", "knn_k", "batch_size")
     host_batch = c.batch_size // jax.process_count()
-    for normal_class in sorted({run.normal_class for run in runs}):
-      count = int(np.sum(self.train_labels == normal_class))
+    info = self.images.info
+    for normal_class in sorted({run["normal_class"] for run in runs}):
+      count = int(np.sum(self.images.train_labels == normal_class))
       # A cosine schedule spans the largest class's run (MSC's own schedule is constant).
       self.max_steps = max(self.max_steps, c.epochs * (count // jax.process_count() // host_batch))
       if count == 0:
         raise ValueError(f"normal class {normal_class} has no examples in "
-                         f"{self.info.name}:{self.info.train_split}; nothing to fine-tune on.")
+                         f"{info.name}:{info.train_split}; nothing to fine-tune on.")
       if count < max(c.batch_size, c.knn_k):
         raise ValueError(
             f"normal class {normal_class} has {count} training examples, fewer than "
             f"config.batch_size = {c.batch_size} or config.knn_k = {c.knn_k}.")
-      test_normal = int(np.sum(self.test_labels == normal_class))
-      if test_normal in (0, len(self.test_labels)):
+      test_normal = int(np.sum(self.images.test_labels == normal_class))
+      if test_normal in (0, len(self.images.test_labels)):
         raise ValueError(
-            f"the test split {self.info.name}:{self.info.test_split} needs normal and anomalous "
+            f"the test split {info.name}:{info.test_split} needs normal and anomalous "
             f"examples for ROC-AUC; class {normal_class} has {test_normal} of "
-            f"{len(self.test_labels)}.")
+            f"{len(self.images.test_labels)}.")
     params = {"model": self.template["params"], "mapping": {}}
     msc.freeze(optim.make_optimizer(name="sgd", learning_rate=1.0, total_steps=1), params,
                frozen=_frozen(c))
@@ -169,15 +166,15 @@ class Experiment(simclr_trainer.ImageData):
   def features(self, params, model_state, images) -> jax.Array:
     model_state = {k: v for k, v in model_state.items() if k != msc.CENTER_KEY}
     return simclr.embed(self.feature_fn, params, model_state, images,
-                        preprocess=self.center)
+                        preprocess=self.images.center)
 
   def roc_auc(self, params, model_state, normal_class: int) -> float:
     """ROC-AUC of the kNN score, anomalies (every other class) positive, MSC's evaluation."""
-    normal = self.train_images[self.train_labels == normal_class]
+    normal = self.images.train_images[self.images.train_labels == normal_class]
     bank = self.features(params, model_state, normal)
-    query = self.features(params, model_state, self.test_images)
+    query = self.features(params, model_state, self.images.test_images)
     distance = scores.knn_score(bank, query, k=self.config.knn_k, squared=self.config.squared)
-    return float(scores.roc_auc(self.test_labels != normal_class, distance))
+    return float(scores.roc_auc(self.images.test_labels != normal_class, distance))
 
   def pretrained_auc(self, normal_class: int) -> float:
     if normal_class not in self._pretrained_auc:
@@ -195,7 +192,7 @@ class Experiment(simclr_trainer.ImageData):
   def train_step(self, mapping: mappings.Mapping):
     if mapping.spec not in self._steps:
       self._steps[mapping.spec] = make_train_step(self.config, self.encoder, mapping, self.mesh,
-                                                  self.augment)
+                                                  self.images.augment)
     return self._steps[mapping.spec]
 
   def batches(self, images: np.ndarray, *, seed: int, start_step: int):
@@ -211,8 +208,9 @@ class Experiment(simclr_trainer.ImageData):
   def run(self, run: Run, workdir: str) -> dict:
     """Fine-tunes one (mapping, seed, normal class) run in its own directory; its results."""
     c = self.config
-    mapping = mappings.from_spec(run.mapping)
-    normal = self.train_images[self.train_labels == run.normal_class]
+    mapping = mappings.from_spec(run.spec)
+    normal_class = run["normal_class"]
+    normal = self.images.train_images[self.images.train_labels == normal_class]
     model_state = {k: v for k, v in self.variables.items() if k != "params"}
     # The center of the whole normal class (every host the same); batches from this host's part.
     center = msc.center(self.features(self.variables["params"], model_state, normal))
@@ -227,11 +225,11 @@ class Experiment(simclr_trainer.ImageData):
     steps_per_epoch = len(normal) // (c.batch_size // jax.process_count())
     num_steps = c.epochs * steps_per_epoch
     record = {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD}
-    record.update(dataclasses.asdict(run))
+    record.update(run.record())
 
     def evaluate(train_state):
       return {"roc_auc": self.roc_auc(train_state.params["model"], train_state.model_state,
-                                      run.normal_class)}
+                                      normal_class)}
 
     loop.train(
         initial, train_step=self.train_step(mapping),
@@ -240,12 +238,12 @@ class Experiment(simclr_trainer.ImageData):
         workdir=run.directory(workdir), key=jax.random.key(run.seed), mesh=self.mesh,
         config=record, resume=c.resume, eval_every=c.eval_every_epochs * steps_per_epoch,
         eval_fn=evaluate, log_every=c.log_every, examples_per_step=c.batch_size,
-        progress=c.progress, desc=f"{run.mapping} class {run.normal_class} seed {run.seed}")
+        progress=c.progress, desc=run.label())
     evaluation = loop.read_csv(os.path.join(run.directory(workdir), loop.EVAL_FILE))
     metrics = loop.read_csv(os.path.join(run.directory(workdir), loop.METRICS_FILE))
-    return {"mapping": run.mapping, "seed": run.seed, "class": run.normal_class,
+    return {"mapping": run.spec, "seed": run.seed, "class": normal_class,
             "roc_auc": float(evaluation["roc_auc"][-1]),
-            "roc_auc_pretrained": self.pretrained_auc(run.normal_class),
+            "roc_auc_pretrained": self.pretrained_auc(normal_class),
             "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])),
             "final_center_cos": float(np.mean(metrics["center_cos"][-steps_per_epoch:])),
             "num_normal_train": num_normal, "steps": num_steps}
@@ -257,10 +255,11 @@ def pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   for field in _PRETRAIN_FIELDS:
     pretrain[field] = config[field]
   pretrain.resume = config.resume
-  specs = runner.split_list(pretrain.mappings, name="pretrain.mappings")
+  specs = runner.split_list(runner.renamed(pretrain, "losses", "mappings"),
+                            name="pretrain.losses")
   if len(specs) != 1 or pretrain.seeds != 1:
-    raise ValueError("config.pretrain must train one encoder: one mapping and seeds = 1, got "
-                     f"mappings={pretrain.mappings!r}, seeds={pretrain.seeds}.")
+    raise ValueError("config.pretrain must train one encoder: one loss and seeds = 1, got "
+                     f"losses={','.join(specs)!r}, seeds={pretrain.seeds}.")
   pretrain.mode = "sweep"
   return pretrain
 
@@ -273,7 +272,8 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> str:
   if not runner.finished(run, directory):
     mesh = sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
     try:
-      simclr_trainer.check_config(pretrain_cfg, directory, mesh)
+      simclr_trainer.check_config(pretrain_cfg, mesh)
+      runner.prepare(directory, pretrain_cfg, runs=[run], plan_fields=simclr_trainer.PLAN_FIELDS)
     except (ValueError, TypeError) as error:
       raise ConfigError(f"pretraining: {error}") from error
     trainer = simclr_trainer.Trainer(pretrain_cfg, mesh)
@@ -292,7 +292,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> tuple
   experiment.check(runs)
   if config.init_checkpoint:
     experiment.load(config.init_checkpoint)
-  runner.prepare(workdir, config, plan_fields=PLAN_FIELDS, outputs=(PRETRAIN_DIR,))
+  runner.prepare(workdir, config, runs=runs, plan_fields=PLAN_FIELDS, outputs=(PRETRAIN_DIR,))
   return runs, experiment
 
 

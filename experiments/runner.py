@@ -1,29 +1,91 @@
-"""The one runner of every experiment: plan the runs of a sweep, resume them, write the tables.
+"""The skeleton of every sweep: plan the runs from a config, resume them, write the tables.
 
-An experiment is a config, a list of runs (frozen dataclasses with a `directory(workdir)`), a
-`train(run) -> dict` and a table. The rules are the same for all of them:
+An experiment supplies only what is its own: its data, its model and objective, how it trains
+one `Run` and what it measures (`train_run(run) -> result row`), and its table
+(`write_tables(rows)`). The skeleton does the rest, the same way for all of them:
 
-- a finished run leaves `result.json` in its directory and is never recomputed;
-- an interrupted run continues from its last step checkpoint (`tfcl_jax.training.train`);
-- a workdir made with another config is refused before anything runs (`prepare`), naming the
-  differing fields; the fields that only choose which runs exist (mappings, seeds, ...) may
-  change, so a sweep grows by rerunning it with more seeds;
-- the tables are rewritten after every finished run, so an interrupted sweep leaves the
-  finished part of its table on disk.
+- `plan`: the runs of a config: every loss spec of `config.losses` (`losses.canonical_spec`),
+  every seed (`config.seeds`, from `config.seed_offset`), and the axes an experiment adds
+  (a batch size, a normal class), in the experiment's order;
+- one folder per run, `runs/<spec>[/<axis>_<value>...]/seed<seed>` (`Run.directory`);
+- `prepare`: a workdir made with another config is refused before anything runs, naming the
+  differing fields; the fields that only choose which runs exist (losses, seeds, ...) may
+  change, so a sweep grows by rerunning it with more seeds. Run folders of an earlier layout
+  are found and, with `--migrate`, moved to their place;
+- `run_all`: a finished run leaves `result.json` in its folder and is never recomputed; an
+  interrupted run continues from its last step checkpoint (`tfcl_jax.training.train`); the
+  tables are rewritten after every finished run, so an interrupted sweep leaves the finished
+  part of its table on disk;
+- `finished_runs`: a finished workdir read back (what `grace_probe` probes).
+
+The command line (`experiments.cli`) prints the final table and the files written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
+import itertools
 import json
 import numbers
 import os
-from collections.abc import Callable, Sequence
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 
 from tfcl_jax.training import loop
 
 RESULT_FILE = "result.json"
+RUNS_DIR = "runs"
+LOSSES_FIELD, OLD_LOSSES_FIELD = "losses", "mappings"
+_MIGRATE = contextvars.ContextVar("migrate", default=False)
+
+
+class ConfigError(ValueError):
+  """A config, dataset, checkpoint or workdir problem found before training: the command line
+  prints it as one line and exits 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run of a sweep: its loss spec (canonical), its seed, and the axes an experiment adds,
+  e.g. `(("batch_size", 256),)`.
+
+  Examples:
+    >>> from experiments.runner import Run
+    >>> run = Run("sigmoid/tau=0.5/learn_b=prior", 3, (("batch_size", 256),))
+    >>> run.directory("w"), run["batch_size"]
+    ('w/runs/sigmoid_tau_0.5_learn_b_prior/batch_size_256/seed3', 256)
+  """
+
+  spec: str
+  seed: int
+  axes: tuple[tuple[str, Any], ...] = ()
+
+  def __getitem__(self, name: str):
+    return dict(self.axes)[name]
+
+  def record(self) -> dict[str, Any]:
+    """The run's identity as its folder's `config.json` records it."""
+    return {"spec": self.spec, "seed": self.seed, **dict(self.axes)}
+
+  def directory(self, workdir: str) -> str:
+    axes = [f"{name}_{_safe(value)}" for name, value in self.axes]
+    return os.path.join(workdir, RUNS_DIR, _safe(self.spec), *axes, f"seed{self.seed}")
+
+  def label(self) -> str:
+    return " ".join([self.spec, f"seed {self.seed}"] + [f"{n}={v}" for n, v in self.axes])
+
+
+def _safe(value) -> str:
+  return re.sub(r"[^A-Za-z0-9.]+", "_", str(value))
+
+
+# -- config fields ----------------------------------------------------------------------------
 
 
 def split_list(text, *, name: str) -> list[str]:
@@ -36,27 +98,6 @@ def split_list(text, *, name: str) -> list[str]:
   if not items:
     raise ValueError(f"config.{name} must list at least one item, got {text!r}.")
   return items
-
-
-def loss_specs(config, *, example: str) -> list[str]:
-  """The canonical loss specs (`tfcl_jax.losses.from_spec`) of `config.mappings`, each once,
-  in order.
-
-  Raises:
-    ValueError: an empty list or a malformed spec; the message names `config.mappings` and
-      shows `example` (e.g. `"free,tau=0.5"`).
-  """
-  from tfcl_jax import losses  # noqa: PLC0415
-
-  try:
-    return list(dict.fromkeys(losses.from_spec(spec, num_candidates=2).spec
-                              for spec in split_list(config.mappings, name="mappings")))
-  except ValueError as error:
-    message = str(error)
-    if message.startswith("config."):
-      raise
-    raise ValueError(f"config.mappings: {message} (e.g. --config.mappings={example})"
-                     ) from error
 
 
 def check_positive_ints(config, *fields: str) -> None:
@@ -73,37 +114,202 @@ def check_positive_ints(config, *fields: str) -> None:
       raise ValueError(f"config.{field} must be an int >= 1, got {value!r}.")
 
 
-def prepare(workdir: str, config, *, plan_fields: Sequence[str] = (),
+def renamed(config, field: str, old: str):
+  """`config.<field>`, or `config.<old>` where a command still sets the field's former name
+  (with a one-line notice on stderr)."""
+  value = config.get(old) if old in config else None
+  if value:
+    print(f"note: config.{old} is now config.{field}; reading config.{old}={value!r}",
+          file=sys.stderr)
+    return value
+  return config[field]
+
+
+def loss_specs(config, *, example: str, field: str = LOSSES_FIELD,
+               old: str | None = OLD_LOSSES_FIELD) -> list[str]:
+  """The canonical loss specs (`tfcl_jax.losses.canonical_spec`) of `config.<field>`, each
+  once, in order: the one parser of every experiment's losses (`free`, `tau=0.5`,
+  `sigmoid/learnable=0.1/learn_b=siglip`, ...).
+
+  Raises:
+    ValueError: an empty list or a malformed spec; the message names `config.<field>` and
+      shows `example` (e.g. `"free,tau=0.5"`).
+  """
+  from tfcl_jax import losses  # noqa: PLC0415
+
+  text = renamed(config, field, old) if old else config[field]
+  try:
+    return list(dict.fromkeys(losses.canonical_spec(spec)
+                              for spec in split_list(text, name=field)))
+  except ValueError as error:
+    message = str(error)
+    if message.startswith("config."):
+      raise
+    raise ValueError(f"config.{field}: {message} (e.g. --config.{field}={example})") from error
+
+
+def plan(config, *, order: Sequence[str] = ("seed", "spec"),
+         axes: Mapping[str, Sequence] | None = None, specs: Sequence[str] | None = None,
+         example: str = "free,tau=0.5") -> list[Run]:
+  """The runs of `config`: every spec × seed × axis value, nested in `order` (the first name
+  varies slowest; e.g. `("seed", "spec")`: seed-major, so an interrupted sweep has as many
+  seeds of every spec).
+
+  Args:
+    config: with `losses` (or `specs` given), `seeds` and optionally `seed_offset`.
+    order: `"spec"`, `"seed"` and the names of `axes`.
+    axes: the experiment's own axes, name -> values.
+    specs: the canonical specs, when the experiment reads them itself.
+    example: shown in the error for a bad `config.losses`.
+
+  Raises:
+    ConfigError: a bad `config.losses` or `config.seeds`, naming the field.
+  """
+  axes = dict(axes or {})
+  if sorted(order) != sorted(["spec", "seed", *axes]):
+    raise ValueError(f"order must name 'spec', 'seed' and the axes {sorted(axes)}, got {order}.")
+  try:
+    specs = loss_specs(config, example=example) if specs is None else list(specs)
+    check_positive_ints(config, "seeds")
+  except (TypeError, ValueError) as error:
+    raise ConfigError(str(error)) from error
+  first = int(config.get("seed_offset", 0))
+  values = {"spec": specs, "seed": list(range(first, first + config.seeds)), **axes}
+  runs = []
+  for combination in itertools.product(*(values[name] for name in order)):
+    named = dict(zip(order, combination, strict=True))
+    runs.append(Run(named["spec"], named["seed"], tuple((name, named[name]) for name in axes)))
+  return runs
+
+
+# -- the workdir ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def migrating(enabled: bool = True) -> Iterator[None]:
+  """Within it, `prepare` moves run folders of an earlier layout instead of refusing them
+  (the command line's `--migrate`)."""
+  token = _MIGRATE.set(enabled)
+  try:
+    yield
+  finally:
+    _MIGRATE.reset(token)
+
+
+def _run_folders(workdir: str) -> Iterator[str]:
+  """Every folder under `workdir/runs` that a run started (it holds the run's `config.json`)."""
+  for folder, subfolders, files in os.walk(os.path.join(workdir, RUNS_DIR)):
+    if loop.CONFIG_FILE in files:
+      subfolders.clear()
+      yield folder
+
+
+def _identity(record: dict, axis_names: Sequence[str]) -> Run | None:
+  """The `Run` a run folder's `config.json` records (`spec`, or the former `mapping`)."""
+  from tfcl_jax import losses  # noqa: PLC0415
+
+  spec, seed = record.get("spec", record.get("mapping")), record.get("seed")
+  if not isinstance(spec, str) or not isinstance(seed, int):
+    return None
+  try:
+    spec = losses.canonical_spec(spec)
+  except ValueError:
+    return None
+  return Run(spec, seed, tuple((name, record.get(name)) for name in axis_names))
+
+
+def _read_record(folder: str) -> dict:
+  with open(os.path.join(folder, loop.CONFIG_FILE)) as f:
+    return json.load(f)
+
+
+def misplaced(workdir: str, runs: Sequence[Run]) -> list[tuple[str, Run]]:
+  """`(folder, run)` for each planned run whose folder in `workdir` is not `run.directory`
+  (a workdir of an earlier folder layout)."""
+  planned = {run: run for run in runs}
+  axis_names = [name for name, _ in runs[0].axes] if runs else []
+  moves = []
+  for folder in _run_folders(workdir):
+    run = planned.get(_identity(_read_record(folder), axis_names))
+    if run is not None and os.path.normpath(folder) != os.path.normpath(run.directory(workdir)):
+      moves.append((folder, run))
+  return moves
+
+
+def migrate(moves: Sequence[tuple[str, Run]], workdir: str) -> None:
+  """Moves each folder to its run's directory and records the run's identity there."""
+  for folder, run in moves:
+    target = run.directory(workdir)
+    if os.path.exists(target):
+      raise ConfigError(f"cannot move {folder} to {target}: it exists; move it by hand.")
+    os.renames(folder, target)
+    record = _read_record(target)
+    if "mapping" in record and "spec" not in record:
+      record["spec"] = record.pop("mapping")
+    with open(os.path.join(target, loop.CONFIG_FILE), "w") as f:
+      json.dump(record, f, indent=2, sort_keys=True)
+
+
+def prepare(workdir: str, config, *, runs: Sequence[Run] = (), plan_fields: Sequence[str] = (),
             ignored: Sequence[str] = ("resume", "progress"), outputs: Sequence[str] = ()) -> None:
-  """Checks `workdir` against `config` before anything runs, and records `config` there.
+  """Checks `workdir` against `config` and `runs` before anything runs; records `config`.
 
   `plan_fields` choose which runs exist and `ignored` change nothing in a run; neither is
   compared. With `config.resume = False` (where the config has that field), a workdir that
-  already holds any of `outputs`, `results.csv` or `runs` is refused.
+  already holds any of `outputs`, `results.csv` or `runs` is refused. Folders of planned runs
+  in an earlier layout are refused, or moved within `migrating()`.
 
   Raises:
-    ValueError: the workdir cannot be written, was made with another config, or holds results
-      and `config.resume` is False.
+    ConfigError: the workdir cannot be written, was made with another config, holds results
+      and `config.resume` is False, or holds runs in an earlier folder layout.
   """
   record = {k: v for k, v in config.to_dict().items()
-            if k not in set(plan_fields) | set(ignored)}
+            if k not in {*plan_fields, *ignored, LOSSES_FIELD, OLD_LOSSES_FIELD}}
   resume = bool(config.get("resume", True))
   if not resume:
-    existing = [name for name in ("results.csv", "runs", *outputs)
+    existing = [name for name in ("results.csv", RUNS_DIR, *outputs)
                 if os.path.exists(os.path.join(workdir, name))]
     if existing:
-      raise ValueError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
+      raise ConfigError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
                        "--config.resume=True (the default) or choose a new workdir. Nothing was "
                        "overwritten.")
-  loop.prepare_workdir(workdir, record, resume=resume)
+  try:
+    loop.prepare_workdir(workdir, record, resume=resume)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  moves = misplaced(workdir, runs)
+  if moves and not _MIGRATE.get():
+    folder, run = moves[0]
+    old, new = (os.path.relpath(path, workdir) for path in (folder, run.directory(workdir)))
+    raise ConfigError(
+        f"workdir {workdir!r} holds {len(moves)} run folder(s) of an earlier layout, e.g. {old} "
+        f"(now {new}); rerun the same command with --migrate to move them, or use a new "
+        "workdir.")
+  migrate(moves, workdir)
 
 
-def finished(run, workdir: str) -> bool:
+# -- the sweep --------------------------------------------------------------------------------
+
+
+def finished(run: Run, workdir: str) -> bool:
   """Whether `run` left its `result.json` in `workdir`."""
   return os.path.exists(os.path.join(run.directory(workdir), RESULT_FILE))
 
 
-def run_all(runs: Sequence, train: Callable[[object], dict], *, workdir: str,
+def finished_runs(workdir: str, *, axes: Sequence[str] = ()) -> list[tuple[Run, dict]]:
+  """Every finished run of `workdir` (its folder holds `result.json`), with its result row,
+  in folder order; `axes`: the experiment's axis names."""
+  found = []
+  for folder in sorted(_run_folders(workdir)):
+    run = _identity(_read_record(folder), axes)
+    path = os.path.join(folder, RESULT_FILE)
+    if run is not None and os.path.exists(path):
+      with open(path) as f:
+        found.append((run, json.load(f)))
+  return found
+
+
+def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
             write_tables: Callable[[list[dict]], None] | None = None, progress: bool = True,
             desc: str = "runs") -> list[dict]:
   """Calls `train(run)` for every run without a `result.json`; reads the others back.
@@ -136,3 +342,12 @@ def run_all(runs: Sequence, train: Callable[[object], dict], *, workdir: str,
   if write_tables is not None and results and jax.process_index() == 0:
     write_tables(results)
   return results
+
+
+def sweep(config, workdir: str, *, runs: Sequence[Run], train_run: Callable[[Run], dict],
+          write_tables: Callable[[list[dict]], None], plan_fields: Sequence[str] = (),
+          outputs: Sequence[str] = (), progress: bool = True, desc: str = "runs") -> list[dict]:
+  """`prepare` the workdir for `runs`, then `run_all`: an experiment's whole sweep."""
+  prepare(workdir, config, runs=runs, plan_fields=plan_fields, outputs=outputs)
+  return run_all(runs, train_run, workdir=workdir, write_tables=write_tables,
+                 progress=progress, desc=desc)

@@ -1,9 +1,10 @@
 """SimCLR on an image dataset, one run at a time: the SimCLR experiment and MSC's pretraining.
 
-A `Run` is one (mapping, seed, batch size); `plan_runs` lists a config's runs, `check_config`
-checks everything that can fail before the first step, and `Trainer.run` trains one run with
-`tfcl_jax.training` (its metrics, checkpoints and `eval.csv` in the run's directory) and
-returns its results row.
+A run is one (loss spec, seed, batch size) (`runner.Run` with a `batch_size` axis);
+`plan_runs` lists a config's runs, `check_config` checks everything that can fail before the
+first step, and `Trainer.run` trains one run with `tfcl_jax.training` (its metrics, checkpoints
+and `eval.csv` in the run's directory) and returns its results row. `load_images` is the
+images SimCLR and MSC both read.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -27,50 +27,40 @@ from tfcl_jax.training import loop, optim, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
 # Fields that only choose which runs exist: a workdir may be rerun with other values.
-PLAN_FIELDS = ("mappings", "seeds", "n_mappings", "n_batch_sizes")
+PLAN_FIELDS = ("losses", "mappings", "seeds", "n_losses", "n_mappings", "n_batch_sizes")
 _IGNORED_ON_RESUME = ("resume", "progress")
 _NOT_IN_RUN_RECORD = PLAN_FIELDS + _IGNORED_ON_RESUME
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  mapping: str
-  seed: int
-  batch_size: int
-
-  def directory(self, workdir: str) -> str:
-    name = re.sub(r"[=:/]", "_", self.mapping)
-    return os.path.join(workdir, "runs", f"bs{self.batch_size}", name, f"seed{self.seed}")
+Run = runner.Run
 
 
 def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
-  """The runs of `config.mode`, after checking mapping specs, seeds and batch sizes."""
+  """The runs of `config.mode` (batch size, then spec, then seed), after checking the loss
+  specs, seeds and batch sizes: `config.losses` at `config.batch_size` (`"sweep"`), or
+  `config.n_losses` at each of `config.n_batch_sizes` (`"n_sensitivity"`)."""
   if config.mode not in MODES:
     raise ValueError(f"config.mode must be one of {MODES}, got {config.mode!r}.")
-  runner.check_positive_ints(config, "seeds")
   if config.mode == "sweep":
-    specs, batch_sizes = runner.split_list(config.mappings, name="mappings"), [config.batch_size]
+    specs, batch_sizes = runner.loss_specs(config, example="free,tau=0.5"), [config.batch_size]
   else:
-    specs = runner.split_list(config.n_mappings, name="n_mappings")
+    specs = runner.loss_specs(config, example="free,tau=0.1", field="n_losses",
+                              old="n_mappings")
     batch_sizes = [int(b) for b in runner.split_list(config.n_batch_sizes, name="n_batch_sizes")]
-  # ValueError naming bad specs; a prior bias's value depends on N, its spec does not.
-  specs = [losses.from_spec(spec, num_candidates=3).spec for spec in specs]
-  return [Run(spec, seed, batch_size)
-          for batch_size in batch_sizes for spec in specs for seed in range(config.seeds)]
+  return runner.plan(config, order=("batch_size", "spec", "seed"),
+                     axes={"batch_size": batch_sizes}, specs=specs)
 
 
-def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> list[Run]:
-  """Every check that can fail, before any training: specs, dataset, batch sizes, workdir."""
+def check_config(config: ml_collections.ConfigDict, mesh) -> list[Run]:
+  """Every check of the config that can fail, before any training: specs, dataset, batch
+  sizes; the runs. (`runner.prepare` checks the workdir.)"""
   runs = plan_runs(config)
   info = data.get_info(config.dataset)
   models.make_backbone(config.backbone)
   runner.check_positive_ints(config, "epochs")
-  for batch_size in sorted({run.batch_size for run in runs}):
+  for batch_size in sorted({run["batch_size"] for run in runs}):
     sharding.check_batch_size(batch_size, mesh, name="config.batch_size")
     # Opens the data: an unprepared TFDS dataset stops here with how to prepare it.
     data.steps_per_epoch(info.name, info.pretrain_split, batch_size=_host_batch(batch_size),
                          data_dir=config.data_dir or None)
-  runner.prepare(workdir, config, plan_fields=PLAN_FIELDS)
   return runs
 
 
@@ -105,49 +95,66 @@ def make_optimizer(config: ml_collections.ConfigDict, *, batch_size: int, steps_
 def make_train_step(config: ml_collections.ConfigDict, model, loss: losses.LossSpec, mesh,
                     augment_fn):
   """SimCLR's sharded train step (`objectives.simclr`, `training.make_train_step`)."""
-  loss_fn = simclr.make_simclr_loss(model, mapping=loss, augment=augment_fn,
+  loss_fn = simclr.make_simclr_loss(model, loss=loss, augment=augment_fn,
                                     negatives=config.negatives)
   return step.make_train_step(loss_fn, mesh=mesh)
 
 
-class ImageData:
+@dataclasses.dataclass(frozen=True)
+class Images:
   """A config's image dataset: its info, train and test arrays, view recipe and size, and the
-  jitted two-view augmentation and center view (`config.dataset`, `recipe`, `view_size`,
-  `data_dir`). SimCLR and MSC read their images through it."""
+  jitted two-view augmentation and center view."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    self.info, self.recipe, self.view_size = views(config)
-    self.data_dir = config.data_dir or None
-    self.train_images, self.train_labels = data.load_arrays(
-        self.info.name, self.info.train_split, data_dir=self.data_dir)
-    self.test_images, self.test_labels = data.load_arrays(
-        self.info.name, self.info.test_split, data_dir=self.data_dir)
-    self.augment = functools.partial(augment.two_views, recipe=self.recipe,
-                                     out_size=self.view_size)
-    self.center = jax.jit(functools.partial(augment.center_view, recipe=self.recipe,
-                                            out_size=self.view_size))
+  info: data.DatasetInfo
+  recipe: str
+  view_size: int
+  data_dir: str | None
+  train_images: np.ndarray
+  train_labels: np.ndarray
+  test_images: np.ndarray
+  test_labels: np.ndarray
+
+  @functools.cached_property
+  def augment(self):
+    return functools.partial(augment.two_views, recipe=self.recipe, out_size=self.view_size)
+
+  @functools.cached_property
+  def center(self):
+    return jax.jit(functools.partial(augment.center_view, recipe=self.recipe,
+                                     out_size=self.view_size))
 
   def dummy_batch(self) -> jax.Array:
     """Two zero views (images or signals), for `init`."""
     return jnp.zeros((2, *self.info.example_shape(self.view_size)), jnp.float32)
 
 
-class Trainer(ImageData):
-  """What the runs of one config share: data, model, compiled steps and evaluation functions."""
+def load_images(config: ml_collections.ConfigDict) -> Images:
+  """The images of `config.dataset` (`data_dir`, `recipe`, `view_size`): what SimCLR and MSC
+  read."""
+  info, recipe, view_size = views(config)
+  data_dir = config.data_dir or None
+  train = data.load_arrays(info.name, info.train_split, data_dir=data_dir)
+  test = data.load_arrays(info.name, info.test_split, data_dir=data_dir)
+  return Images(info, recipe, view_size, data_dir, *train, *test)
+
+
+class Trainer:
+  """What the runs of one config share: images, model, compiled steps and evaluation."""
 
   def __init__(self, config: ml_collections.ConfigDict, mesh):
-    super().__init__(config)
     self.config, self.mesh = config, mesh
+    self.images = load_images(config)
     self.model = make_model(config)
-    dummy = self.dummy_batch()
+    dummy = self.images.dummy_batch()
     self.init = jax.jit(lambda key: self.model.init(key, dummy, train=False))
     self.feature_fn = simclr.make_feature_fn(self.model)
     self._steps: dict = {}
     self._optimizers: dict = {}
 
   def steps_per_epoch(self, batch_size: int) -> int:
-    return data.steps_per_epoch(self.info.name, self.info.pretrain_split,
-                                batch_size=_host_batch(batch_size), data_dir=self.data_dir)
+    info = self.images.info
+    return data.steps_per_epoch(info.name, info.pretrain_split,
+                                batch_size=_host_batch(batch_size), data_dir=self.images.data_dir)
 
   def optimizer(self, batch_size: int):
     # One optax object per batch size: the compiled step is reused across seeds only if the
@@ -157,26 +164,27 @@ class Trainer(ImageData):
           self.config, batch_size=batch_size, steps_per_epoch=self.steps_per_epoch(batch_size))
     return self._optimizers[batch_size]
 
-  def train_step(self, mapping: losses.LossSpec):
-    if mapping.spec not in self._steps:
-      self._steps[mapping.spec] = make_train_step(self.config, self.model, mapping, self.mesh,
-                                                  self.augment)
-    return self._steps[mapping.spec]
+  def train_step(self, loss: losses.LossSpec):
+    if loss.spec not in self._steps:
+      self._steps[loss.spec] = make_train_step(self.config, self.model, loss, self.mesh,
+                                               self.images.augment)
+    return self._steps[loss.spec]
 
   def features(self, train_state, images):
     model_params = train_state.params["model"]
     return simclr.embed(self.feature_fn, model_params, train_state.model_state, images,
-                        preprocess=self.center)
+                        preprocess=self.images.center)
 
   def evaluate(self, train_state) -> dict[str, float]:
     """kNN top-1 on backbone features; alignment (two views) and uniformity of test features."""
-    train_features = self.features(train_state, self.train_images)
-    test_features = self.features(train_state, self.test_images)
-    top1 = knn.knn_top1(train_features, self.train_labels, test_features, self.test_labels,
-                        num_classes=self.info.num_classes, k=self.config.knn_k,
+    images = self.images
+    train_features = self.features(train_state, images.train_images)
+    test_features = self.features(train_state, images.test_images)
+    top1 = knn.knn_top1(train_features, images.train_labels, test_features, images.test_labels,
+                        num_classes=images.info.num_classes, k=self.config.knn_k,
                         tau=self.config.knn_tau)
-    subset = self.test_images[:512]
-    view1, view2 = self.augment(jax.random.key(0), subset)
+    subset = images.test_images[:512]
+    view1, view2 = images.augment(jax.random.key(0), subset)
     model_params, model_state = train_state.params["model"], train_state.model_state
     align = geometry.alignment(self.feature_fn(model_params, model_state, view1),
                                self.feature_fn(model_params, model_state, view2))
@@ -185,48 +193,55 @@ class Trainer(ImageData):
 
   def linear_probe(self, train_state, seed: int) -> float:
     """Top-1 of logistic regression (`tfcl_jax.evaluation.logistic`) on frozen features."""
-    features = jnp.concatenate([self.features(train_state, self.train_images),
-                                self.features(train_state, self.test_images)])
+    images = self.images
+    features = jnp.concatenate([self.features(train_state, images.train_images),
+                                self.features(train_state, images.test_images)])
     features = (features - features.mean(0)) / (features.std(0) + 1e-6)
-    labels = jnp.concatenate([jnp.asarray(self.train_labels), jnp.asarray(self.test_labels)])
-    n_train = len(self.train_labels)
+    labels = jnp.concatenate([jnp.asarray(images.train_labels),
+                              jnp.asarray(images.test_labels)])
+    n_train = len(images.train_labels)
     classifier = logistic.fit_logistic_regression(
-        features, labels, num_classes=self.info.num_classes,
+        features, labels, num_classes=images.info.num_classes,
         train_indices=jnp.arange(n_train), key=jax.random.key(seed),
         epochs=self.config.probe_epochs, learning_rate=0.01)
     predictions = logistic.predict(classifier, features[n_train:])
     return float(jnp.mean(predictions == labels[n_train:]))
 
   def run(self, run: Run, workdir: str) -> dict:
-    """Trains one (mapping, seed, batch size) run in its own directory; returns its results."""
+    """Trains one (spec, seed, batch size) run in its own directory; returns its results."""
     c = self.config
-    mapping = losses.from_spec(run.mapping, num_candidates=2 * run.batch_size - 1)
-    steps_per_epoch = self.steps_per_epoch(run.batch_size)
+    batch_size = run["batch_size"]
+    loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
+        batch_size, negatives=c.negatives))
+    steps_per_epoch = self.steps_per_epoch(batch_size)
     num_steps = c.epochs * steps_per_epoch
     init_key, step_key = jax.random.split(jax.random.key(run.seed))
     variables = self.init(init_key)
     initial = state.create_train_state(
         model_params=variables["params"],
         model_state={k: v for k, v in variables.items() if k != "params"},
-        mapping_params=mapping.params, tx=self.optimizer(run.batch_size))
+        mapping_params=loss.params, tx=self.optimizer(batch_size))
+    info = self.images.info
 
     def batches(start_step):
-      return data.make_loader(self.info.name, self.info.pretrain_split,
-                              batch_size=_host_batch(run.batch_size), seed=run.seed,
-                              num_epochs=c.epochs, data_dir=self.data_dir, start_step=start_step)
+      return data.make_loader(info.name, info.pretrain_split,
+                              batch_size=_host_batch(batch_size), seed=run.seed,
+                              num_epochs=c.epochs, data_dir=self.images.data_dir,
+                              start_step=start_step)
 
     record = {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD}
-    record.update(dataclasses.asdict(run))
+    record.update(run.record())
     final = loop.train(
-        initial, train_step=self.train_step(mapping), batches=batches, num_steps=num_steps,
+        initial, train_step=self.train_step(loss), batches=batches, num_steps=num_steps,
         workdir=run.directory(workdir), key=step_key, mesh=self.mesh, config=record,
         resume=c.resume, checkpoint_every=c.checkpoint_every_steps,
         eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=self.evaluate,
-        log_every=c.log_every, examples_per_step=run.batch_size, progress=c.progress,
-        desc=f"{run.mapping} seed {run.seed} N={run.batch_size}")
+        log_every=c.log_every, examples_per_step=batch_size, progress=c.progress,
+        desc=run.label())
     evaluation = loop.read_csv(os.path.join(run.directory(workdir), loop.EVAL_FILE))
     metrics = loop.read_csv(os.path.join(run.directory(workdir), loop.METRICS_FILE))
-    result = {**dataclasses.asdict(run), "knn_top1": float(evaluation["knn_top1"][-1]),
+    result = {"mapping": run.spec, "seed": run.seed, "batch_size": batch_size,
+              "knn_top1": float(evaluation["knn_top1"][-1]),
               "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])), "steps": num_steps}
     if c.probe_epochs:
       result["linear_top1"] = self.linear_probe(final, run.seed)

@@ -54,6 +54,21 @@ def write_results(
     figure(workdir)
 
 
+def writer(workdir: str, *, markdown: Callable[[list[dict]], str],
+           columns: Sequence[str] | None = None,
+           figures: dict[str, Callable[[str, list[dict]], None]] | None = None,
+           name: str = "results") -> Callable[[list[dict]], None]:
+  """`write_tables(rows)` for `runner.run_all`: `write_results` with `markdown(rows)` and each
+  figure `figures[file](path, rows)` drawn to `workdir/file`."""
+  def write(rows: list[dict]) -> None:
+    drawn = [lambda folder, file=file, draw=draw: draw(os.path.join(folder, file), rows)
+             for file, draw in (figures or {}).items()]
+    write_results(workdir, rows, markdown=markdown(rows), columns=columns, figures=drawn,
+                  name=name)
+
+  return write
+
+
 def read_csv(path: str) -> list[dict]:
   """The rows of a `results.csv` as dicts of strings ([] when the file does not exist)."""
   if not os.path.exists(path):

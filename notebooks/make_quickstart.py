@@ -113,7 +113,7 @@ def train(spec, seed=0):
                                model_state={"batch_stats": variables["batch_stats"]},
                                mapping_params=mapping.params)
   train_step = step.make_train_step(
-      simclr.make_simclr_loss(model, mapping=mapping, augment=two_views), mesh=mesh)
+      simclr.make_simclr_loss(model, loss=mapping, augment=two_views), mesh=mesh)
   loader = data.make_loader("digits", info.pretrain_split, batch_size=BATCH_SIZE, seed=seed,
                             num_epochs=EPOCHS)
   history = {"grad_norm": [], "loss": [], "knn": []}

@@ -101,7 +101,7 @@ def simclr_parts():
       return nn.relu(nn.Dense(16)(x.reshape(x.shape[0], -1)))
 
   model = models.ContrastiveModel(Flat(), models.ProjectionHead(hidden_dim=8, out_dim=8))
-  loss_fn = simclr.make_simclr_loss(model, mapping=mappings.temperature_free(),
+  loss_fn = simclr.make_simclr_loss(model, loss=mappings.temperature_free(),
                                     augment=_noise_views)  # cheap to compile; tests the mechanics
   variables = model.init(jax.random.key(0), jax.numpy.zeros((2, 8, 8, 1)), train=False)
   state = training.create_train_state(

@@ -53,7 +53,7 @@ def _simclr(workdir, *extra):
   log = open(f"{workdir}.{time.monotonic_ns()}.err", "w+")  # noqa: SIM115
   proc = subprocess.Popen(
       [sys.executable, "-m", "experiments.simclr", f"--config={SIMCLR}", f"--workdir={workdir}",
-       "--config.mappings=free", "--config.seeds=1", "--config.width=4",
+       "--config.losses=free", "--config.seeds=1", "--config.width=4",
        "--config.probe_epochs=0", "--config.eval_every_epochs=0",
        "--config.checkpoint_every_steps=5", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
       stderr=log, text=True)
@@ -76,7 +76,7 @@ def test_unknown_field_is_one_line_and_exit_2(tmp_path):
 
 def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
   proc, log = _simclr(tmp_path, "--config.epochs=400", "--config.log_every=1")
-  metrics = tmp_path / "runs" / "bs256" / "free" / "seed0" / "metrics.csv"
+  metrics = tmp_path / "runs" / "free" / "batch_size_256" / "seed0" / "metrics.csv"
   deadline = time.monotonic() + WAIT_S
   while time.monotonic() < deadline:  # wait for the first checkpoint (step 5)
     if (metrics.parent / "checkpoints" / "5").exists():

@@ -28,7 +28,7 @@ def _write_u_data(folder, *, users=24, items=40, per_user=12, seed=0):
 @pytest.fixture
 def tiny_config(tmp_path):
   config = dcrec_ml100k.get_config(data_dir=_write_u_data(tmp_path / "data"))
-  config.mappings = "free"
+  config.losses = "free"
   config.seeds = 1
   config.epochs = 2
   config.batch_size = 64
@@ -105,7 +105,7 @@ def test_epoch_batches_visit_each_example_once_per_epoch_and_resume_in_place(tmp
 @pytest.mark.parametrize("field, value, message", [
     ("data_dir", "/nonexistent/movielens", "--fetch DIR"),
     ("num_negatives", 35, "config.num_negatives=35"),
-    ("mappings", "tua=0.8", "config.mappings"),
+    ("losses", "tua=0.8", "config.losses"),
     ("batch_size", 10_000, "config.batch_size=10000"),
     ("max_length", 0, "config.max_length"),
     ("top_k", 100, "config.top_k=100"),

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import grace, grace_probe, tables
+from experiments import grace, grace_probe, runner, tables
 from experiments.configs import grace_citeseer
 from tfcl_jax import mappings, training
 from tfcl_jax.augment import graph as graph_augment
@@ -112,7 +112,7 @@ def tiny_config(monkeypatch):
   graph = _tiny_graph(seed=2)
   monkeypatch.setattr(grace, "load_graph", lambda config: (graph, _batch(graph)))
   config = grace_citeseer.get_config()
-  config.update(dict(mappings=" tau=0.5", seeds=1, epochs=2, eval_epochs=20,
+  config.update(dict(losses=" tau=0.5", seeds=1, epochs=2, eval_epochs=20,
                      hidden_dim=8, projection_dim=8, train_ratio=0.2, val_ratio=0.2))
   return config
 
@@ -126,12 +126,12 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path):
   markdown = (tmp_path / "results.md").read_text()
   assert "| tau=0.5 | 1 |" in markdown and "67.33 (3.02)" in markdown  # the paper's column
   assert os.path.getsize(tmp_path / "f1_micro.png") > 0
-  assert os.path.exists(tmp_path / "runs" / "tau_0.5_seed0" / "result.json")
+  assert os.path.exists(tmp_path / "runs" / "tau_0.5" / "seed0" / "result.json")
   grace.run(tiny_config, str(tmp_path), progress=False)  # nothing left to do
   with open(tmp_path / "results.csv", newline="") as f:
     assert len(list(csv.DictReader(f))) == 1
   # A second seed and a second mapping join the same workdir; another epochs is refused.
-  tiny_config.update(dict(seeds=2, mappings="tau=0.5,free"))
+  tiny_config.update(dict(seeds=2, losses="tau=0.5,free"))
   results = grace.run(tiny_config, str(tmp_path), progress=False)
   assert [(r["mapping"], r["seed"]) for r in results] == [
       ("tau=0.5", 0), ("free", 0), ("tau=0.5", 1), ("free", 1)]
@@ -142,8 +142,21 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path):
     grace.run(tiny_config, str(tmp_path), progress=False)
 
 
+def test_a_workdir_of_the_earlier_layout_is_refused_then_migrated_without_retraining(
+    tiny_config, tmp_path, monkeypatch):
+  workdir = str(tmp_path)
+  first = grace.run(tiny_config, workdir, progress=False)
+  os.rename(tmp_path / "runs" / "tau_0.5" / "seed0", tmp_path / "runs" / "tau_0.5_seed0")
+  with pytest.raises(grace.ConfigError, match="runs/tau_0.5_seed0 .* --migrate"):
+    grace.run(tiny_config, workdir, progress=False)
+  monkeypatch.setattr(grace, "run_one", lambda *a, **k: pytest.fail("retrained"))
+  with runner.migrating():
+    assert grace.run(tiny_config, workdir, progress=False) == first
+  assert os.path.exists(tmp_path / "runs" / "tau_0.5" / "seed0" / "result.json")
+
+
 def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_path):
-  tiny_config.update(dict(seeds=2, mappings="tau=0.5,free"))
+  tiny_config.update(dict(seeds=2, losses="tau=0.5,free"))
   results = grace.run(tiny_config, str(tmp_path), progress=False)
   rows = grace_probe.run(str(tmp_path), val_ratios=[0.2, 0.7], draws=2, command="cmd")
   assert len(rows) == 4 * 2 * 2
@@ -169,7 +182,7 @@ def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_pa
 
 
 def test_bad_spec_fails_before_training(tiny_config, tmp_path):
-  tiny_config.mappings = "free,tau=-1"
+  tiny_config.losses = "free,tau=-1"
   with pytest.raises(ValueError, match="tau"):
     grace.run(tiny_config, str(tmp_path), progress=False)
   assert not (tmp_path / "results.csv").exists()
@@ -237,8 +250,8 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("mappings", "", "config.mappings must list at least one item"),
-    ("mappings", "free,tua=0.1", "config.mappings: Invalid loss spec 'tua=0.1'"),
+    ("losses", "", "config.losses must list at least one item"),
+    ("losses", "free,tua=0.1", "config.losses: Invalid loss spec 'tua=0.1'"),
     ("seeds", 0, "config.seeds"),
     ("data_dir", "/nonexistent/planetoid", "config.data_dir: .*kimiyoung/planetoid"),
 ])
@@ -257,8 +270,8 @@ def test_command_line_error_is_one_line_and_exit_2(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   result = subprocess.run(
       [sys.executable, "-m", "experiments.grace", "--config=experiments/configs/grace_citeseer.py",
-       f"--workdir={tmp_path}", "--config.mappings=tua=0.1"], cwd=root, capture_output=True,
+       f"--workdir={tmp_path}", "--config.losses=tua=0.1"], cwd=root, capture_output=True,
       text=True, timeout=120)
   assert result.returncode == 2, result.stderr[-2000:]
-  assert result.stderr.startswith("error: config.mappings: Invalid loss spec 'tua=0.1'")
+  assert result.stderr.startswith("error: config.losses: Invalid loss spec 'tua=0.1'")
   assert "Traceback" not in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import chex
@@ -304,16 +305,18 @@ def test_experiment_rejects_class_out_of_range_and_bad_specs(tmp_path):
   with pytest.raises(msc_experiment.ConfigError, match="class 10 is out of range"):
     msc_experiment.run_experiment(_config(classes="3,10"), str(tmp_path / "a"))
   with pytest.raises(msc_experiment.ConfigError, match="mapping|spec"):
-    msc_experiment.run_experiment(_config(mappings="tau=-1"), str(tmp_path / "b"))
+    msc_experiment.run_experiment(_config(losses="tau=-1"), str(tmp_path / "b"))
   assert not os.path.exists(tmp_path / "a" / "runs")
 
 
 def test_experiment_rejects_empty_normal_class():
   mesh = sharding.make_mesh(jax.devices()[:1])
   experiment = msc_experiment.Experiment(_config(), mesh)
-  experiment.train_labels = np.where(experiment.train_labels == 3, 4, experiment.train_labels)
+  labels = experiment.images.train_labels
+  experiment.images = dataclasses.replace(experiment.images,
+                                          train_labels=np.where(labels == 3, 4, labels))
   with pytest.raises(ValueError, match="normal class 3 has no examples"):
-    experiment.check([msc_experiment.Run("free", 0, 3)])
+    experiment.check([msc_experiment.Run("free", 0, (("normal_class", 3),))])
 
 
 def test_experiment_rejects_mismatched_checkpoint_before_training(tmp_path):
@@ -328,7 +331,7 @@ def test_experiment_rejects_mismatched_checkpoint_before_training(tmp_path):
 def test_experiment_end_to_end_from_a_checkpoint_and_resume(tmp_path):
   variables, _ = _small_cnn_variables(4)
   path = weights.save_variables(str(tmp_path / "encoder4"), variables)
-  config = _config(init_checkpoint=path, width=4, classes="0", mappings="free", seeds=1,
+  config = _config(init_checkpoint=path, width=4, classes="0", losses="free", seeds=1,
                    epochs=1)
   workdir = str(tmp_path / "work")
   results = msc_experiment.run_experiment(config, workdir)

@@ -102,3 +102,64 @@ def test_markdown_table_and_mean_std():
   mean, std = tables.mean_std([1.0, 2.0, 4.0])
   np.testing.assert_allclose((mean, std), (7 / 3, np.std([1.0, 2.0, 4.0], ddof=1)))
   assert np.isnan(tables.mean_std([1.0])[1])
+
+
+def test_one_folder_rule_and_plan_order():
+  run = runner.Run("sigmoid/learnable=0.1/learn_b=siglip", 2, (("batch_size", 64),))
+  assert run.directory("w") == os.path.join(
+      "w", "runs", "sigmoid_learnable_0.1_learn_b_siglip", "batch_size_64", "seed2")
+  assert run.record() == {"spec": "sigmoid/learnable=0.1/learn_b=siglip", "seed": 2,
+                          "batch_size": 64}
+  config = _config(losses=" tau=0.50, free,tau=0.5", mappings="", seeds=2, seed_offset=3)
+  seed_major = runner.plan(config, order=("seed", "spec"))
+  assert [(r.spec, r.seed) for r in seed_major] == [("tau=0.5", 3), ("free", 3), ("tau=0.5", 4),
+                                                    ("free", 4)]
+  with_axis = runner.plan(config, order=("batch_size", "spec", "seed"),
+                          axes={"batch_size": [8, 16]})
+  assert [(r["batch_size"], r.spec, r.seed) for r in with_axis][:3] == [
+      (8, "tau=0.5", 3), (8, "tau=0.5", 4), (8, "free", 3)]
+  assert len({r.directory("w") for r in with_axis}) == 8
+  with pytest.raises(ValueError, match="order must name"):
+    runner.plan(config, order=("spec",))
+
+
+def test_loss_specs_reads_the_former_field_name_with_a_notice(capsys):
+  assert runner.loss_specs(_config(losses="free", mappings="tau=0.1, free"),
+                           example="free") == ["tau=0.1", "free"]
+  assert "config.mappings is now config.losses" in capsys.readouterr().err
+  assert runner.loss_specs(_config(losses="sigmoid/free/learn_b=prior", mappings=""),
+                           example="free") == ["sigmoid/free/learn_b=prior"]
+  with pytest.raises(ValueError, match=r"(?s)config.losses: Invalid loss spec 'tua=1'.*--config"):
+    runner.loss_specs(_config(losses="tua=1", mappings=""), example="free")
+
+
+def _legacy_run(workdir, folder, record, result=None):
+  path = os.path.join(workdir, "runs", folder)
+  os.makedirs(path)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(record, f)
+  if result is not None:
+    with open(os.path.join(path, runner.RESULT_FILE), "w") as f:
+      json.dump(result, f)
+  return path
+
+
+def test_runs_of_an_earlier_layout_are_refused_then_moved_with_migrate(tmp_path):
+  workdir = str(tmp_path)
+  config = _config(losses="tau=0.5,free", mappings="", seeds=1)
+  runs = runner.plan(config, order=("spec", "batch_size", "seed"), axes={"batch_size": [8]})
+  _legacy_run(workdir, "bs8/tau_0.5/seed0",
+              {"mapping": "tau=0.5", "seed": 0, "batch_size": 8, "epochs": 2}, {"acc": 1})
+  _legacy_run(workdir, "bs8/free/seed0", {"mapping": "free", "seed": 0, "batch_size": 8})
+  _legacy_run(workdir, "bs8/tau_1/seed0", {"mapping": "tau=1", "seed": 0, "batch_size": 8})
+  with pytest.raises(ValueError, match=r"2 run folder\(s\) of an earlier layout, e.g. "
+                     r"runs/bs8/(free|tau_0.5)/seed0 .*--migrate"):
+    runner.prepare(workdir, config, runs=runs)
+  with runner.migrating():
+    runner.prepare(workdir, config, runs=runs)
+  assert runner.finished(runs[0], workdir) and not runner.finished(runs[1], workdir)
+  with open(os.path.join(runs[0].directory(workdir), "config.json")) as f:
+    assert json.load(f) == {"spec": "tau=0.5", "seed": 0, "batch_size": 8, "epochs": 2}
+  assert os.path.isdir(os.path.join(workdir, "runs", "bs8", "tau_1", "seed0"))  # not planned
+  runner.prepare(workdir, config, runs=runs)  # nothing left to move
+  assert runner.finished_runs(workdir, axes=("batch_size",)) == [(runs[0], {"acc": 1})]

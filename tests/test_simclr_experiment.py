@@ -17,7 +17,7 @@ from tfcl_jax.training import sharding
 
 def _tiny_config(**overrides):
   config = simclr_digits.get_config()
-  config.update(dict(mappings="learnable=0.2", seeds=2, epochs=1, batch_size=128, width=4,
+  config.update(dict(losses="learnable=0.2", seeds=2, epochs=1, batch_size=128, width=4,
                      proj_hidden_dim=8, proj_dim=8, probe_epochs=20, eval_every_epochs=0,
                      knn_k=20, devices=2, progress=False))
   config.update(overrides)
@@ -30,8 +30,8 @@ def mesh8():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"mappings": "tau=0.1,warm"}, "Invalid mapping spec 'warm'"),
-    ({"mappings": "tau=-1"}, "tau must be a finite number > 0"),
+    ({"losses": "tau=0.1,warm"}, "Invalid mapping spec 'warm'"),
+    ({"losses": "tau=-1"}, "tau must be a finite number > 0"),
     ({"dataset": "mnist"}, "Unknown dataset 'mnist'"),
     ({"batch_size": 100}, "config.batch_size = 100 must be a positive multiple.*8"),
     ({"mode": "n_sensitivity", "n_batch_sizes": "64,100"}, "= 100 must be a positive multiple"),
@@ -39,16 +39,18 @@ def mesh8():
     ({"backbone": "vgg"}, "backbone must be one of"),
 ])
 def test_bad_config_raises_before_anything_is_written(tmp_path, mesh8, overrides, message):
-  workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=message):
-    simclr_trainer.check_config(_tiny_config(**overrides), str(workdir), mesh8)
+    simclr_trainer.check_config(_tiny_config(**overrides), mesh8)
+  workdir = tmp_path / "run"
+  with pytest.raises(experiment.ConfigError, match=message):
+    experiment.run_experiment(_tiny_config(devices=8, **overrides), str(workdir))
   assert not workdir.exists()
 
 
-def test_unwritable_workdir_raises(tmp_path, mesh8):
+def test_unwritable_workdir_raises(tmp_path):
   (tmp_path / "file").write_text("x")
-  with pytest.raises(ValueError, match="cannot be written"):
-    simclr_trainer.check_config(_tiny_config(), str(tmp_path / "file" / "run"), mesh8)
+  with pytest.raises(experiment.ConfigError, match="cannot be written"):
+    experiment.run_experiment(_tiny_config(), str(tmp_path / "file" / "run"))
 
 
 def test_run_writes_results_and_resume_is_checked(tmp_path):
@@ -83,7 +85,7 @@ def test_mnist1d_signals_run_through_the_same_experiment(tmp_path):
   from experiments.configs import simclr_mnist1d  # noqa: PLC0415
 
   config = simclr_mnist1d.get_config()
-  config.update(dict(mappings="free", seeds=1, epochs=1, width=4, proj_hidden_dim=8, proj_dim=8,
+  config.update(dict(losses="free", seeds=1, epochs=1, width=4, proj_hidden_dim=8, proj_dim=8,
                      probe_epochs=20, eval_every_epochs=0, devices=2, progress=False,
                      data_dir=str(tmp_path / "data")))
   (result,) = experiment.run_experiment(config, str(tmp_path / "run"))

@@ -57,7 +57,7 @@ def _setup(mapping_spec="learnable=0.2", total_steps=8):
         model_params=variables["params"], model_state={"batch_stats": variables["batch_stats"]},
         mapping_params=mapping.params, tx=tx)
 
-  loss_fn = simclr.make_simclr_loss(model, mapping=mapping, augment=_noise_views)
+  loss_fn = simclr.make_simclr_loss(model, loss=mapping, augment=_noise_views)
   return fresh_state, loss_fn
 
 

@@ -3,7 +3,7 @@ r"""DCRec on MovieLens-100K, the reference code's settings: the paper's Table 6 
 Get the data (RecBole's wheel, which holds ML-100K; nothing is installed):
   python -m tfcl_jax.data.movielens --fetch ~/.cache/tfcl_jax/movielens
 Run: python -m experiments.dcrec --config=experiments/configs/dcrec_ml100k.py --workdir=DIR
-Quick look: add --config.seeds=1 --config.epochs=1 --config.mappings=free
+Quick look: add --config.seeds=1 --config.epochs=1 --config.losses=free
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ def get_config(dataset: str = "ml-100k", data_dir: str = DEFAULT_DATA_DIR
   # or ratings.csv (`tfcl_jax.data.movielens`).
   config.data_dir = data_dir
   # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): τ = 0.8 is DCRec's `cl_temp`.
-  config.mappings = "tau=0.8,free,tau=0.1,tau=0.5"
+  config.losses = "tau=0.8,free,tau=0.1,tau=0.5"
+  config.mappings = ""  # the former name of config.losses, still read (with a notice)
   config.seeds = 10
   config.seed_offset = 0
   # Preprocessing (RecBole, as DCRec's config): implicit feedback, leave-one-out.

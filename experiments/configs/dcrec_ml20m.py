@@ -11,7 +11,7 @@ from experiments.configs import dcrec_ml100k
 
 def get_config():
   config = dcrec_ml100k.get_config(dataset="ml-20m", data_dir="~/.cache/tfcl_jax/ml-20m")
-  config.mappings = "tau=0.8,free"  # the paper's two columns
+  config.losses = "tau=0.8,free"  # the paper's two columns
   # 20 M training examples: on several accelerators pass --config.num_devices=N to split
   # each batch of 512 over them.
   return config

@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 5e-5
   config.log_every = 50
   pretrain = simclr_cifar10.get_config()
-  pretrain.mappings = "tau=0.2"
+  pretrain.losses = "tau=0.2"
   pretrain.seeds = 1
   config.pretrain = pretrain
   return config

@@ -21,7 +21,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.recipe = ""  # augmentation recipe; "" = the dataset's (tfcl_jax.data.get_info)
   config.view_size = 0  # side of the views; 0 = the dataset's
   config.classes = "all"  # normal classes, one run each: "all" or e.g. "0,3,7"
-  config.mappings = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"  # MSC's own: tau=0.25
+  # Comma-separated InfoNCE loss specs, i.e. mappings (`tfcl_jax.mappings.from_spec`).
+  config.losses = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"  # MSC's own: tau=0.25
+  config.mappings = ""  # the former name of config.losses, still read (with a notice)
   config.seeds = 3
 
   config.backbone = "small_cnn"
@@ -54,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Unlabelled pretraining of the encoder with experiments/simclr.py (one mapping, one seed).
   # Dataset, backbone, width, recipe and view size are taken from the fields above.
   pretrain = simclr_digits.get_config()
-  pretrain.mappings = "tau=0.2"  # none of the compared mappings
+  pretrain.losses = "tau=0.2"  # none of the compared mappings
   pretrain.seeds = 1
   pretrain.epochs = 30
   pretrain.probe_epochs = 0

@@ -14,12 +14,15 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.mode = "sweep"  # "sweep": mappings x seeds; "n_sensitivity": batch sizes x n_mappings
+  config.mode = "sweep"  # "sweep": losses x seeds; "n_sensitivity": batch sizes x n_losses
   config.dataset = "digits"
   config.data_dir = ""  # TFDS data directory; "" = TFDS's default (digits needs none)
   config.recipe = ""  # augmentation recipe; "" = the dataset's (tfcl_jax.data.get_info)
   config.view_size = 0  # side of the views; 0 = the dataset's
-  config.mappings = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"
+  # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): a mapping for InfoNCE (NT-Xent),
+  # or sigmoid/<mapping>[/b=<init> | /learn_b=<init>] for the sigmoid loss.
+  config.losses = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"
+  config.mappings = ""  # the former name of config.losses, still read (with a notice)
   config.seeds = 3
   config.negatives = "all"  # SimCLR's NT-Xent candidates (2N - 2 negatives)
 
@@ -38,7 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.warmup_epochs = 0
 
   config.n_batch_sizes = "64,128,256,512"
-  config.n_mappings = "tau=0.1,free"
+  config.n_losses = "tau=0.1,free"
+  config.n_mappings = ""  # the former name of config.n_losses, still read (with a notice)
 
   config.knn_k = 200
   config.knn_tau = 0.1

@@ -4,7 +4,7 @@ Run:
   python -m experiments.simclr --config=experiments/configs/simclr_mnist1d.py --workdir=/tmp/m1d
 The mappings of the evidence sweep (5 seeds):
   python -m experiments.simclr --config=experiments/configs/simclr_mnist1d.py --workdir=/tmp/m1d \
-    --config.mappings=tau=0.05,tau=0.1,tau=0.25,tau=0.5,tau=1,free,learnable,dynamic=0.1:0.2 \
+    --config.losses=tau=0.05,tau=0.1,tau=0.25,tau=0.5,tau=1,free,learnable,dynamic=0.1:0.2 \
     --config.seeds=5
 N-sensitivity (batch sizes 64-1024, tau = 0.1 against free):
   python -m experiments.simclr --config=experiments/configs/simclr_mnist1d.py --workdir=/tmp/n \
@@ -20,7 +20,7 @@ def get_config():
   config = simclr_digits.get_config()
   config.dataset = "mnist1d"
   config.data_dir = ""  # cache folder of the generated set; "" = ~/.cache/tfcl_jax
-  config.mappings = "tau=0.1,tau=0.5,free"
+  config.losses = "tau=0.1,tau=0.5,free"
   config.width = 32  # 1-D convolutions of 3 samples: 32-64-128 channels
   config.proj_hidden_dim = 128
   config.proj_dim = 64

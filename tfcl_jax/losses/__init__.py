@@ -20,19 +20,22 @@ from tfcl_jax.losses._sigmoid import (
     sigmoid_loss_on_mesh,
 )
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.losses.spec import LossSpec, from_spec
+from tfcl_jax.losses.spec import LossSpec, as_loss, canonical_spec, from_spec, num_candidates
 
 __all__ = [
     "LossSpec",
     "STRATEGIES",
+    "as_loss",
     "auto_block_size",
     "balanced_tile",
+    "canonical_spec",
     "check_block_size",
     "from_spec",
     "info_nce",
     "info_nce_on_mesh",
     "l2_normalize",
     "norm_floor",
+    "num_candidates",
     "queue",
     "sharded_info_nce",
     "sharded_sigmoid_loss",

@@ -73,6 +73,55 @@ class LossSpec:
     return sigmoid_loss(z1, z2, mapping=mapping, bias=bias, **kwargs)
 
 
+def as_loss(loss) -> LossSpec:
+  """`loss` as a `LossSpec`: a `LossSpec` as it is, a `Mapping` as InfoNCE under it.
+
+  Examples:
+    >>> from tfcl_jax import losses, mappings
+    >>> loss = losses.as_loss(mappings.temperature(0.5))
+    >>> loss.spec, loss.loss, losses.as_loss(loss) is loss
+    ('tau=0.5', 'info_nce', True)
+
+  Raises:
+    TypeError: `loss` is neither.
+  """
+  if isinstance(loss, mappings_lib.Mapping):
+    return LossSpec(loss.spec, "info_nce", loss)
+  if not isinstance(loss, LossSpec):
+    raise TypeError("loss must be a tfcl_jax.losses.LossSpec (losses.from_spec) or a "
+                    f"tfcl_jax.mappings.Mapping (InfoNCE under it), got {type(loss).__name__}.")
+  return loss
+
+
+def num_candidates(batch_size: int, *, negatives: str) -> int:
+  """Candidates per anchor of InfoNCE or the sigmoid loss on a batch of `batch_size` pairs:
+  `2 N - 1` for `negatives="all"` (every other row of both views), `N` for `"cross"`.
+
+  Examples:
+    >>> from tfcl_jax import losses
+    >>> losses.num_candidates(256, negatives="all"), losses.num_candidates(256, negatives="cross")
+    (511, 256)
+  """
+  if negatives not in ("all", "cross"):
+    raise ValueError(f"negatives must be 'all' or 'cross', got {negatives!r}.")
+  return 2 * batch_size - 1 if negatives == "all" else batch_size
+
+
+def canonical_spec(text: str) -> str:
+  """The canonical form of a loss spec (what `from_spec(text).spec` is), checked without a
+  batch: a `prior` bias needs none to be named.
+
+  Examples:
+    >>> from tfcl_jax import losses
+    >>> losses.canonical_spec(" tau=0.50 "), losses.canonical_spec("sigmoid/free/learn_b=prior")
+    ('tau=0.5', 'sigmoid/free/learn_b=prior')
+
+  Raises:
+    ValueError: a malformed spec, listing the accepted forms.
+  """
+  return _parse(text)[0]
+
+
 def from_spec(text: str, *, num_candidates: int | None = None) -> LossSpec:
   """Parses a loss spec (see the module docstring).
 
@@ -86,13 +135,26 @@ def from_spec(text: str, *, num_candidates: int | None = None) -> LossSpec:
 
   Args:
     text: the spec.
-    num_candidates: candidates per anchor (`2N - 1` for `negatives="all"`, `N` for
-      `"cross"`); needed only by a `prior` bias.
+    num_candidates: candidates per anchor (`losses.num_candidates`: `2N - 1` for
+      `negatives="all"`, `N` for `"cross"`); needed only by a `prior` bias.
 
   Raises:
     ValueError: for a malformed spec (listing the accepted forms), or a `prior` bias without
       `num_candidates`.
   """
+  spec, loss, mapping, bias = _parse(text)
+  if bias is None:
+    return LossSpec(spec, loss, mapping)
+  learn, init = bias
+  try:
+    value = _bias(init, num_candidates)
+  except ValueError as error:
+    raise ValueError(f"Invalid loss spec {text!r}: {error}") from None
+  return LossSpec(spec, loss, mapping, value, learn)
+
+
+def _parse(text: str):
+  """`(canonical spec, loss, mapping, bias)`; `bias` is `(learnt, init text)` or None."""
   if not isinstance(text, str):
     raise TypeError(f"loss spec must be a str, got {type(text).__name__}.")
   parts = text.strip().replace(" ", "").split("/")
@@ -101,19 +163,20 @@ def from_spec(text: str, *, num_candidates: int | None = None) -> LossSpec:
       if len(parts) != 1:
         raise ValueError("only a sigmoid loss takes '/' options (e.g. sigmoid/free/learn_b=0)")
       mapping = mappings_lib.from_spec(parts[0])
-      return LossSpec(mapping.spec, "info_nce", mapping)
+      return mapping.spec, "info_nce", mapping, None
     if len(parts) not in (2, 3):
       raise ValueError("expected sigmoid/<mapping>[/b=<init> | /learn_b=<init>]")
     mapping = mappings_lib.from_spec(parts[1])
-    bias, learn, suffix = 0.0, False, ""
-    if len(parts) == 3:
-      match = re.fullmatch(r"(b|learn_b)=(.+)", parts[2])
-      if match is None:
-        raise ValueError(f"bias option {parts[2]!r} is not b=<init> or learn_b=<init>")
-      learn, init = match[1] == "learn_b", match[2]
-      bias = _bias(init, num_candidates)
-      suffix = f"/{match[1]}={init}"
-    return LossSpec(f"sigmoid/{mapping.spec}{suffix}", "sigmoid", mapping, bias, learn)
+    if len(parts) == 2:
+      return f"sigmoid/{mapping.spec}", "sigmoid", mapping, (False, "0")
+    match = re.fullmatch(r"(b|learn_b)=(.+)", parts[2])
+    if match is None:
+      raise ValueError(f"bias option {parts[2]!r} is not b=<init> or learn_b=<init>")
+    init = match[2]
+    if init not in BIAS_INITS:
+      _bias(init, None)  # a number, checked here
+    return (f"sigmoid/{mapping.spec}/{match[1]}={init}", "sigmoid", mapping,
+            (match[1] == "learn_b", init))
   except ValueError as error:
     forms = "\n  ".join(SPEC_FORMS)
     raise ValueError(f"Invalid loss spec {text!r}: {error}\nAccepted forms:\n  {forms}") from None

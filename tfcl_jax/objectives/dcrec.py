@@ -129,7 +129,7 @@ def weight_kl(key, weights, *, weight_mean: float):
   return jnp.sum(jnp.exp(log_target) * (log_target - log_input)) / weights.shape[0]
 
 
-def make_dcrec_loss(model: dcrec.DCRec, objective: losses.LossSpec | mappings.Mapping,
+def make_dcrec_loss(model: dcrec.DCRec, loss: losses.LossSpec | mappings.Mapping,
                     graphs: DCRecGraphs, *, cl_weight: float = 0.1, kl_weight: float = 0.01,
                     weight_mean: float = 0.4):
   """`loss_fn(params, model_state, batch, key, step)` of DCRec; `batch` holds `users [B]`,
@@ -161,8 +161,7 @@ def make_dcrec_loss(model: dcrec.DCRec, objective: losses.LossSpec | mappings.Ma
     >>> loss.shape, sorted(metrics)
     ((), ['ce', 'cl', 'kl'])
   """
-  if isinstance(objective, mappings.Mapping):
-    objective = losses.LossSpec(objective.spec, "info_nce", objective)
+  loss = losses.as_loss(loss)
 
   def loss_fn(params, model_state, batch, key, step):
     model_params = params["model"]
@@ -181,7 +180,7 @@ def make_dcrec_loss(model: dcrec.DCRec, objective: losses.LossSpec | mappings.Ma
     weights = jnp.where(lengths == 1, 0.5, weights)
     kl = kl_weight * weight_kl(keys[5], weights, weight_mean=weight_mean)
     anchor, co = transition_out[last_items], co_out[last_items]
-    contrast = lambda a, b: objective(a, b, params=params["mapping"], step=step,  # noqa: E731
+    contrast = lambda a, b: loss(a, b, params=params["mapping"], step=step,  # noqa: E731
                                       negatives="cross", reduction="none")
     cl = cl_weight * jnp.mean(weights * contrast(second, anchor)
                               + (jnp.max(weights) - weights) * contrast(anchor, co))

@@ -31,7 +31,7 @@ jax.tree_util.register_dataclass(GraphBatch, data_fields=["features", "edge_inde
 
 def make_grace_loss(
     model: gcn.GRACE,
-    objective: losses.LossSpec | mappings.Mapping,
+    loss: losses.LossSpec | mappings.Mapping,
     *,
     edge_rate: float,
     feature_rate: float,
@@ -40,7 +40,7 @@ def make_grace_loss(
   """`loss_fn(params, model_state, batch, key, step)` of GRACE on a `GraphBatch`.
 
   Two views (`augment.graph.grace_view`: edges removed with probability `edge_rate`, feature
-  columns masked with `feature_rate`), their projections, and the objective on them with
+  columns masked with `feature_rate`), their projections, and `loss` on them with
   intra- and inter-view negatives: `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`,
   Eq. 11 with `free`) for a `Mapping` or an InfoNCE `LossSpec`, the sigmoid loss for a sigmoid
   `LossSpec` (`losses.from_spec`); the learnable values are `params["mapping"]`;
@@ -63,8 +63,7 @@ def make_grace_loss(
     >>> loss.shape, metrics
     ((), {})
   """
-  if isinstance(objective, mappings.Mapping):
-    objective = losses.LossSpec(objective.spec, "info_nce", objective)
+  loss = losses.as_loss(loss)
 
   def loss_fn(params, model_state, batch: GraphBatch, key, step):
     num_nodes, num_edges = batch.features.shape[0], batch.edge_index.shape[1]
@@ -76,8 +75,8 @@ def make_grace_loss(
                                       edge_weight=view.edge_weight)
       projections.append(model.apply({"params": params["model"]}, view.features, propagation)[1])
 
-    loss = objective(*projections, params=params["mapping"], step=step, negatives="all",
-                     block_size=block_size)
-    return loss, (model_state, {})
+    value = loss(*projections, params=params["mapping"], step=step, negatives="all",
+                 block_size=block_size)
+    return value, (model_state, {})
 
   return loss_fn

@@ -24,16 +24,16 @@ AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 def make_simclr_loss(
     model: nn.Module,
     *,
-    mapping: mappings_lib.Mapping | losses.LossSpec,
+    loss: losses.LossSpec | mappings_lib.Mapping,
     augment: AugmentFn,
     negatives: str = "all",
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
   """`loss_fn(params, model_state, batch, key, step)` for SimCLR on `batch["image"]`.
 
   Both views go through the model in one call (BatchNorm statistics over the 2B views, as in
-  SimCLR); the loss is `losses.info_nce(z1, z2, negatives=negatives)` with
-  `mapping.bind(params=params["mapping"], step=step)` (Eq. 1 for `tau=...`, Eq. 11 for `free`),
-  or the loss a `losses.LossSpec` names (the sigmoid loss: SigCLR) with those params.
+  SimCLR); the value is `loss(z1, z2, negatives=negatives)` with its trainable scalars from
+  `params["mapping"]` at `step`: InfoNCE (Eq. 1 for `tau=...`, Eq. 11 for `free`) or the
+  sigmoid loss (SigCLR), as the `losses.LossSpec` names it.
   Metrics: `pos_cos`, `neg_cos` (`views.cosine_diagnostics` of the projections).
 
   Examples:
@@ -43,7 +43,7 @@ def make_simclr_loss(
     >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
     >>> noise = lambda key, x: tuple(x + 0.1 * jax.random.normal(k, x.shape)
     ...                              for k in jax.random.split(key))
-    >>> loss_fn = simclr.make_simclr_loss(model, mapping=mappings.temperature_free(),
+    >>> loss_fn = simclr.make_simclr_loss(model, loss=mappings.temperature_free(),
     ...                                   augment=noise)
     >>> images = jnp.zeros((4, 8, 8, 1))
     >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))
@@ -57,8 +57,8 @@ def make_simclr_loss(
   Args:
     model: returns `(features, projections)` given `(images, train=...)`
       (`models.ContrastiveModel`).
-    mapping: the similarity-to-logit map (`mappings.from_spec(...)`), or a `losses.LossSpec`
-      (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its mapping and bias).
+    loss: a `losses.LossSpec` (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its
+      mapping and bias), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it).
     augment: `augment(key, images) -> (view1, view2)`, e.g.
       `functools.partial(tfcl_jax.augment.two_views, recipe="digits")`.
     negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`.
@@ -66,11 +66,7 @@ def make_simclr_loss(
   Returns:
     The loss function.
   """
-  if isinstance(mapping, mappings_lib.Mapping):
-    mapping = losses.LossSpec(mapping.spec, "info_nce", mapping)
-  if not isinstance(mapping, losses.LossSpec):
-    raise TypeError("mapping must be a tfcl_jax.mappings.Mapping or a losses.LossSpec, got "
-                    f"{type(mapping).__name__}.")
+  loss = losses.as_loss(loss)
 
   def loss_fn(params, model_state, batch, key, step):
     def apply(views):
@@ -80,8 +76,8 @@ def make_simclr_loss(
       return projections, new_model_state
 
     z1, z2, new_model_state = views_lib.encode_two_views(apply, *augment(key, batch["image"]))
-    loss = mapping(z1, z2, params=params["mapping"], step=step, negatives=negatives)
-    return loss, (new_model_state, views_lib.cosine_diagnostics(z1, z2))
+    value = loss(z1, z2, params=params["mapping"], step=step, negatives=negatives)
+    return value, (new_model_state, views_lib.cosine_diagnostics(z1, z2))
 
   return loss_fn
 
