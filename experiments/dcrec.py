@@ -27,6 +27,7 @@ DIR/ndcg.png, rewritten as each run ends. Rerunning the command continues the wo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -294,16 +295,13 @@ def plan_runs(config) -> list[Run]:
     ConfigError: (a `ValueError`) for an empty or malformed `config.losses`, or a field that
       must be a positive int and is not.
   """
-  runs = runner.plan(config, order=("seed", "spec"), example="tau=0.8,free")
-  try:
-    runner.check_positive_ints(config, "epochs", "batch_size", "max_length", "num_negatives",
-                               "top_k", "hidden_size", "num_devices")
-  except (TypeError, ValueError) as error:
-    raise ConfigError(str(error)) from error
-  return runs
+  return runner.plan(config, order=("seed", "spec"), example="tau=0.8,free",
+                     positive_ints=("epochs", "batch_size", "max_length", "num_negatives",
+                                    "top_k", "hidden_size", "num_devices"))
 
 
-def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
+def run(config, workdir: str, *, command: str | None = None, progress: bool = True
+        ) -> list[dict]:
   """Trains every (spec, seed) run not yet finished in `workdir`; rewrites the tables.
 
   Raises:
@@ -332,21 +330,16 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
   model = make_model(config, data)
   evaluators = {"valid": make_evaluator(model, graphs["train"]),
                 "test": make_evaluator(model, graphs["test"])}
-  specs = list(dict.fromkeys(r.spec for r in runs))
-  write_tables = tables.writer(
-      workdir, columns=RESULT_FIELDS,
-      markdown=lambda rows: table6(rows, specs, dataset=config.dataset, command=command,
-                                   epochs=config.epochs),
-      figures={"ndcg.png": lambda path, rows: write_plot(path, rows, specs,
-                                                         dataset=config.dataset)})
-  return runner.sweep(
-      config, workdir, runs=runs, plan_fields=PLAN_FIELDS, write_tables=write_tables,
-      train_run=lambda r: run_one(config, data, graphs, evaluators, r, workdir=workdir,
-                                  progress=progress),
-      progress=progress)
+  command = tables.command_line() if command is None else command
+  write_tables = tables.sweep_writer(workdir, config, runs, columns=RESULT_FIELDS,
+                                     table=table6, plots={"ndcg.png": write_plot},
+                                     command=command)
+  train = functools.partial(run_one, config, data, graphs, evaluators, workdir=workdir,
+                            progress=progress)
+  return runner.sweep(config, workdir, runs=runs, plan_fields=PLAN_FIELDS, train_run=train,
+                      write_tables=write_tables, progress=progress)
 
 
 if __name__ == "__main__":
-  cli.run_main(lambda config, workdir: run(config, workdir, command=tables.command_line()),
-               usage="pass --config=experiments/configs/dcrec_ml100k.py --workdir=DIR",
+  cli.run_main(run, usage="pass --config=experiments/configs/dcrec_ml100k.py --workdir=DIR",
                user_errors=(ConfigError,))

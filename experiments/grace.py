@@ -20,6 +20,7 @@ may be added, other fields are refused.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -224,15 +225,12 @@ def plan_runs(config) -> list[Run]:
     ConfigError: (a `ValueError`) for an empty or malformed `config.losses`, or seeds or
       epochs below 1.
   """
-  runs = runner.plan(config, order=("seed", "spec"), example="free,tau=0.5")
-  try:
-    runner.check_positive_ints(config, "epochs")
-  except (TypeError, ValueError) as error:
-    raise ConfigError(str(error)) from error
-  return runs
+  return runner.plan(config, order=("seed", "spec"), example="free,tau=0.5",
+                     positive_ints=("epochs",))
 
 
-def run(config, workdir: str, *, command: str = "", progress: bool = True) -> list[dict]:
+def run(config, workdir: str, *, command: str | None = None, progress: bool = True
+        ) -> list[dict]:
   """Trains every (spec, seed) run not yet finished in `workdir`; rewrites the tables.
 
   Raises:
@@ -245,20 +243,15 @@ def run(config, workdir: str, *, command: str = "", progress: bool = True) -> li
     graph, batch = load_graph(config)
   except FileNotFoundError as error:
     raise ConfigError(f"config.data_dir: {error}") from error
-  specs = list(dict.fromkeys(r.spec for r in runs))
-  write_tables = tables.writer(
-      workdir, columns=RESULT_FIELDS,
-      markdown=lambda rows: table3(rows, specs, dataset=config.dataset, command=command,
-                                   epochs=config.epochs),
-      figures={"f1_micro.png": lambda path, rows: write_plot(path, rows, specs,
-                                                             dataset=config.dataset)})
-  return runner.sweep(
-      config, workdir, runs=runs, plan_fields=PLAN_FIELDS, write_tables=write_tables,
-      train_run=lambda r: run_one(config, graph, batch, r, workdir=workdir, progress=progress),
-      progress=progress)
+  command = tables.command_line() if command is None else command
+  write_tables = tables.sweep_writer(workdir, config, runs, columns=RESULT_FIELDS,
+                                     table=table3, plots={"f1_micro.png": write_plot},
+                                     command=command)
+  train = functools.partial(run_one, config, graph, batch, workdir=workdir, progress=progress)
+  return runner.sweep(config, workdir, runs=runs, plan_fields=PLAN_FIELDS, train_run=train,
+                      write_tables=write_tables, progress=progress)
 
 
 if __name__ == "__main__":
-  cli.run_main(lambda config, workdir: run(config, workdir, command=tables.command_line()),
-               usage="pass --config=experiments/configs/grace_citeseer.py --workdir=DIR",
+  cli.run_main(run, usage="pass --config=experiments/configs/grace_citeseer.py --workdir=DIR",
                user_errors=(ConfigError,))

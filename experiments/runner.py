@@ -150,7 +150,7 @@ def loss_specs(config, *, example: str, field: str = LOSSES_FIELD,
 
 def plan(config, *, order: Sequence[str] = ("seed", "spec"),
          axes: Mapping[str, Sequence] | None = None, specs: Sequence[str] | None = None,
-         example: str = "free,tau=0.5") -> list[Run]:
+         example: str = "free,tau=0.5", positive_ints: Sequence[str] = ()) -> list[Run]:
   """The runs of `config`: every spec × seed × axis value, nested in `order` (the first name
   varies slowest; e.g. `("seed", "spec")`: seed-major, so an interrupted sweep has as many
   seeds of every spec).
@@ -161,16 +161,17 @@ def plan(config, *, order: Sequence[str] = ("seed", "spec"),
     axes: the experiment's own axes, name -> values.
     specs: the canonical specs, when the experiment reads them itself.
     example: shown in the error for a bad `config.losses`.
+    positive_ints: more fields the experiment needs to be ints >= 1 (epochs, batch size...).
 
   Raises:
-    ConfigError: a bad `config.losses` or `config.seeds`, naming the field.
+    ConfigError: a bad `config.losses`, `config.seeds` or `positive_ints` field, naming it.
   """
   axes = dict(axes or {})
   if sorted(order) != sorted(["spec", "seed", *axes]):
     raise ValueError(f"order must name 'spec', 'seed' and the axes {sorted(axes)}, got {order}.")
   try:
     specs = loss_specs(config, example=example) if specs is None else list(specs)
-    check_positive_ints(config, "seeds")
+    check_positive_ints(config, "seeds", *positive_ints)
   except (TypeError, ValueError) as error:
     raise ConfigError(str(error)) from error
   first = int(config.get("seed_offset", 0))

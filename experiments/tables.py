@@ -69,6 +69,22 @@ def writer(workdir: str, *, markdown: Callable[[list[dict]], str],
   return write
 
 
+def sweep_writer(workdir: str, config, runs: Sequence, *, columns: Sequence[str],
+                 table: Callable[..., str], plots: dict[str, Callable[..., None]],
+                 command: str) -> Callable[[list[dict]], None]:
+  """`writer` for a sweep of specs × seeds: the markdown is `table(rows, specs, dataset=...,
+  command=..., epochs=...)` and each `plots[file](path, rows, specs, dataset=...)`, with the
+  specs in the order of `runs` and `config.dataset`, `config.epochs`."""
+  specs = list(dict.fromkeys(run.spec for run in runs))
+  return writer(
+      workdir, columns=columns,
+      markdown=lambda rows: table(rows, specs, dataset=config.dataset, command=command,
+                                  epochs=config.epochs),
+      figures={file: lambda path, rows, draw=draw: draw(path, rows, specs,
+                                                       dataset=config.dataset)
+               for file, draw in plots.items()})
+
+
 def read_csv(path: str) -> list[dict]:
   """The rows of a `results.csv` as dicts of strings ([] when the file does not exist)."""
   if not os.path.exists(path):
