@@ -288,6 +288,11 @@ def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -
   plt.close(fig)
 
 
+# What the sweep writes, and what `experiments.regenerate` rebuilds from `results.csv`.
+results_markdown = tables.sweep_markdown(table6, example="tau=0.8,free")
+plot = tables.sweep_plot(write_plot, example="tau=0.8,free")
+
+
 def plan_runs(config) -> list[Run]:
   """The (spec, seed) runs, seed-major (an interrupted sweep has as many seeds per spec).
 
@@ -331,9 +336,9 @@ def run(config, workdir: str, *, command: str | None = None, progress: bool = Tr
   evaluators = {"valid": make_evaluator(model, graphs["train"]),
                 "test": make_evaluator(model, graphs["test"])}
   command = tables.command_line() if command is None else command
-  write_tables = tables.sweep_writer(workdir, config, runs, columns=RESULT_FIELDS,
-                                     table=table6, plots={"ndcg.png": write_plot},
-                                     command=command)
+  write_tables = tables.sweep_writer(workdir, config, columns=RESULT_FIELDS,
+                                     markdown=results_markdown, command=command,
+                                     plots={"ndcg.png": plot})
   train = functools.partial(run_one, config, data, graphs, evaluators, workdir=workdir,
                             progress=progress)
   return runner.sweep(config, workdir, runs=runs, plan_fields=PLAN_FIELDS, train_run=train,

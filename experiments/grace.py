@@ -218,6 +218,11 @@ def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -
 ConfigError = runner.ConfigError
 
 
+# What the sweep writes, and what `experiments.regenerate` rebuilds from `results.csv`.
+results_markdown = tables.sweep_markdown(table3, example="free,tau=0.5")
+plot = tables.sweep_plot(write_plot, example="free,tau=0.5")
+
+
 def plan_runs(config) -> list[Run]:
   """The (spec, seed) runs, seed-major (an interrupted sweep has as many seeds per spec).
 
@@ -244,9 +249,9 @@ def run(config, workdir: str, *, command: str | None = None, progress: bool = Tr
   except FileNotFoundError as error:
     raise ConfigError(f"config.data_dir: {error}") from error
   command = tables.command_line() if command is None else command
-  write_tables = tables.sweep_writer(workdir, config, runs, columns=RESULT_FIELDS,
-                                     table=table3, plots={"f1_micro.png": write_plot},
-                                     command=command)
+  write_tables = tables.sweep_writer(workdir, config, columns=RESULT_FIELDS,
+                                     markdown=results_markdown, command=command,
+                                     plots={"f1_micro.png": plot})
   train = functools.partial(run_one, config, graph, batch, workdir=workdir, progress=progress)
   return runner.sweep(config, workdir, runs=runs, plan_fields=PLAN_FIELDS, train_run=train,
                       write_tables=write_tables, progress=progress)

@@ -172,12 +172,16 @@ def run(config, workdir: str) -> list[dict]:
                  instances=config.instances, negatives=config.negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)
-  markdown = tables.study_markdown(
-      rows, title="Hard negatives", columns=COLUMNS, notes=NOTES.format(
-          config=config, augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
-  tables.write_results(workdir, rows, markdown=markdown,
+  tables.write_results(workdir, rows, markdown=results_markdown(rows, config),
                        figures=[lambda path: _plot(path, rows)] if config.plots else [])
   return rows
+
+
+def results_markdown(rows: list[dict], config, command: str | None = None) -> str:
+  """`results.md` of `rows` made with `config` by `command` (default: the one running)."""
+  return tables.study_markdown(
+      rows, title="Hard negatives", columns=COLUMNS, command=command, notes=NOTES.format(
+          config=config, augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
 
 
 NOTES = """\

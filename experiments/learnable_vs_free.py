@@ -250,16 +250,33 @@ def run(config, workdir: str) -> list[dict]:
   # One CSV for both parts: the union of their columns, blanks where a part has none.
   columns = list(dict.fromkeys([*stuck_rows[0], *precision_rows[0]]))
   rows = [{c: row.get(c, "") for c in columns} for row in stuck_rows + precision_rows]
-  markdown = tables.study_markdown(
-      rows, title="Learnable temperature vs temperature-free", notes=NOTES,
-      sections=[
-          ("Eq. 10: learnable t from an orthogonal start", stuck_rows),
-          ("Precision as C -> 1", precision_rows)])
   tables.write_results(
-      workdir, rows, markdown=markdown,
+      workdir, rows, markdown=results_markdown(rows, config),
       figures=[lambda path: _plot(path, stuck_curves, precision_curves, config)]
       if config.plots else [])
   return rows
+
+
+def results_markdown(rows: list[dict], config, command: str | None = None) -> str:
+  """`results.md` of `rows` (both parts, `part` naming each) by `command` (default: the one
+  running); each part's table shows the columns it fills."""
+  del config  # the notes name no config value
+
+  def part(name, order=()):
+    own = [row for row in rows if row["part"] == name]
+    filled = [c for c in rows[0] if any(row[c] != "" for row in own)]
+    columns = [c for c in order if c in filled] + [c for c in filled if c not in order]
+    return [{c: row[c] for c in columns} for row in own]
+
+  return tables.study_markdown(
+      rows, title="Learnable temperature vs temperature-free", notes=NOTES, command=command,
+      sections=[("Eq. 10: learnable t from an orthogonal start", part("stuck_t")),
+                ("Precision as C -> 1", part("precision", PRECISION_COLUMNS))])
+
+
+# The precision part's columns in the order its rows are built (the CSV puts the stuck part's
+# columns first).
+PRECISION_COLUMNS = ("part", "mapping", "dtype", "final_one_minus_C", "final_loss")
 
 
 NOTES = """\

@@ -43,6 +43,7 @@ RESULT_FILE = "result.json"
 RUNS_DIR = "runs"
 LOSSES_FIELD, OLD_LOSSES_FIELD = "losses", "mappings"
 _MIGRATE = contextvars.ContextVar("migrate", default=False)
+_NOTICES: set = set()  # (field, value) pairs already noticed in this process
 
 
 class ConfigError(ValueError):
@@ -119,8 +120,10 @@ def renamed(config, field: str, old: str):
   (with a one-line notice on stderr)."""
   value = config.get(old) if old in config else None
   if value:
-    print(f"note: config.{old} is now config.{field}; reading config.{old}={value!r}",
-          file=sys.stderr)
+    if (old, value) not in _NOTICES:
+      _NOTICES.add((old, value))
+      print(f"note: config.{old} is now config.{field}; reading config.{old}={value!r}",
+            file=sys.stderr)
     return value
   return config[field]
 

@@ -17,14 +17,16 @@ from __future__ import annotations
 import jax
 import ml_collections
 
-from experiments import cli, runner, simclr_report, simclr_trainer
+from experiments import cli, runner, simclr_report, simclr_trainer, tables
 from tfcl_jax.training import sharding
 
 ConfigError = runner.ConfigError
 
 
-def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+def run_experiment(config: ml_collections.ConfigDict, workdir: str, *,
+                   command: str | None = None) -> list[dict]:
   """Checks everything, trains every run not yet finished, writes results and plots."""
+  command = tables.command_line() if command is None else command
   mesh = sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
   try:
     runs = simclr_trainer.check_config(config, mesh)
@@ -36,10 +38,13 @@ def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict
       config, workdir, runs=runs, plan_fields=simclr_trainer.PLAN_FIELDS,
       train_run=lambda run: trainer.run(run, workdir), progress=config.progress,
       write_tables=lambda results: simclr_report.write(
-          results, workdir, mode=config.mode, run_dirs=run_dirs[:len(results)],
-          figures=len(results) == len(runs), knn_k=config.knn_k, knn_tau=config.knn_tau))
+          results, workdir, config=config, command=command, run_dirs=run_dirs[:len(results)],
+          figures=len(results) == len(runs)))
 
 
 if __name__ == "__main__":
   cli.run_main(run_experiment, user_errors=(ConfigError,),
                usage="pass --config=experiments/configs/simclr_digits.py --workdir=DIR")
+
+
+results_markdown = simclr_report.results_markdown

@@ -20,17 +20,32 @@ COLUMNS = ("mapping", "seed", "batch_size", "knn_top1", "linear_top1", "final_lo
            "steps", "final_bias")
 
 
-def write(results: list[dict], workdir: str, *, mode: str, run_dirs: list[str],
-          figures: bool = True, knn_k: int = 200, knn_tau: float = 0.1) -> None:
-  """`results.csv` (one row per run), `results.md` (mean and std per mapping) and, with
-  `figures`, the plots (`write_plots`) for the runs in `run_dirs` (in `results` order)."""
-  table = (n_table(results) if mode == "n_sensitivity"
-           else table2(results, knn_k=knn_k, knn_tau=knn_tau)
-           + training_table(results, run_dirs))
+CURVE = "knn_top1@"  # result columns of the kNN top-1 during training: knn_top1@<step>
+
+
+def write(results: list[dict], workdir: str, *, config, command: str, run_dirs: list[str],
+          figures: bool = True) -> None:
+  """`results.csv` (one row per run, its kNN curve in `knn_top1@<step>` columns), `results.md`
+  (`results_markdown`) and, with `figures`, the plots (`write_plots`) of the runs in
+  `run_dirs` (in `results` order)."""
+  curve_columns = list(dict.fromkeys(k for row in results for k in row if k.startswith(CURVE)))
   tables.write_results(
-      workdir, results, columns=COLUMNS, markdown=table,
-      figures=[lambda path: write_plots(results, path, mode=mode, run_dirs=run_dirs)]
+      workdir, results, columns=[*COLUMNS, *curve_columns],
+      markdown=results_markdown(results, config, command),
+      figures=[lambda path: write_plots(results, path, mode=config.mode, run_dirs=run_dirs)]
       if figures else ())
+
+
+def results_markdown(rows: list[dict], config, command: str) -> str:
+  """`results.md` of `rows` made with `config` by `command`: Table 2 (or the N table) and the
+  kNN during training; what a sweep writes and what `experiments.regenerate` rebuilds from
+  `results.csv`."""
+  sweep = config.mode != "n_sensitivity"
+  title = (f"# SimCLR on {config.dataset}: kNN top-1 per loss, {config.epochs} epochs" if sweep
+           else f"# SimCLR on {config.dataset}: kNN top-1 against the batch size N")
+  body = (table2(rows, knn_k=config.knn_k, knn_tau=config.knn_tau) + training_table(rows)
+          if sweep else n_table(rows))
+  return "\n".join([title, "", f"Command: `{command}`", "", body.rstrip()]) + "\n"
 
 
 def _groups(results, key):
@@ -96,19 +111,20 @@ def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> st
   return "\n".join(lines) + "\n"
 
 
-def training_table(results: list[dict], run_dirs: list[str], *, columns: int = 6) -> str:
-  """kNN top-1 during training: the mean over seeds of each mapping's `eval.csv` at up to
-  `columns` evaluation steps spread evenly to the last, with `free − mapping` paired by seed at
-  the first and last of them; "" when the runs logged fewer than two evaluations.
+def training_table(results: list[dict], *, columns: int = 6) -> str:
+  """kNN top-1 during training: the mean over seeds of each mapping's curve
+  (`knn_top1@<step>` of its results) at up to `columns` evaluation steps spread evenly to the
+  last, with `free − mapping` paired by seed at the first and last of them; "" when the runs
+  logged fewer than two evaluations.
 
   It tells a gap that closes with training (a slower start) from one that stays.
   """
   rows = []
-  for run_dir, result in zip(run_dirs, results, strict=True):
-    path = os.path.join(run_dir, loop.EVAL_FILE)
-    evaluation = loop.read_csv(path) if os.path.exists(path) else {}
-    if "knn_top1" in evaluation:
-      rows.append((result, dict(zip(evaluation["step"], evaluation["knn_top1"], strict=True))))
+  for result in results:
+    curve = {int(k[len(CURVE):]): v for k, v in result.items()
+             if k.startswith(CURVE) and v != ""}
+    if curve:
+      rows.append((result, curve))
   if not rows:
     return ""
   common = sorted(set.intersection(*(set(curve) for _, curve in rows)))
@@ -135,7 +151,8 @@ def training_table(results: list[dict], run_dirs: list[str], *, columns: int = 6
 
 
 def n_table(results: list[dict]) -> str:
-  """kNN top-1 per mapping (rows) and batch size N (columns)."""
+  """kNN top-1 per mapping (rows) and batch size N (columns); with `free`, a row of
+  `free − mapping` paired by seed at each N for every other mapping."""
   sizes = sorted({row["batch_size"] for row in results})
   groups = _groups(results, lambda row: (row["mapping"], row["batch_size"]))
   mapping_names = list(dict.fromkeys(row["mapping"] for row in results))
@@ -148,6 +165,17 @@ def n_table(results: list[dict]) -> str:
              else "-" for n in sizes]
     spread = 100 * (max(means) - min(means)) if means else float("nan")
     lines.append(f"| {mapping} | " + " | ".join(cells) + f" | {spread:.2f} |")
+  if "free" in mapping_names:
+    for mapping in mapping_names:
+      if mapping == "free":
+        continue
+      cells = []
+      for n in sizes:
+        paired = tables.paired_differences(
+            [r for r in results if r["batch_size"] == n], ["free", mapping], metric="knn_top1")
+        cells.append(f"{paired[0]['mean']:+.2f} ({paired[0]['p_value']:.2g}, "
+                     f"{paired[0]['wins']}/{paired[0]['seeds']})" if paired else "-")
+      lines.append(f"| free − {mapping}, paired (p, free wins) | " + " | ".join(cells) + " | |")
   lines.append("")
   lines.append("kNN top-1 (%), mean ± std over seeds; same epochs at every N, lr scaled by N/256.")
   return "\n".join(lines) + "\n"

@@ -243,6 +243,8 @@ class Trainer:
     result = {"mapping": run.spec, "seed": run.seed, "batch_size": batch_size,
               "knn_top1": float(evaluation["knn_top1"][-1]),
               "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])), "steps": num_steps}
+    result.update({f"knn_top1@{int(step)}": float(value) for step, value in
+                   zip(evaluation["step"], evaluation["knn_top1"], strict=True)})
     if c.probe_epochs:
       result["linear_top1"] = self.linear_probe(final, run.seed)
     for name, value in final.params["mapping"].items():

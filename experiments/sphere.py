@@ -207,18 +207,22 @@ def run(config, workdir: str) -> list[dict]:
                  steps=config.steps)
       row.update(summarise(final))
       rows.append(row)
+  figures = [lambda path, s=s, c=c: _plot(path, s, c, every=config.eval_every)
+             for s, c in curves.items()] if config.plots else []
+  tables.write_results(workdir, rows, markdown=results_markdown(rows, config), figures=figures)
+  return rows
+
+
+def results_markdown(rows: list[dict], config, command: str | None = None) -> str:
+  """`results.md` of `rows` made with `config` by `command` (default: the one running)."""
   notes = NOTES.format(seeds=config.seeds, steps=config.steps, lr=config.lr,
                        beta0=config.beta0, tol=config.tol)
   if config.augment:
     notes += AUGMENT_NOTES.format(augment=config.augment)
-  markdown = tables.study_markdown(
-      rows, title="Annealing on the sphere", columns=COLUMNS, notes=notes,
+  return tables.study_markdown(
+      rows, title="Annealing on the sphere", columns=COLUMNS, notes=notes, command=command,
       sections=[(f"d:M:negatives = {s}", [r for r in rows if r["setting"] == s])
                 for s in config.settings])
-  figures = [lambda path, s=s, c=c: _plot(path, s, c, every=config.eval_every)
-             for s, c in curves.items()] if config.plots else []
-  tables.write_results(workdir, rows, markdown=markdown, figures=figures)
-  return rows
 
 
 NOTES = """\

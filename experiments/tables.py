@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -69,20 +70,56 @@ def writer(workdir: str, *, markdown: Callable[[list[dict]], str],
   return write
 
 
-def sweep_writer(workdir: str, config, runs: Sequence, *, columns: Sequence[str],
-                 table: Callable[..., str], plots: dict[str, Callable[..., None]],
+def sweep_writer(workdir: str, config, *, columns: Sequence[str],
+                 markdown: Callable[..., str], plots: dict[str, Callable[..., None]],
                  command: str) -> Callable[[list[dict]], None]:
-  """`writer` for a sweep of specs × seeds: the markdown is `table(rows, specs, dataset=...,
-  command=..., epochs=...)` and each `plots[file](path, rows, specs, dataset=...)`, with the
-  specs in the order of `runs` and `config.dataset`, `config.epochs`."""
-  specs = list(dict.fromkeys(run.spec for run in runs))
+  """`writer` for an experiment whose table is `markdown(rows, config, command)` (its
+  `results_markdown`, which `experiments.regenerate` also calls) and whose figures are
+  `plots[file](path, rows, config)`."""
   return writer(
-      workdir, columns=columns,
-      markdown=lambda rows: table(rows, specs, dataset=config.dataset, command=command,
-                                  epochs=config.epochs),
-      figures={file: lambda path, rows, draw=draw: draw(path, rows, specs,
-                                                       dataset=config.dataset)
+      workdir, columns=columns, markdown=lambda rows: markdown(rows, config, command),
+      figures={file: lambda path, rows, draw=draw: draw(path, rows, config)
                for file, draw in plots.items()})
+
+
+def sweep_markdown(table: Callable[..., str], *, example: str) -> Callable[..., str]:
+  """`results_markdown(rows, config, command)` of a specs × seeds sweep whose table is
+  `table(rows, specs, dataset=..., command=..., epochs=...)` (specs in `config.losses` order)."""
+  from experiments import runner  # noqa: PLC0415
+
+  def results_markdown(rows: list[dict], config, command: str) -> str:
+    return table(rows, runner.loss_specs(config, example=example), dataset=config.dataset,
+                 command=command, epochs=config.epochs)
+
+  return results_markdown
+
+
+def sweep_plot(draw: Callable[..., None], *, example: str) -> Callable[..., None]:
+  """`plot(path, rows, config)` of a specs × seeds sweep whose figure is
+  `draw(path, rows, specs, dataset=...)`."""
+  from experiments import runner  # noqa: PLC0415
+
+  def plot(path: str, rows: list[dict], config) -> None:
+    draw(path, rows, runner.loss_specs(config, example=example), dataset=config.dataset)
+
+  return plot
+
+
+def typed(rows: Sequence[dict]) -> list[dict]:
+  """CSV rows with their numbers back: `"3"` -> 3, `"0.5"` or `"nan"` -> float, other text
+  (and empty cells) as it is. `write_results` writes ints and floats so that this returns the
+  values a sweep's tables were made from."""
+  def parse(text):
+    if not isinstance(text, str) or not text:
+      return text
+    if re.fullmatch(r"-?\d+", text):
+      return int(text)
+    try:
+      return float(text)
+    except ValueError:
+      return text
+
+  return [{key: parse(value) for key, value in row.items()} for row in rows]
 
 
 def read_csv(path: str) -> list[dict]:
@@ -175,10 +212,13 @@ def command_line() -> str:
 
 def study_markdown(rows: Sequence[dict], *, title: str,
                    sections: Sequence[tuple[str, Sequence[dict]]] | None = None,
-                   columns: Sequence[str] | None = None, notes: str = "") -> str:
-  """The title, the command that made it, `notes`, and one table per `(heading, rows)` section
-  (or one table of `rows`), showing `columns` or each section's own keys."""
-  parts = [f"# {title}", "", "Command:", "", "```", command_line(), "```", ""]
+                   columns: Sequence[str] | None = None, notes: str = "",
+                   command: str | None = None) -> str:
+  """The title, the command that made it (default: the one running), `notes`, and one table per
+  `(heading, rows)` section (or one table of `rows`), showing `columns` or each section's own
+  keys."""
+  command = command_line() if command is None else command
+  parts = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
   if notes:
     parts += [notes.strip(), ""]
   for heading, section_rows in sections or [("", rows)]:

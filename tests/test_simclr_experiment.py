@@ -118,9 +118,10 @@ def test_table2_pairs_free_against_each_mapping_by_seed():
   assert f"paired by seed, t-test p = {p_value:.3g} (beyond seed noise at 5%)" in table
 
 
-def test_training_table_reads_each_runs_eval_curve(tmp_path):
+def test_training_table_reads_each_runs_curve(tmp_path):
   """Means over seeds at evenly spread evaluation steps, and free − mapping paired by seed at
-  the first and the last, recomputed here with NumPy and SciPy from the same curves."""
+  the first and the last, recomputed here with NumPy and SciPy from the same curves (the
+  `knn_top1@<step>` columns of the results)."""
   from scipy import stats  # noqa: PLC0415
 
   from experiments import simclr_report  # noqa: PLC0415
@@ -129,16 +130,10 @@ def test_training_table_reads_each_runs_eval_curve(tmp_path):
   steps = np.arange(25, 25 * 11, 25)  # ten evaluations
   curves = {(mapping, seed): rng.uniform(0.5, 0.9, len(steps))
             for mapping in ("tau=0.1", "free") for seed in range(3)}
-  results, run_dirs = [], []
-  for (mapping, seed), curve in curves.items():
-    run_dir = tmp_path / f"{mapping}_{seed}"
-    run_dir.mkdir()
-    lines = ["step,knn_top1,alignment"] + [f"{s},{float(v)!r},0.5"
-                                            for s, v in zip(steps, curve, strict=True)]
-    (run_dir / "eval.csv").write_text("\n".join(lines) + "\n")
-    results.append({"mapping": mapping, "seed": seed, "knn_top1": float(curve[-1])})
-    run_dirs.append(str(run_dir))
-  table = simclr_report.training_table(results, run_dirs, columns=4)
+  results = [{"mapping": mapping, "seed": seed, "knn_top1": float(curve[-1]),
+              **{f"knn_top1@{s}": float(v) for s, v in zip(steps, curve, strict=True)}}
+             for (mapping, seed), curve in curves.items()]
+  table = simclr_report.training_table(results, columns=4)
   header = next(line for line in table.splitlines() if line.startswith("| mapping |"))
   assert "| step 25 | step 100 | step 175 | step 250 |" in header  # indices 0, 3, 6, 9
   row = next(line for line in table.splitlines() if line.startswith("| tau=0.1 |"))
@@ -153,7 +148,14 @@ def test_training_table_reads_each_runs_eval_curve(tmp_path):
     assert cell.startswith(f"{difference.mean():+.2f} (")
     assert f"p = {stats.ttest_rel(free, tau).pvalue:.2g}, {np.sum(difference > 0)}/3" in cell
   # Fewer than two shared evaluations (or none logged): no table.
-  assert simclr_report.training_table(results[:1], run_dirs[:1], columns=4) != ""
-  (tmp_path / "free_0" / "eval.csv").write_text("step,knn_top1\n25,0.5\n")
-  assert simclr_report.training_table(results, run_dirs) == ""
-  assert simclr_report.training_table(results, [str(tmp_path / "none")] * len(results)) == ""
+  assert simclr_report.training_table(results[:1], columns=4) != ""
+  short = [{k: v for k, v in row.items() if not k.startswith("knn_top1@") or k == "knn_top1@25"}
+           for row in results]
+  assert simclr_report.training_table(short) == ""
+  assert simclr_report.training_table([{"mapping": "free", "knn_top1": 0.5}]) == ""
+  # The curves travel in results.csv: the table is rebuilt from it.
+  from experiments import tables  # noqa: PLC0415
+
+  tables.write_results(str(tmp_path), results, markdown="")
+  assert simclr_report.training_table(
+      tables.typed(tables.read_csv(str(tmp_path / "results.csv"))), columns=4) == table

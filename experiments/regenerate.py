@@ -1,0 +1,138 @@
+r"""The committed result tables rebuilt from their CSVs: `experiments/results/NAME.md` is what
+the experiment's `results_markdown` makes of `NAME.csv`, followed by an optional `## Notes`
+section written by hand (facts about the numbers that the CSV does not hold).
+
+Each table records the command that made it; the experiment, its config (the config file with
+the command's `--config.FIELD=VALUE` overrides) and the command text come from there. A probe
+table (`experiments.grace_probe`) is rebuilt with its sweep's CSV (`NAME_splits.csv` beside
+`NAME.csv`).
+
+Run: python -m experiments.regenerate            (rewrites every table's generated part)
+     python -m experiments.regenerate --check    (exit 1 naming each table that differs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import os
+import re
+import shlex
+import sys
+
+import ml_collections
+
+from experiments import cli, tables
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+NOTES_HEADING = "\n## Notes\n"
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def recorded_command(markdown: str) -> str:
+  """The command a table records: `Command: \\`...\\`` or a fenced block after `Command:`."""
+  inline = re.search(r"^Command: `(.+)`$", markdown, re.MULTILINE)
+  if inline:
+    return inline.group(1)
+  block = re.search(r"^Command:\n\n```\n(.+)\n```$", markdown, re.MULTILINE)
+  if block:
+    return block.group(1)
+  raise ValueError("the table records no command (a 'Command:' line).")
+
+
+def _value(text: str, current):
+  """`text` as the type of the config field's `current` value (as `--config.FIELD` reads it)."""
+  if isinstance(current, bool):
+    return text.lower() in ("1", "true")
+  if isinstance(current, (int, float)) and not isinstance(current, bool):
+    return type(current)(text)
+  if isinstance(current, (tuple, list)):
+    return ast.literal_eval(text)
+  return text
+
+
+def config_of(command: str) -> tuple[str, ml_collections.ConfigDict]:
+  """`(module, config)` of an experiment command: its `-m` module, and the config file (or the
+  module's default) with the command's overrides."""
+  args = shlex.split(command)
+  if args[:3] != ["python", "-m", args[2]] or not args[2].startswith("experiments."):
+    raise ValueError(f"not an experiment command: {command!r}")
+  module = args[2]
+  options = dict(arg[2:].split("=", 1) for arg in args[3:] if arg.startswith("--") and "=" in arg)
+  path = options.get("config") or getattr(importlib.import_module(module), "DEFAULT_CONFIG", None)
+  if path is None:
+    return module, ml_collections.ConfigDict()
+  config = cli.load_config(os.path.join(_ROOT, path))
+  for name, text in options.items():
+    if name.startswith("config."):
+      field = name[len("config."):]
+      config[field] = _value(text, config[field])
+  return module, config
+
+
+def generate(name: str) -> str:
+  """The generated part of `results/NAME.md`, from `NAME.csv` and the command it records."""
+  with open(os.path.join(RESULTS, name + ".md")) as f:
+    command = recorded_command(f.read())
+  rows = tables.typed(tables.read_csv(os.path.join(RESULTS, name + ".csv")))
+  if not rows:
+    raise ValueError(f"{name}.csv holds no rows.")
+  if "experiments.grace_probe" in command:
+    from experiments import grace_probe  # noqa: PLC0415
+
+    sweep = name[:-len("_splits")]
+    with open(os.path.join(RESULTS, sweep + ".md")) as f:
+      _, sweep_config = config_of(recorded_command(f.read()))
+    recorded = tables.typed(tables.read_csv(os.path.join(RESULTS, sweep + ".csv")))
+    return grace_probe.results_markdown(rows, command=command, recorded=recorded,
+                                        val_ratio=sweep_config.val_ratio)
+  module, config = config_of(command)
+  return importlib.import_module(module).results_markdown(rows, config, command)
+
+
+def tables_with_csv() -> list[str]:
+  """The names of the committed tables that have a CSV."""
+  return sorted(name[:-3] for name in os.listdir(RESULTS) if name.endswith(".md")
+                and os.path.exists(os.path.join(RESULTS, name[:-3] + ".csv")))
+
+
+def split(markdown: str) -> tuple[str, str]:
+  """`(generated part, notes)` of a committed table: the notes start at a `## Notes` line
+  after one blank line (or are "")."""
+  index = markdown.find("\n" + NOTES_HEADING)
+  return (markdown, "") if index < 0 else (markdown[:index + 1], markdown[index + 2:])
+
+
+def check(name: str) -> bool:
+  with open(os.path.join(RESULTS, name + ".md")) as f:
+    generated, _ = split(f.read())
+  return generated == generate(name)
+
+
+def rewrite(name: str) -> None:
+  path = os.path.join(RESULTS, name + ".md")
+  with open(path) as f:
+    _, notes = split(f.read())
+  with open(path, "w") as f:
+    f.write(generate(name) + ("\n" + notes if notes else ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--check", action="store_true", help="compare, do not write")
+  parser.add_argument("names", nargs="*", help="tables (default: every one with a CSV)")
+  args = parser.parse_args(argv)
+  names = args.names or tables_with_csv()
+  if args.check:
+    differ = [name for name in names if not check(name)]
+    for name in differ:
+      print(f"{name}.md differs from what its CSV gives (python -m experiments.regenerate {name})")
+    sys.exit(1 if differ else 0)
+  for name in names:
+    rewrite(name)
+    print(f"wrote {os.path.join(RESULTS, name + '.md')}")
+
+
+if __name__ == "__main__":
+  main()
