@@ -97,7 +97,7 @@ def device_reduce(axis_name, strategy):
     if kind == "symmetric":  # a device's rows against everyone's: not symmetric any more
       columns, kind = rows, "rows"
     if strategy == "all_gather":
-      gathered = Side(*(jax.lax.all_gather(x, axis_name, tiled=True) for x in columns))
+      gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), columns)
       row_lse, col_lse = _engine.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
                                              block_size=block_size, reduction=reduction)
       if col_lse is not None:  # this device's rows only: combine over devices, keep ours

@@ -109,11 +109,20 @@ def pad_side(side: Side, multiple: int) -> Side:
   return Side(jnp.pad(side.vectors, [(0, extra), (0, 0)]),
               jnp.pad(side.ids, (0, extra), constant_values=-1),
               jnp.pad(side.positive_ids, (0, extra), constant_values=-1),
-              jnp.pad(side.valid, (0, extra), constant_values=False))
+              jnp.pad(side.valid, (0, extra), constant_values=False),
+              None if side.bias is None else jnp.pad(side.bias, (0, extra)))
 
 
 def _blocks(side: Side, block: int) -> Side:
-  return Side(*(x.reshape(-1, block, *x.shape[1:]) for x in side))
+  return jax.tree.map(lambda x: x.reshape(-1, block, *x.shape[1:]), side)
+
+
+def no_grad(side: Side | None, dvectors) -> Side | None:
+  """The cotangent of `side`: `dvectors` for its vectors, zero for its bias, None elsewhere."""
+  if side is None:
+    return None
+  bias = None if side.bias is None else jnp.zeros_like(side.bias)
+  return Side(dvectors, None, None, None, bias)
 
 
 def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> np.ndarray:
@@ -271,8 +280,7 @@ def _lse_bwd(plan, residuals, cotangents):
   drows, dcols, dparams, dconsts = accumulate_grads(
       plan, args, rows, rows if columns is None else columns, row_lse, row_g, col_lse, col_g,
       match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
-  dcolumns = None if columns is None else Side(dcols, None, None, None)
-  return Side(drows, None, None, None), dcolumns, MapArgs(dparams, None, dconsts)
+  return no_grad(rows, drows), no_grad(columns, dcols), MapArgs(dparams, None, dconsts)
 
 
 _lse.defvjp(_lse_fwd, _lse_bwd)
@@ -339,12 +347,23 @@ def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, 
   tile_map, args = pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
                             like=rows.vectors, reduction=reduction)
   plan = Plan(kind, block_rows, block_cols, tile_map, column_grad, reduction)
+  rows, columns = jax.tree.map(_bias_constant, (rows, columns), is_leaf=_is_side)
   padded_rows = pad_side(rows, block_rows)
   padded_cols = None if columns is None else pad_side(columns, block_cols)
   if not column_grad:
     padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
   row_lse, col_lse = _lse(plan, padded_rows, padded_cols, args)
   return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
+
+
+def _is_side(x) -> bool:
+  return isinstance(x, Side) or x is None
+
+
+def _bias_constant(side: Side | None) -> Side | None:
+  if side is None or side.bias is None:
+    return side
+  return side._replace(bias=jax.lax.stop_gradient(side.bias))
 
 
 def _varying_axes(x) -> frozenset:

@@ -41,14 +41,40 @@ def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
   return row_lse if col_lse is None else jnp.concatenate([row_lse, col_lse])
 
 
-def row_losses(layout: _layout.Layout, lse: jax.Array, mapping) -> jax.Array:
-  """`L_i = softplus(lse_i - f(c_{i,i+}))`, Eq. 1 / 12 per anchor.
+def row_losses(layout: _layout.Layout, lse: jax.Array, mapping, positive_bias=None
+               ) -> jax.Array:
+  """`L_i = softplus(lse_i - f(c_{i,i+}) - b_{i+})`, Eq. 1 / 12 per anchor (`b` the positive
+  candidate's bias, 0 without one).
 
   Equal to `logsumexp_{j in K_i} f(c_ij) - f(c_{i,i+})` but computed from the negatives'
   logsumexp: `lse_all - positive` cancels to 0 in float32 once the loss drops below ~1e-7,
   exactly where Eq. 12 says L -> 0 matters.
   """
-  return jax.nn.softplus(lse - mapping(layout.positive_cos))
+  positive = mapping(layout.positive_cos)
+  if positive_bias is not None:
+    positive = positive + positive_bias
+  return jax.nn.softplus(lse - positive)
+
+
+def check_candidate_bias(candidate_bias, n: int, *, negatives: str, symmetric: bool,
+                         extra_negatives, implementation: str) -> jax.Array | None:
+  """Checks `candidate_bias`: None, or `[N]` floats for the one-directional `cross` loss."""
+  if candidate_bias is None:
+    return None
+  bias = jnp.asarray(candidate_bias)
+  if not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise TypeError(f"candidate_bias must be a float array, got dtype {bias.dtype}.")
+  if bias.shape != (n,):
+    raise ValueError(f"candidate_bias must have shape ({n},) (one per row of z2), got "
+                     f"{bias.shape}.")
+  if negatives != "cross" or symmetric:
+    raise ValueError("candidate_bias corrects the candidates of the z1 -> z2 direction: it needs "
+                     "negatives='cross' and symmetric=False.")
+  if extra_negatives is not None:
+    raise ValueError("candidate_bias is not defined for extra_negatives (they carry no bias).")
+  if implementation != "xla":
+    raise ValueError("candidate_bias needs implementation='xla'.")
+  return jax.lax.stop_gradient(bias)
 
 
 def info_nce(
@@ -64,6 +90,7 @@ def info_nce(
     extra_negatives: jax.typing.ArrayLike | None = None,
     extra_where: jax.typing.ArrayLike | None = None,
     implementation: str = "xla",
+    candidate_bias: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
   r"""InfoNCE of two views with a pluggable similarity-to-logit map (Eq. 1, 11).
 
@@ -85,6 +112,15 @@ def info_nce(
     then `z2` rows.
   * `extra_negatives` (a memory bank or queue, e.g. `losses.queue`): `K` more candidates for
     every anchor, under `stop_gradient`, masked by `extra_where`.
+  * `candidate_bias` (`cross`, one direction): `b_j` added to the logit of candidate `z2[j]`
+    for every anchor, its own positive included: `f(c_ij) + b_j`. With `b_j = -log q_j`,
+    `q_j` the probability that item `j` is in a batch, this is the sampling-bias (logQ)
+    correction of in-batch negatives (Yi et al. 2019; TFRS's
+    `candidate_sampling_probability`). It acts in logit space after the mapping: under
+    `cos / tau` it is the usual `cos/tau - log q`; under the free map the corrected logit is
+    `2 artanh(c) - log q`, the cosine's log-odds shifted by the same amount. Under `cos/tau`
+    the correction weighs less against the similarity as `tau` shrinks; the free map has no
+    `tau`, so that balance is fixed.
 
   Embeddings are L2-normalised inside (a zero vector gives cosine 0 and finite gradients).
   Half-precision inputs are computed in float32 and the result is float32.
@@ -125,6 +161,8 @@ def info_nce(
       tile), or None: chosen from the sizes and the backend (`losses.auto_block_size`).
     extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient).
     extra_where: optional `[K]` bool mask of valid extra negatives.
+    candidate_bias: optional `[N]` float logit offsets of the rows of `z2` as candidates (see
+      above; no gradient); `negatives="cross"`, `symmetric=False`, `implementation="xla"`.
     implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
       Pallas interpreter elsewhere, which is slow and meant for tests).
@@ -135,7 +173,8 @@ def info_nce(
 
   References:
     van den Oord et al. 2018 (InfoNCE); Chen et al. 2020 (SimCLR, NT-Xent); Radford et al.
-    2021 (CLIP); Kim & Kim, arXiv 2501.17683, Eq. 1, 11 and 12.
+    2021 (CLIP); Yi et al. 2019 (sampling-bias-corrected two-tower retrieval); Kim & Kim,
+    arXiv 2501.17683, Eq. 1, 11 and 12.
   """
   z1, z2 = _layout.check_pair(z1, z2)
   _layout.check_mode(negatives, symmetric, reduction)
@@ -146,9 +185,15 @@ def info_nce(
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
-  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
-  bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
   _checks.one_of(implementation, IMPLEMENTATIONS, name="implementation")
+  bias = check_candidate_bias(candidate_bias, z1.shape[0], negatives=negatives,
+                              symmetric=symmetric, extra_negatives=bank,
+                              implementation=implementation)
+  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
+  if bias is not None:
+    bias = bias.astype(dtype)
+    rows = rows._replace(columns=rows.columns._replace(bias=bias))
+  bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
   lse_fn = tile_reduce
   if implementation == "pallas":
     if not _pallas.supports(mapping):
@@ -157,5 +202,5 @@ def info_nce(
     lse_fn = _pallas.pallas_reduce
   lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank, lse_fn=lse_fn,
                       bank_fn=lse_fn)
-  per_row = row_losses(rows, lse, mapping)
+  per_row = row_losses(rows, lse, mapping, positive_bias=bias)
   return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)

@@ -1,4 +1,11 @@
-"""Supervised contrastive loss: positives share a label (the semantics of `optax.losses.ntxent`)."""
+"""Supervised contrastive losses: positives share a label, in two forms.
+
+* `"ntxent"`: each positive pair against the anchor's negatives only, the semantics of
+  `optax.losses.ntxent` and of pytorch-metric-learning's `NTXentLoss` with labels;
+* `"supcon"`: Khosla et al. 2020's `L_out` (pytorch-metric-learning's `SupConLoss`): every
+  other sample, other positives included, in the denominator, and the log-probabilities
+  averaged over each anchor's positives. On the engine's tiles: memory O(B * block).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,10 @@ import jax.numpy as jnp
 
 from tfcl_jax import _checks
 from tfcl_jax.losses import _layout
+from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._tiles import LogSumExp, PositiveSum, Side
+
+FORMS = ("ntxent", "supcon")
 
 
 def _masked_logsumexp(logits: jax.Array, mask: jax.Array) -> jax.Array:
@@ -21,23 +32,66 @@ def _masked_logsumexp(logits: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + row_max[:, 0], -jnp.inf)
 
 
+def _ntxent(u: jax.Array, labels: jax.Array, mapping) -> jax.Array:
+  same = labels[:, None] == labels[None, :]
+  positives = same & ~jnp.eye(u.shape[0], dtype=bool)
+  logits = mapping(u @ u.T)
+  negative_lse = _masked_logsumexp(logits, ~same)[:, None]
+  # -log(e^a / (e^a + e^b)) = softplus(b - a); b = -inf (no negatives) gives 0.
+  pair_losses = jnp.where(positives, jax.nn.softplus(negative_lse - logits), 0.0)
+  return jnp.sum(pair_losses) / jnp.maximum(jnp.sum(positives), 1)
+
+
+def _supcon(u: jax.Array, labels: jax.Array, mapping, block_size) -> jax.Array:
+  n = u.shape[0]
+  ids = jnp.arange(n, dtype=jnp.int32)
+  valid = jnp.ones((n,), bool)
+  # The denominator: every other row (a row's only excluded candidate is itself).
+  lse, _ = tile_reduce(Side(u, ids, ids, valid), None, mapping=mapping, kind="symmetric",
+                       block_size=block_size, reduction=LogSumExp)
+  # The numerator: the sum of f over the other rows of the anchor's class.
+  positive_sum, _ = tile_reduce(Side(u, ids, labels.astype(jnp.int32), valid), None,
+                                mapping=mapping, kind="symmetric", block_size=block_size,
+                                reduction=PositiveSum)
+  counts = jnp.sum(labels[:, None] == labels[None, :], axis=1) - 1  # O(B^2) ints, no D
+  has_positive = counts > 0
+  per_anchor = jnp.where(has_positive, lse - positive_sum / jnp.maximum(counts, 1), 0.0)
+  return jnp.sum(per_anchor) / jnp.maximum(jnp.sum(has_positive), 1)
+
+
 def supervised_info_nce(
     z: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
     mapping: Callable[[jax.Array], jax.Array] | None = None,
+    form: str = "ntxent",
+    block_size: int | None = None,
 ) -> jax.Array:
-  r"""Supervised contrastive loss: positives share a label (the semantics of `optax.losses.ntxent`).
+  r"""Supervised contrastive loss: positives share a label; `form` picks how they are scored.
 
-  For every ordered positive pair `(i, p)`, `p != i`, `labels[p] == labels[i]`:
+  With `P(i) = {p != i: y_p = y_i}` and `A(i) = {a != i}`:
 
-  .. math:: L_{ip} = -\log \frac{\exp(f(c_{ip}))}
-            {\exp(f(c_{ip})) + \sum_{k: y_k \ne y_i} \exp(f(c_{ik}))}
+  * `form="ntxent"` (`optax.losses.ntxent`; pytorch-metric-learning's `NTXentLoss` with
+    labels): for every ordered positive pair, other positives not in the denominator,
 
-  averaged over all positive pairs; other positives are not in the
-  denominator. With `mapping=temperature(tau)` this equals
-  `optax.losses.ntxent(z, labels, temperature=tau)` (up to its cosine epsilon),
-  in O(B^2) memory rather than its O(B^2 D).
+    .. math:: L_{ip} = -\log \frac{e^{f(c_{ip})}}
+              {e^{f(c_{ip})} + \sum_{k: y_k \ne y_i} e^{f(c_{ik})}}
+
+    averaged over all positive pairs. Dense `[B, B]` logits.
+  * `form="supcon"` (Khosla et al. 2020, Eq. 2, `L_out`; pytorch-metric-learning's
+    `SupConLoss`): every other sample in the denominator,
+
+    .. math:: L_i = \log \sum_{a \in A(i)} e^{f(c_{ia})}
+              - \frac{1}{|P(i)|} \sum_{p \in P(i)} f(c_{ip})
+
+    averaged over the anchors with at least one positive (`SupConLoss`'s reducer; the
+    original code's `temperature / base_temperature` factor, 1 at its default τ = 0.07,
+    is not applied). On the engine's tiles: two passes, memory O(B * block), for every map.
+
+  `f = cos / tau` (Eq. 1, SupCon's recipe fixes τ = 0.1) or `2 artanh(cos)` (Eq. 11).
+  With `mapping=temperature(tau)`, `"ntxent"` equals `optax.losses.ntxent(z, labels,
+  temperature=tau)` (up to its cosine epsilon). For two views per example, pass
+  `concat([z1, z2])` and the labels twice.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -46,15 +100,24 @@ def supervised_info_nce(
     >>> labels = jnp.array([0, 0, 1, 1, 2, 2])
     >>> losses.supervised_info_nce(z, labels, mapping=mappings.temperature(0.1)).shape
     ()
+    >>> supcon = losses.supervised_info_nce(z, labels, form="supcon")  # temperature-free
+    >>> bool(jnp.isfinite(supcon))
+    True
 
   Args:
     z: `[B, D]` float embeddings.
     labels: `[B]` integer labels; equal labels are positives.
     mapping: a `Mapping` or callable `cos -> logits`; default `mappings.temperature_free()`.
+    form: `"ntxent"` or `"supcon"` (see above).
+    block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
 
   Returns:
-    A float32 scalar: the mean over positive pairs (0 if there is none under
-    `jit`; concrete labels with no positive pair raise `ValueError`).
+    A float32 scalar (0 if there is no positive pair under `jit`; concrete labels with no
+    positive pair raise `ValueError`).
+
+  References:
+    Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2; Kim & Kim,
+    arXiv 2501.17683, Eq. 1 and 11.
   """
   z = _checks.float_matrix(z, name="z")
   labels = jnp.asarray(labels)
@@ -62,16 +125,15 @@ def supervised_info_nce(
     raise TypeError(f"labels must have an integer dtype, got {labels.dtype}.")
   if labels.shape != (z.shape[0],):
     raise ValueError(f"labels must have shape [B] = ({z.shape[0]},), got {labels.shape}.")
+  _checks.one_of(form, FORMS, name="form")
+  block_size = _layout.check_block_size(block_size)
   mapping = _layout.check_mapping(mapping)
-  same = labels[:, None] == labels[None, :]
-  positives = same & ~jnp.eye(z.shape[0], dtype=bool)
-  if _checks.is_concrete(labels) and not bool(jnp.any(positives)):
-    raise ValueError("labels must contain at least one positive pair (two equal labels).")
+  if _checks.is_concrete(labels):
+    same = labels[:, None] == labels[None, :]
+    if not bool(jnp.any(same & ~jnp.eye(z.shape[0], dtype=bool))):
+      raise ValueError("labels must contain at least one positive pair (two equal labels).")
 
   u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))
-  logits = mapping(u @ u.T)
-  negative_lse = _masked_logsumexp(logits, ~same)[:, None]
-  # -log(e^a / (e^a + e^b)) = softplus(b - a); b = -inf (no negatives) gives 0.
-  pair_losses = jax.nn.softplus(negative_lse - logits)
-  pair_losses = jnp.where(positives, pair_losses, 0.0)
-  return jnp.sum(pair_losses) / jnp.maximum(jnp.sum(positives), 1)
+  if form == "ntxent":
+    return _ntxent(u, labels, mapping)
+  return _supcon(u, labels, mapping, block_size)

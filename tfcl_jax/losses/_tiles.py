@@ -23,13 +23,16 @@ class Side(NamedTuple):
   """Rows of one side of the similarity matrix.
 
   `vectors: [M, D]` unit rows; `ids: [M] int32` identities; `positive_ids: [M] int32` the id of
-  each row's positive (excluded from its negatives, as is its own id); `valid: [M] bool`.
+  each row's positive (excluded from its negatives, as is its own id); `valid: [M] bool`;
+  `bias: [M]` or None, added to a row's logit wherever the row is a candidate (the
+  sampling-bias correction `-log q_j` of Yi et al. 2019); it takes no gradient.
   """
 
   vectors: jax.Array
   ids: jax.Array
   positive_ids: jax.Array
   valid: jax.Array
+  bias: jax.Array | None = None
 
 
 class MapArgs(NamedTuple):
@@ -75,8 +78,25 @@ def _fold(stats, logits, axis: int):
   return m_new, s * jnp.exp(m - shift) + jnp.sum(jnp.exp(logits - expanded), axis=axis)
 
 
+def _shifted(logits, bias, axis: int):
+  """`logits` plus the candidates' bias: per column (`axis=0`, the row statistics) or per row
+  (`axis=1`, the column statistics); unchanged for no bias."""
+  if bias is None:
+    return logits
+  return logits + (bias[None, :] if axis == 0 else bias[:, None])
+
+
+def _scaled(weights, bias, axis: int):
+  """`weights * exp(bias)` along the candidates' axis, as `_shifted` in the exp domain."""
+  if bias is None:
+    return weights
+  factor = jnp.exp(bias)
+  return weights * (factor[None, :] if axis == 0 else factor[:, None])
+
+
 class LogSumExp:
-  """InfoNCE's reduction: `lse_i = log sum_{j negative of i} exp(f(c_ij))` per row (Eq. 1, 11).
+  """InfoNCE's reduction: `lse_i = log sum_{j negative of i} exp(f(c_ij) + b_j)` per row
+  (Eq. 1, 11; `b_j` the candidate's `bias`, 0 without one).
 
   Statistics are `(m, s)` per row, `lse = m + log s`. With a mapping's `exp_form`, `m` stays
   at its constant `shift` and the tile sums `w(c) = exp(f(c) - shift)` directly; otherwise
@@ -108,14 +128,15 @@ class LogSumExp:
     keep = mask(a, b)
     if tile_map.fast is not None:
       w = jnp.where(keep, tile_map.fast.weight(cos), 0.0)
-      row_stats = row_stats[0], row_stats[1] + jnp.sum(w, axis=1)
+      row_stats = row_stats[0], row_stats[1] + jnp.sum(_scaled(w, b.bias, 0), axis=1)
       if use_cols is not None:
-        col_stats = col_stats[0], col_stats[1] + jnp.where(use_cols, jnp.sum(w, axis=0), 0.0)
+        col_sum = jnp.sum(_scaled(w, a.bias, 1), axis=0)
+        col_stats = col_stats[0], col_stats[1] + jnp.where(use_cols, col_sum, 0.0)
       return row_stats, col_stats
     logits = jnp.where(keep, _logits(tile_map, cos, args), -jnp.inf)
-    row_stats = _fold(row_stats, logits, axis=1)
+    row_stats = _fold(row_stats, _shifted(logits, b.bias, 0), axis=1)
     if use_cols is not None:
-      folded = _fold(col_stats, logits, axis=0)
+      folded = _fold(col_stats, _shifted(logits, a.bias, 1), axis=0)
       col_stats = jax.tree.map(lambda new, old: jnp.where(use_cols, new, old), folded, col_stats)
     return row_stats, col_stats
 
@@ -130,19 +151,18 @@ class LogSumExp:
     row_lse, col_lse = jnp.where(row_ok, row_lse, 0.0), jnp.where(col_ok, col_lse, 0.0)
     row_g, col_g = jnp.where(row_ok, row_g, 0.0), jnp.where(col_ok, col_g, 0.0)
     if tile_map.fast is not None:
-      # dlse_i/dc_ij = exp(f_ij - lse_i) f'_ij = exp(shift - lse_i) w'(c_ij).
+      # dlse_i/dc_ij = exp(f_ij + b_j - lse_i) f'_ij = exp(shift - lse_i) e^{b_j} w'(c_ij).
       shift = tile_map.fast.shift
-      row_scale = row_g * jnp.exp(shift - row_lse)
-      col_scale = col_g * jnp.exp(shift - col_lse)
-      scale = row_scale[:, None] + col_scale[None, :]
-      dcos = jnp.where(keep, scale * tile_map.fast.weight_grad(cos), 0.0)
+      row_scale = _scaled((row_g * jnp.exp(shift - row_lse))[:, None], b.bias, 0)
+      col_scale = _scaled((col_g * jnp.exp(shift - col_lse))[None, :], a.bias, 1)
+      dcos = jnp.where(keep, (row_scale + col_scale) * tile_map.fast.weight_grad(cos), 0.0)
       return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
           jnp.zeros_like(k) for k in args.consts)
     logits, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
                           *args.consts)
     logits = jnp.where(keep, logits, -jnp.inf)
-    dlogits = (row_g[:, None] * jnp.exp(logits - row_lse[:, None])
-               + col_g[None, :] * jnp.exp(logits - col_lse[None, :]))
+    dlogits = (row_g[:, None] * jnp.exp(_shifted(logits, b.bias, 0) - row_lse[:, None])
+               + col_g[None, :] * jnp.exp(_shifted(logits, a.bias, 1) - col_lse[None, :]))
     dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
     return dcos, dparams, tuple(dconsts)
 
@@ -155,14 +175,8 @@ def pair_mask(rows: Side, columns: Side) -> jax.Array:
              | (columns.ids[None, :] == rows.positive_ids[:, None])))
 
 
-class SigmoidSum:
-  """SigLIP's reduction: `sum_j -log sigmoid(l_ij (f(c_ij) + b))` per row, `l_ij = +1` on the
-  positive, `-1` elsewhere; the bias is folded into the map. Maps with a closed form of the
-  log-sigmoid (`log_sigmoid_form`; Eq. 11's `sigmoid(2 artanh c) = (1 + c)/2`) use it."""
-
-  @staticmethod
-  def fast_form(mapping, dtype):
-    return mapping.log_sigmoid_form(dtype)
+class _Sum:
+  """A reduction that sums per-pair terms: statistics `(sum,)` per row (and column)."""
 
   @staticmethod
   def init(num: int, dtype, tile_map: TileMap):
@@ -171,6 +185,24 @@ class SigmoidSum:
   @staticmethod
   def finish(stats) -> jax.Array:
     return stats[0]
+
+  @staticmethod
+  def fold(terms, row_stats, col_stats, use_cols):
+    """Adds the tile's `terms [m, k]` to the row sums and (where `use_cols`) column sums."""
+    row_stats = (row_stats[0] + jnp.sum(terms, axis=1),)
+    if use_cols is not None:
+      col_stats = (col_stats[0] + jnp.where(use_cols, jnp.sum(terms, axis=0), 0.0),)
+    return row_stats, col_stats
+
+
+class SigmoidSum(_Sum):
+  """SigLIP's reduction: `sum_j -log sigmoid(l_ij (f(c_ij) + b))` per row, `l_ij = +1` on the
+  positive, `-1` elsewhere; the bias is folded into the map. Maps with a closed form of the
+  log-sigmoid (`log_sigmoid_form`; Eq. 11's `sigmoid(2 artanh c) = (1 + c)/2`) use it."""
+
+  @staticmethod
+  def fast_form(mapping, dtype):
+    return mapping.log_sigmoid_form(dtype)
 
   @staticmethod
   def _signs(a: Side, b: Side):
@@ -185,11 +217,7 @@ class SigmoidSum:
       terms = tile_map.fast.term(cos, sign)
     else:
       terms = jax.nn.softplus(-sign * _logits(tile_map, cos, args))
-    terms = jnp.where(pair_mask(a, b), terms, 0.0)
-    row_stats = (row_stats[0] + jnp.sum(terms, axis=1),)
-    if use_cols is not None:
-      col_stats = (col_stats[0] + jnp.where(use_cols, jnp.sum(terms, axis=0), 0.0),)
-    return row_stats, col_stats
+    return SigmoidSum.fold(jnp.where(pair_mask(a, b), terms, 0.0), row_stats, col_stats, use_cols)
 
   @staticmethod
   def backward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
@@ -206,5 +234,39 @@ class SigmoidSum:
                           *args.consts)
     # d softplus(-s x)/dx = -s sigmoid(-s x)
     dlogits = jnp.where(keep, scale * -sign * jax.nn.sigmoid(-sign * logits), 0.0)
+    dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
+    return dcos, dparams, tuple(dconsts)
+
+
+def label_mask(rows: Side, columns: Side) -> jax.Array:
+  """`[m, k]` bool: (i, j) is a positive pair of the supervised loss: both valid, not the
+  same row (`ids`), and the same class (`positive_ids` holds the label)."""
+  return (rows.valid[:, None] & columns.valid[None, :]
+          & (columns.ids[None, :] != rows.ids[:, None])
+          & (columns.positive_ids[None, :] == rows.positive_ids[:, None]))
+
+
+class PositiveSum(_Sum):
+  """SupCon's numerator: `sum_{p in P(i)} f(c_ip)` per row, `P(i)` the other rows of `i`'s
+  class (`label_mask`). Linear in the logits, so it needs no closed form."""
+
+  @staticmethod
+  def fast_form(mapping, dtype):
+    return None
+
+  @staticmethod
+  def forward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
+              use_cols):
+    cos = a.vectors @ b.vectors.T
+    terms = jnp.where(label_mask(a, b), _logits(tile_map, cos, args), 0.0)
+    return PositiveSum.fold(terms, row_stats, col_stats, use_cols)
+
+  @staticmethod
+  def backward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
+               col_g):
+    cos = a.vectors @ b.vectors.T
+    _, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
+                     *args.consts)
+    dlogits = jnp.where(label_mask(a, b), row_g[:, None] + col_g[None, :], 0.0)
     dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
     return dcos, dparams, tuple(dconsts)
