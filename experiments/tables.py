@@ -185,14 +185,15 @@ def paired_differences(rows: Sequence[dict], names: Sequence[str], *, metric: st
   return table
 
 
-def paired_markdown(paired: Sequence[dict], *, caption: str, digits: int = 2) -> list[str]:
+def paired_markdown(paired: Sequence[dict], *, caption: str, digits: int = 2,
+                    reference: str = "free") -> list[str]:
   """Markdown lines of `paired_differences`' rows under `caption` (none for no rows): one
-  line per mapping with the seeds, `free − mapping` (s.e.), the paired t-test p and free's
-  wins."""
+  line per mapping with the seeds, `reference − mapping` (s.e.), the paired t-test p and the
+  reference's wins."""
   if not paired:
     return []
-  lines = ["", caption, "", "| mapping | seeds | free − mapping (s.e.) | paired t-test p "
-           "| seeds free wins |", "|---|---|---|---|---|"]
+  lines = ["", caption, "", f"| mapping | seeds | {reference} − mapping (s.e.) | paired t-test p "
+           f"| seeds {reference} wins |", "|---|---|---|---|---|"]
   for row in paired:
     lines.append(f"| {row['mapping']} | {row['seeds']} | {row['mean']:+.{digits}f} "
                  f"({row['sem']:.{digits}f}) | {row['p_value']:.2g} | "

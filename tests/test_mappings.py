@@ -125,6 +125,18 @@ class LearnableTemperatureTest(chex.TestCase):
     np.testing.assert_allclose(by_spec(1.0), 1 / 0.07, rtol=1e-6)
     assert mappings.learnable_temperature().spec == "learnable=0.07"
 
+  def test_clip_cap_spec(self):
+    capped = mappings.from_spec("learnable=0.07:100")
+    assert capped.spec == "learnable=0.07:100"
+    assert capped.spec == mappings.learnable_temperature(tau=0.07, max_scale=100).spec
+    np.testing.assert_allclose(capped(0.5), 0.5 / 0.07, rtol=1e-6)
+    # Below temperature 1/100 the scale stops at the cap, and t gets no gradient there.
+    grad = jax.grad(lambda t: capped.bind(params={"t": t})(0.5))(jnp.log(1 / 0.005))
+    np.testing.assert_allclose(mappings.from_spec("learnable=0.005:100")(0.5), 50.0, rtol=1e-6)
+    assert float(grad) == 0.0
+    with pytest.raises(ValueError, match="max_scale"):
+      mappings.from_spec("learnable=0.07:0")
+
   def test_max_scale_clamps_the_logit_scale(self):
     capped = mappings.learnable_temperature(tau=1e-3, max_scale=100.0)
     np.testing.assert_allclose(capped(0.5), 50.0, rtol=1e-6)

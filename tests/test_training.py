@@ -141,6 +141,22 @@ def test_weight_decay_spares_the_mapping_parameters(name, expected_w_update):
   assert float(updates["mapping"]["t"]) == 0.0
 
 
+def test_adagrad_is_keras_adagrad():
+  """Two steps against Keras's update: `acc = 0.1 + sum g^2`, `w -= lr g / sqrt(acc + 1e-7)`."""
+  tx = optim.make_optimizer(name="adagrad", learning_rate=0.1, total_steps=2,
+                            schedule="constant")
+  params = {"model": {"w": jnp.array([1.0, -2.0])}, "mapping": {}}
+  opt_state = tx.init(params)
+  w, acc = np.array([1.0, -2.0]), np.full(2, 0.1)
+  for grad in (np.array([0.5, -3.0]), np.array([2.0, 0.25])):
+    updates, opt_state = tx.update({"model": {"w": jnp.asarray(grad)}, "mapping": {}},
+                                   opt_state, params)
+    params = optax.apply_updates(params, updates)
+    acc = acc + grad ** 2
+    w = w - 0.1 * grad / np.sqrt(acc + 1e-7)
+  np.testing.assert_allclose(params["model"]["w"], w, rtol=1e-6)
+
+
 class _Interrupted(Exception):
   pass
 

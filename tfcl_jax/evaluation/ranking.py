@@ -11,16 +11,22 @@ Recall@k equals the hit ratio HR@k (the paper's name):
 
 Counting ties against the target keeps a model that scores everything alike at HR@k = 0
 instead of 1.
+
+Two-tower retrieval ranks each target against every item instead (`rank_all`, exact, not
+sampled): HR@k is then TensorFlow Recommenders' top-k categorical accuracy (`FactorizedTopK`),
+and Recall@k for one relevant item per example.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks
+from tfcl_jax.evaluation.chunks import map_chunks
 
 
 def target_rank(target_scores, negative_scores):
@@ -42,6 +48,64 @@ def target_rank(target_scores, negative_scores):
     raise ValueError(f"target_scores must be [M] and negative_scores [M, K]; got "
                      f"{target_scores.shape} and {negative_scores.shape}.")
   return jnp.sum(negative_scores >= target_scores[:, None], axis=1).astype(jnp.int32)
+
+
+def rank_all(query_embeddings, item_embeddings, queries, targets, *, seen=None,
+             chunk_size: int = 1024) -> jax.Array:
+  """`[M] int32`: per example, the items other than its target that score at least as high,
+  against the whole catalogue (exact; ties count against the target).
+
+  Example `m` scores `query_embeddings[queries[m]] . item_embeddings[j]` for every item `j`;
+  items with `seen[queries[m], j]` are left out (a user's training items), the target never.
+  Pass unit embeddings for cosine scores. Memory: `chunk_size x I` scores at a time.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.evaluation import ranking
+    >>> users = jnp.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> items = jnp.array([[0.9, 0.1], [0.5, 0.5], [0.1, 0.9]])
+    >>> ranking.rank_all(users, items, jnp.array([0, 0, 1]), jnp.array([0, 2, 1])).tolist()
+    [0, 2, 1]
+    >>> seen = jnp.array([[True, False, False], [False, False, True]])
+    >>> ranking.rank_all(users, items, jnp.array([0, 1]), jnp.array([2, 1]), seen=seen).tolist()
+    [1, 0]
+
+  Args:
+    query_embeddings: `[U, D]` one row per query (user).
+    item_embeddings: `[I, D]` one row per item.
+    queries: `[M] int` the query row of each example.
+    targets: `[M] int` the item row of each example's target.
+    seen: optional `[U, I] bool`, items excluded from each query's ranking.
+    chunk_size: examples scored at a time.
+  """
+  query_embeddings = jnp.asarray(query_embeddings)
+  item_embeddings = jnp.asarray(item_embeddings)
+  queries, targets = jnp.asarray(queries), jnp.asarray(targets)
+  if (query_embeddings.ndim != 2 or item_embeddings.ndim != 2
+      or query_embeddings.shape[1] != item_embeddings.shape[1]):
+    raise ValueError(f"query_embeddings [U, D] and item_embeddings [I, D] must share D; got "
+                     f"{query_embeddings.shape} and {item_embeddings.shape}.")
+  if queries.shape != targets.shape or queries.ndim != 1:
+    raise ValueError(f"queries and targets must both be [M]; got {queries.shape} and "
+                     f"{targets.shape}.")
+  num_items = item_embeddings.shape[0]
+  if seen is not None:
+    seen = jnp.asarray(seen, bool)
+    if seen.shape != (query_embeddings.shape[0], num_items):
+      raise ValueError(f"seen must be [U, I] = {(query_embeddings.shape[0], num_items)}, got "
+                       f"{seen.shape}.")
+
+  def chunk(example):
+    query, target = example[:, 0], example[:, 1]
+    scores = query_embeddings[query] @ item_embeddings.T
+    target_score = jnp.take_along_axis(scores, target[:, None], axis=1)
+    others = jnp.arange(num_items)[None, :] != target[:, None]
+    if seen is not None:
+      others &= ~seen[query]
+    return jnp.sum(others & (scores >= target_score), axis=1).astype(jnp.int32)
+
+  examples = jnp.stack([queries.astype(jnp.int32), targets.astype(jnp.int32)], axis=1)
+  return map_chunks(chunk, examples, chunk_size=chunk_size)
 
 
 def hit_ratio_and_ndcg(rank, ks: Sequence[int] = (1, 5, 10)) -> dict[str, jnp.ndarray]:

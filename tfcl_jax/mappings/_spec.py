@@ -14,6 +14,7 @@ SPEC_FORMS = (
     "tau=T                  fixed temperature T > 0, e.g. tau=0.25",
     "free                   temperature-free 2 artanh(cos)",
     "learnable[=T0]         learnable exp(t) cos, initial temperature T0 (default 0.07)",
+    "learnable=T0:MAX       the same with the scale exp(t) capped at MAX (CLIP: 0.07:100)",
     "dynamic=TMIN:TMAX      DySTreSS per-pair temperature, e.g. dynamic=0.1:0.2",
     "anneal=log:T0          tau = T0 / log(step + 2)",
     "anneal=KIND:T0:T1:S    KIND in linear|exp|cosine, from T0 to T1 over S steps",
@@ -26,7 +27,7 @@ def from_spec(text: str) -> Mapping:
   """Builds a mapping from a short spec string, for configs and command lines.
 
   Accepted forms (see `SPEC_FORMS`): `tau=0.25`, `free`, `learnable`,
-  `learnable=0.07`, `dynamic=0.1:0.2`, `anneal=log:0.5`,
+  `learnable=0.07`, `learnable=0.07:100` (CLIP's cap), `dynamic=0.1:0.2`, `anneal=log:0.5`,
   `anneal=cosine:0.5:0.1:1000` (also `linear`, `exp`).
 
   Examples:
@@ -57,6 +58,9 @@ def _parse(spec: str) -> Mapping:
     return temperature(float(match[1]))
   if spec == "learnable":
     return learnable_temperature(tau=0.07)
+  if match := re.fullmatch(rf"learnable={_NUMBER}:{_NUMBER}", spec):
+    tau0 = _checks.positive_scalar(float(match[1]), name="initial temperature")
+    return learnable_temperature(tau=tau0, max_scale=float(match[2]))
   if match := re.fullmatch(rf"learnable={_NUMBER}", spec):
     tau0 = _checks.positive_scalar(float(match[1]), name="initial temperature")
     return learnable_temperature(tau=tau0)

@@ -89,12 +89,16 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
     >>> capped = mappings.learnable_temperature(tau=0.001, max_scale=100.0)
     >>> round(capped(0.5).item(), 4)   # open_clip clamps the scale exp(t) at 100
     50.0
+    >>> mappings.learnable_temperature(tau=0.07, max_scale=100.0).spec  # CLIP's
+    'learnable=0.07:100'
 
   Args:
     tau: initial temperature, > 0 (default 0.07 when `t` is not given).
     t: initial log inverse temperature instead of `tau`; may be a traced scalar, so that
       gradients reach it.
     max_scale: optional cap on the logit scale `exp(t)` (open_clip uses 100); None: no cap.
+      The cap is `min(exp(t), max_scale)` in the forward pass: past it `t` gets no gradient,
+      where open_clip clamps `t` itself after each step; both hold the scale at the cap.
 
   Returns:
     A `Mapping` with `params == {"t": t}`.
@@ -116,6 +120,8 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
       raise ValueError(f"t must be a finite scalar, got {t!r}.")
   concrete = _checks.is_concrete(t)
   spec = f"learnable={format_number(math.exp(-float(t)))}" if concrete else "learnable"
+  if max_scale is not None and concrete:
+    spec = f"{spec}:{format_number(max_scale)}"
   return Mapping(spec, _Learnable(max_scale),
                  params={"t": jnp.asarray(t, float) if concrete else t})
 

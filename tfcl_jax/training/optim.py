@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import optax
 
-OPTIMIZERS = ("sgd", "lars", "adamw", "adam")
+OPTIMIZERS = ("sgd", "lars", "adamw", "adam", "adagrad")
 SCHEDULES = ("cosine", "constant")
 
 
@@ -65,6 +65,8 @@ def make_optimizer(
   * `adamw`: `optax.adamw` (decoupled weight decay).
   * `adam`: `optax.adam` with L2 weight decay added to the gradient, as
     `torch.optim.Adam(weight_decay=...)` (GRACE's optimiser).
+  * `adagrad`: `optax.adagrad` with Keras's defaults (initial accumulator 0.1, eps 1e-7), the
+    optimiser of TensorFlow Recommenders' retrieval tutorial; L2 weight decay as `adam`.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -103,4 +105,8 @@ def make_optimizer(
         trust_ratio_mask=model_mask, momentum=momentum)
   if name == "adamw":
     return optax.adamw(lr, weight_decay=weight_decay, mask=model_mask)
-  return optax.chain(optax.add_decayed_weights(weight_decay, mask=model_mask), optax.adam(lr))
+  if name == "adagrad":
+    inner = optax.adagrad(lr, initial_accumulator_value=0.1, eps=1e-7)
+  else:
+    inner = optax.adam(lr)
+  return optax.chain(optax.add_decayed_weights(weight_decay, mask=model_mask), inner)
