@@ -9,20 +9,8 @@ import pytest
 
 from experiments import dcrec as dcrec_experiment
 from experiments.configs import dcrec_ml100k
+from tests.movielens_files import write_u_data as _write_u_data
 from tfcl_jax.data import sequences
-
-
-def _write_u_data(folder, *, users=24, items=40, per_user=12, seed=0):
-  """GroupLens `u.data`: `user item rating timestamp`, tab-separated."""
-  rng = np.random.default_rng(seed)
-  lines = []
-  for user in range(1, users + 1):
-    for t, item in enumerate(rng.choice(np.arange(1, items + 1), per_user, replace=False)):
-      lines.append(f"{user}\t{item}\t{rng.integers(1, 6)}\t{880000000 + 100 * user + t}")
-  os.makedirs(folder, exist_ok=True)
-  with open(os.path.join(folder, "u.data"), "w") as f:
-    f.write("\n".join(lines) + "\n")
-  return str(folder)
 
 
 @pytest.fixture

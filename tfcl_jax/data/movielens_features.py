@@ -244,14 +244,14 @@ class Encoded:
     return int(self.ids.shape[0])
 
 
-def _index(values: Sequence, *, minimum_count: int = 1) -> tuple[np.ndarray, int]:
-  """Indices 1.. of the distinct `values` (sorted; those seen fewer than `minimum_count` times
-  share 0), and the table size."""
-  values = list(values)
-  distinct, counts = np.unique(np.asarray(values, dtype=object).astype(str), return_counts=True)
-  kept = {value: i + 1 for i, value in enumerate(v for v, c in zip(distinct, counts, strict=True)
-                                                   if c >= minimum_count)}
-  return np.asarray([kept.get(str(v), 0) for v in values], np.int32), len(kept) + 1
+def _index(values: Sequence, *, unknown=None) -> tuple[np.ndarray, int]:
+  """Indices 1.. of the distinct `values` (in sorted order), 0 for `unknown`, and the table
+  size."""
+  text = np.asarray(values, dtype=object).astype(str)
+  missing = "" if unknown is None else str(unknown)
+  distinct = [v for v in np.unique(text) if unknown is None or v != missing]
+  kept = {value: i + 1 for i, value in enumerate(distinct)}
+  return np.asarray([kept.get(v, 0) for v in text], np.int32), len(kept) + 1
 
 
 def _bag(lists: Sequence[Sequence[str]], *, minimum_count: int = 1) -> tuple[np.ndarray, int]:
@@ -308,10 +308,8 @@ def encode_users(users: Users, features: Sequence[str], *, ids: np.ndarray | Non
     categorical["user_id"], sizes["user_id"] = _index(ids)
   for name in features:
     if name != "user_id":
-      values = sources[name]()
-      indices, sizes[name] = _index(values)
-      unknown = np.asarray([str(v) in ("", "-1") for v in values])
-      categorical[name] = np.where(unknown, 0, indices).astype(np.int32)
+      categorical[name], sizes[name] = _index(sources[name](), unknown=-1 if name == "age"
+                                              else "")
   return Encoded(ids, categorical, {}, sizes)
 
 
@@ -332,8 +330,7 @@ def encode_items(items: Items, features: Sequence[str], *, ids: np.ndarray | Non
     categorical["item_id"], sizes["item_id"] = _index(ids)
   if "year" in features:
     decades = [items.year[i] // 10 * 10 if i >= 0 and items.year[i] > 0 else 0 for i in where]
-    indices, sizes["year"] = _index(decades)
-    categorical["year"] = np.where(np.asarray(decades) == 0, 0, indices).astype(np.int32)
+    categorical["year"], sizes["year"] = _index(decades, unknown=0)
   if "title" in features:
     bags["title"], sizes["title"] = _bag([items.title[i] if i >= 0 else () for i in where],
                                          minimum_count=min_word_count)
