@@ -69,6 +69,7 @@ def step_cases(devices):
       dcrec_ml100k,
       grace_citeseer,
       msc_cifar10,
+      retrieval_ml100k,
       simclr_cifar10,
       simclr_imagenette,
   )
@@ -86,6 +87,10 @@ def step_cases(devices):
   config = dcrec_ml100k.get_config()
   mesh = sharding.make_mesh(devices[:config.num_devices])
   yield "DCRec ML-100K shapes", mesh, experiment_steps.dcrec(config, mesh)
+  config = retrieval_ml100k.get_config()
+  mesh = sharding.make_mesh(devices[:config.num_devices])
+  yield "Two-tower CLIP loss, batch 8192", mesh, experiment_steps.retrieval(
+      config, mesh, spec="clip:learnable=0.07:100")
 
 
 def main(argv: list[str] | None = None) -> None:

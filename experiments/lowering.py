@@ -117,3 +117,43 @@ def dcrec(config, mesh, *, spec: str = "free", num_users: int = 943, num_items: 
       dcrec_experiment.initial_state, config, model, objective, example, num_steps=10),
       jax.random.key(0))
   return train_step.jitted, (initial, _shapes(example), _key())
+
+
+# Vocabulary sizes (index 0 included) and bag lengths of MovieLens-100K's features.
+_ML100K_VOCAB = {"age": 8, "gender": 3, "occupation": 22, "zip": 12, "year": 10, "title": 611,
+                 "genres": 20}
+_ML100K_BAGS = {"title": 10, "genres": 6}
+
+
+def retrieval(config, mesh, *, spec: str = "free", num_users: int = 943, num_items: int = 1682,
+              num_pairs: int = 80_000, seed: int = 0):
+  """The two-tower retrieval step (`experiments/retrieval.py`) with `config`'s towers,
+  objective and batch on random features of MovieLens-100K's sizes."""
+  from experiments import retrieval as retrieval_experiment  # noqa: PLC0415
+  from tfcl_jax.data import interactions, movielens_features  # noqa: PLC0415
+  from tfcl_jax.objectives import retrieval as retrieval_objective  # noqa: PLC0415
+
+  rng = np.random.default_rng(seed)
+
+  def side(features: str, rows: int) -> movielens_features.Encoded:
+    categorical, bags, sizes = {}, {}, {}
+    for name in features.split(","):
+      size = rows + 1 if name.endswith("_id") else _ML100K_VOCAB[name]
+      if name in _ML100K_BAGS:
+        bags[name] = rng.integers(0, size, (rows, _ML100K_BAGS[name])).astype(np.int32)
+      else:
+        categorical[name] = rng.integers(0, size, rows).astype(np.int32)
+      sizes[name] = size
+    return movielens_features.Encoded(np.arange(rows), categorical, bags, sizes)
+
+  pairs = interactions.Pairs(rng.integers(0, num_users, num_pairs).astype(np.int32),
+                             rng.integers(0, num_items, num_pairs).astype(np.int32))
+  data = retrieval_experiment.Data(
+      pairs, pairs, num_users, num_items, side(config.query_features, num_users),
+      side(config.candidate_features, num_items), None, np.zeros(num_items, np.float32))
+  example = next(interactions.batches(pairs, batch_size=config.batch_size, seed=seed, start=0,
+                                      num_steps=1))
+  objective = retrieval_objective.parse_spec(spec, num_candidates=config.batch_size)
+  _, initial, train_step = retrieval_experiment.build(
+      config, data, objective, example, jax.random.key(0), mesh=mesh, num_steps=10)
+  return train_step.jitted, (_shapes(initial), _shapes(example), _key())

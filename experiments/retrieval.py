@@ -197,20 +197,13 @@ def popularity_row(config, data: Data, run: Run) -> dict:
           "seconds_per_epoch": 0.0, **{f"scale@{e}": nan for e in range(1, config.epochs + 1)}}
 
 
-def run_one(config, data: Data, run: Run, *, workdir: str, progress: bool = True) -> dict:
-  """Trains the towers for `run`, evaluates after every epoch; the row of the last epoch."""
-  if run.spec == POPULARITY:
-    return popularity_row(config, data, run)
-  spec = retrieval.parse_spec(run.spec, num_candidates=config.batch_size)
+def build(config, data: Data, spec: retrieval.RetrievalSpec, example: dict, key: jax.Array, *,
+          mesh, num_steps: int):
+  """`(model, initial train state, train step)` of one run, the model initialised on the
+  batch `example`."""
   model = make_model(config, data)
-  steps_per_epoch = -(-len(data.train) // config.batch_size)
-  num_steps = config.epochs * steps_per_epoch
-  init_key, train_key = jax.random.split(jax.random.key(run.seed))
-  batches = functools.partial(interactions.batches, data.train, batch_size=config.batch_size,
-                              seed=run.seed, num_steps=num_steps, reshuffle=config.reshuffle)
-  example = next(batches(start=0))
   users, items = tables_of(data.users), tables_of(data.items)
-  params = model.init(init_key, retrieval.gather(users, example["user"]),
+  params = model.init(key, retrieval.gather(users, example["user"]),
                       retrieval.gather(items, example["item"]))["params"]
   state = training.create_train_state(
       model_params=params, apply_fn=model.apply, mapping_params=spec.params,
@@ -220,14 +213,29 @@ def run_one(config, data: Data, run: Run, *, workdir: str, progress: bool = True
   loss_fn = retrieval.make_retrieval_loss(model, spec, user_features=users,
                                           item_features=items, log_q=jnp.asarray(data.log_q),
                                           reduction=config.reduction)
+  return model, state, training.make_train_step(loss_fn, mesh=mesh)
+
+
+def run_one(config, data: Data, run: Run, *, workdir: str, progress: bool = True) -> dict:
+  """Trains the towers for `run`, evaluates after every epoch; the row of the last epoch."""
+  if run.spec == POPULARITY:
+    return popularity_row(config, data, run)
+  spec = retrieval.parse_spec(run.spec, num_candidates=config.batch_size)
+  steps_per_epoch = -(-len(data.train) // config.batch_size)
+  num_steps = config.epochs * steps_per_epoch
+  init_key, train_key = jax.random.split(jax.random.key(run.seed))
+  batches = functools.partial(interactions.batches, data.train, batch_size=config.batch_size,
+                              seed=run.seed, num_steps=num_steps, reshuffle=config.reshuffle)
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
+  model, state, train_step = build(config, data, spec, next(batches(start=0)), init_key,
+                                   mesh=mesh, num_steps=num_steps)
   evaluate = make_evaluator(model, data, cosine=spec.cosine)
   run_dir = run.directory(workdir)
   record = {k: v for k, v in config.to_dict().items() if k not in PLAN_FIELDS}
   scale_start = _scale(spec.params, spec)
   start = time.perf_counter()
   final = training.train(
-      state, train_step=training.make_train_step(loss_fn, mesh=mesh),
+      state, train_step=train_step,
       batches=lambda first: batches(start=first), num_steps=num_steps, workdir=run_dir,
       key=train_key, mesh=mesh, config={**run.record(), **record}, resume=True,
       checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch,

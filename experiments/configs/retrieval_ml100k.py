@@ -88,7 +88,6 @@ def get_config(preset: str = "tutorial") -> ml_collections.ConfigDict:
     config.log_every = 10
     config.losses = ",".join([
         "popularity", "dot", *[f"tau={t}" for t in TAUS], "free", "learnable=0.07:100",
-        "dynamic=0.1:0.2",
         "clip:tau=0.1", "clip:free", "clip:learnable=0.07:100",
-        "sigmoid/learnable=0.1/learn_b=siglip", "tau=0.1+logq", "free+logq"])
+        "sigmoid/learnable=0.1/learn_b=siglip", "free+logq"])
   return config
