@@ -224,7 +224,8 @@ class Experiment:
             {"model": self.variables["params"], "mapping": mapping.params}))
     steps_per_epoch = len(normal) // (c.batch_size // jax.process_count())
     num_steps = c.epochs * steps_per_epoch
-    record = {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD}
+    record = runner.without_added(
+        {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD})
     record.update(run.record())
 
     def evaluate(train_state):

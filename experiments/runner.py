@@ -44,6 +44,9 @@ RUNS_DIR = "runs"
 LOSSES_FIELD, OLD_LOSSES_FIELD = "losses", "mappings"
 _MIGRATE = contextvars.ContextVar("migrate", default=False)
 _NOTICES: set = set()  # (field, value) pairs already noticed in this process
+# Config fields added after workdirs were first recorded, with the value that reproduces the
+# earlier behaviour: records leave them out at that value, so those workdirs still resume.
+ADDED_FIELDS = {"objective": "simclr"}
 
 
 class ConfigError(ValueError):
@@ -189,6 +192,20 @@ def plan(config, *, order: Sequence[str] = ("seed", "spec"),
 # -- the workdir ------------------------------------------------------------------------------
 
 
+def without_added(record: dict) -> dict:
+  """`record` without the `ADDED_FIELDS` that hold their earlier-behaviour value.
+
+  Examples:
+    >>> from experiments import runner
+    >>> runner.without_added({"objective": "simclr", "epochs": 3})
+    {'epochs': 3}
+    >>> runner.without_added({"objective": "supcon", "epochs": 3})
+    {'objective': 'supcon', 'epochs': 3}
+  """
+  return {k: v for k, v in record.items()
+          if not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
+
+
 @contextlib.contextmanager
 def migrating(enabled: bool = True) -> Iterator[None]:
   """Within it, `prepare` moves run folders of an earlier layout instead of refusing them
@@ -267,8 +284,8 @@ def prepare(workdir: str, config, *, runs: Sequence[Run] = (), plan_fields: Sequ
     ConfigError: the workdir cannot be written, was made with another config, holds results
       and `config.resume` is False, or holds runs in an earlier folder layout.
   """
-  record = {k: v for k, v in config.to_dict().items()
-            if k not in {*plan_fields, *ignored, LOSSES_FIELD, OLD_LOSSES_FIELD}}
+  record = without_added({k: v for k, v in config.to_dict().items()
+                          if k not in {*plan_fields, *ignored, LOSSES_FIELD, OLD_LOSSES_FIELD}})
   resume = bool(config.get("resume", True))
   if not resume:
     existing = [name for name in ("results.csv", RUNS_DIR, *outputs)

@@ -1,5 +1,6 @@
-"""Tables and plots of `experiments/simclr.py`: Table 2 (kNN top-1 mean +- std per mapping),
-the N-sensitivity table, training curves and geometry (alignment/uniformity) per mapping.
+"""Tables and plots of `experiments/simclr.py` (SimCLR or SupCon): Table 2 (kNN top-1 mean +- std
+per mapping), the N-sensitivity table, training curves and geometry (alignment/uniformity) per
+mapping.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ COLUMNS = ("mapping", "seed", "batch_size", "knn_top1", "linear_top1", "final_lo
            "steps", "final_bias")
 
 
+# config.objective -> the tables' name for it.
+OBJECTIVE_TITLES = {
+    "simclr": "SimCLR",
+    "supcon": "SupCon (form supcon: Khosla et al.'s L_out)",
+    "supcon_ntxent": "SupCon (form ntxent: each positive pair against the negatives only)",
+}
 CURVE = "knn_top1@"  # result columns of the kNN top-1 during training: knn_top1@<step>
 
 
@@ -41,8 +48,9 @@ def results_markdown(rows: list[dict], config, command: str) -> str:
   kNN during training; what a sweep writes and what `experiments.regenerate` rebuilds from
   `results.csv`."""
   sweep = config.mode != "n_sensitivity"
-  title = (f"# SimCLR on {config.dataset}: kNN top-1 per loss, {config.epochs} epochs" if sweep
-           else f"# SimCLR on {config.dataset}: kNN top-1 against the batch size N")
+  name = f"{OBJECTIVE_TITLES[config.objective]} on {config.dataset}"
+  title = (f"# {name}: kNN top-1 per loss, {config.epochs} epochs" if sweep
+           else f"# {name}: kNN top-1 against the batch size N")
   body = (table2(rows, knn_k=config.knn_k, knn_tau=config.knn_tau) + training_table(rows)
           if sweep else n_table(rows))
   return "\n".join([title, "", f"Command: `{command}`", "", body.rstrip()]) + "\n"

@@ -1,7 +1,11 @@
 """SimCLR on an image dataset, one run at a time: the SimCLR experiment and MSC's pretraining.
 
-A run is one (loss spec, seed, batch size) (`runner.Run` with a `batch_size` axis);
-`plan_runs` lists a config's runs, `check_config` checks everything that can fail before the
+`config.objective` chooses what the two views train: SimCLR (`"simclr"`), or SupCon with the
+images' labels (`"supcon"`: Khosla et al.'s `L_out`; `"supcon_ntxent"`: each positive pair
+against the anchor's negatives only) on the labelled training split (`training_split`).
+
+A run is one (loss spec, seed, batch size) (`runner.Run` with a `batch_size` axis); `plan_runs`
+lists a config's runs, `check_config` checks everything that can fail before the
 first step, and `Trainer.run` trains one run with `tfcl_jax.training` (its metrics, checkpoints
 and `eval.csv` in the run's directory) and returns its results row. `load_images` is the
 images SimCLR and MSC both read.
@@ -26,6 +30,8 @@ from tfcl_jax.objectives import simclr
 from tfcl_jax.training import loop, optim, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
+# config.objective -> the `supervised` form of `objectives.simclr.make_simclr_loss`.
+OBJECTIVES = {"simclr": None, "supcon": "supcon", "supcon_ntxent": "ntxent"}
 # Fields that only choose which runs exist: a workdir may be rerun with other values.
 PLAN_FIELDS = ("losses", "mappings", "seeds", "n_losses", "n_mappings", "n_batch_sizes")
 _IGNORED_ON_RESUME = ("resume", "progress")
@@ -53,15 +59,32 @@ def check_config(config: ml_collections.ConfigDict, mesh) -> list[Run]:
   """Every check of the config that can fail, before any training: specs, dataset, batch
   sizes; the runs. (`runner.prepare` checks the workdir.)"""
   runs = plan_runs(config)
+  if config.objective not in OBJECTIVES:
+    raise ValueError(f"config.objective must be one of {tuple(OBJECTIVES)}, got "
+                     f"{config.objective!r}.")
+  model = make_model(config)
+  for run in runs:  # the objective's own checks (SupCon: an InfoNCE spec, negatives="all")
+    loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
+        run["batch_size"], negatives=config.negatives))
+    try:
+      make_loss_fn(config, model, loss, augment_fn=None)
+    except ValueError as error:
+      raise ValueError(f"config.objective={config.objective!r}: {error}") from None
   info = data.get_info(config.dataset)
-  models.make_backbone(config.backbone)
   runner.check_positive_ints(config, "epochs")
   for batch_size in sorted({run["batch_size"] for run in runs}):
     sharding.check_batch_size(batch_size, mesh, name="config.batch_size")
     # Opens the data: an unprepared TFDS dataset stops here with how to prepare it.
-    data.steps_per_epoch(info.name, info.pretrain_split, batch_size=_host_batch(batch_size),
+    data.steps_per_epoch(info.name, training_split(config), batch_size=_host_batch(batch_size),
                          data_dir=config.data_dir or None)
   return runs
+
+
+def training_split(config: ml_collections.ConfigDict) -> str:
+  """The split the runs train on: the dataset's pretraining split for SimCLR (its unlabelled
+  examples where it has them), its labelled training split for SupCon."""
+  info = data.get_info(config.dataset)
+  return info.pretrain_split if OBJECTIVES[config.objective] is None else info.train_split
 
 
 def _host_batch(batch_size: int) -> int:
@@ -94,10 +117,17 @@ def make_optimizer(config: ml_collections.ConfigDict, *, batch_size: int, steps_
 
 def make_train_step(config: ml_collections.ConfigDict, model, loss: losses.LossSpec, mesh,
                     augment_fn):
-  """SimCLR's sharded train step (`objectives.simclr`, `training.make_train_step`)."""
-  loss_fn = simclr.make_simclr_loss(model, loss=loss, augment=augment_fn,
-                                    negatives=config.negatives)
-  return step.make_train_step(loss_fn, mesh=mesh)
+  """The sharded train step of `config.objective` (`make_loss_fn`,
+  `training.make_train_step`)."""
+  return step.make_train_step(make_loss_fn(config, model, loss, augment_fn), mesh=mesh)
+
+
+def make_loss_fn(config: ml_collections.ConfigDict, model, loss: losses.LossSpec, augment_fn):
+  """The `loss_fn` of `config.objective` (`objectives.simclr.make_simclr_loss`: SimCLR, or
+  SupCon in the form `OBJECTIVES` names)."""
+  return simclr.make_simclr_loss(model, loss=loss, augment=augment_fn,
+                                 negatives=config.negatives,
+                                 supervised=OBJECTIVES[config.objective])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +183,7 @@ class Trainer:
 
   def steps_per_epoch(self, batch_size: int) -> int:
     info = self.images.info
-    return data.steps_per_epoch(info.name, info.pretrain_split,
+    return data.steps_per_epoch(info.name, training_split(self.config),
                                 batch_size=_host_batch(batch_size), data_dir=self.images.data_dir)
 
   def optimizer(self, batch_size: int):
@@ -224,12 +254,13 @@ class Trainer:
     info = self.images.info
 
     def batches(start_step):
-      return data.make_loader(info.name, info.pretrain_split,
+      return data.make_loader(info.name, training_split(c),
                               batch_size=_host_batch(batch_size), seed=run.seed,
                               num_epochs=c.epochs, data_dir=self.images.data_dir,
                               start_step=start_step)
 
-    record = {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD}
+    record = runner.without_added(
+        {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD})
     record.update(run.record())
     final = loop.train(
         initial, train_step=self.train_step(loss), batches=batches, num_steps=num_steps,

@@ -197,3 +197,28 @@ def test_dcrec_step_lowers_at_movielens_100k_shapes(platform):
   config = dcrec_ml100k.get_config()
   mesh = sharding.make_mesh(jax.devices()[:config.num_devices])
   _lower_step(experiment_steps.dcrec(config, mesh), platform)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("objective", ["supcon", "supcon_ntxent"])
+def test_supcon_steps_lower(platform, objective):
+  from experiments.configs import supcon_mnist1d  # noqa: PLC0415
+
+  config = supcon_mnist1d.get_config()
+  config.objective = objective
+  report = _lower_step(experiment_steps.simclr(config, sharding.make_mesh(),
+                                               spec="learnable=0.07"), platform)
+  assert "tensor<512x40x1xf32>" in report.text  # two views of 256 signals
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("preset, spec", [("tutorial", "clip:learnable=0.07:100"),
+                                          ("tutorial", "dot+logq"),
+                                          ("features", "sigmoid/learnable=0.1/learn_b=siglip")])
+def test_retrieval_steps_lower(platform, preset, spec):
+  from experiments.configs import retrieval_ml100k  # noqa: PLC0415
+
+  config = retrieval_ml100k.get_config(preset)
+  report = _lower_step(experiment_steps.retrieval(config, sharding.make_mesh(), spec=spec),
+                       platform)
+  assert f"tensor<{config.batch_size}xi32>" in report.text  # the batch's user rows

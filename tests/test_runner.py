@@ -76,6 +76,16 @@ def test_prepare_allows_plan_fields_to_change_and_refuses_the_others(tmp_path):
     runner.prepare(workdir, _config(resume=False), plan_fields=("seeds", "mappings"))
 
 
+def test_a_field_added_later_resumes_earlier_workdirs_at_its_old_behaviour(tmp_path):
+  """A workdir recorded before `objective` existed resumes with `objective="simclr"` (what
+  it trained) and refuses any other objective."""
+  workdir = str(tmp_path / "w")
+  runner.prepare(workdir, _config())
+  runner.prepare(workdir, _config(objective="simclr"))
+  with pytest.raises(ValueError, match="objective: recorded None, now 'supcon'"):
+    runner.prepare(workdir, _config(objective="supcon"))
+
+
 def test_split_list_names_the_field():
   assert runner.split_list(" tau=0.1, free ,", name="mappings") == ["tau=0.1", "free"]
   with pytest.raises(ValueError, match="config.mappings must list at least one item"):

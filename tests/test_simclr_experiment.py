@@ -15,7 +15,7 @@ from experiments.configs import simclr_digits
 from tfcl_jax.training import sharding
 
 
-def _tiny_config(**overrides):
+def tiny_config(**overrides):
   config = simclr_digits.get_config()
   config.update(dict(losses="learnable=0.2", seeds=2, epochs=1, batch_size=128, width=4,
                      proj_hidden_dim=8, proj_dim=8, probe_epochs=20, eval_every_epochs=0,
@@ -40,22 +40,22 @@ def mesh8():
 ])
 def test_bad_config_raises_before_anything_is_written(tmp_path, mesh8, overrides, message):
   with pytest.raises(ValueError, match=message):
-    simclr_trainer.check_config(_tiny_config(**overrides), mesh8)
+    simclr_trainer.check_config(tiny_config(**overrides), mesh8)
   workdir = tmp_path / "run"
   with pytest.raises(experiment.ConfigError, match=message):
-    experiment.run_experiment(_tiny_config(devices=8, **overrides), str(workdir))
+    experiment.run_experiment(tiny_config(devices=8, **overrides), str(workdir))
   assert not workdir.exists()
 
 
 def test_unwritable_workdir_raises(tmp_path):
   (tmp_path / "file").write_text("x")
   with pytest.raises(experiment.ConfigError, match="cannot be written"):
-    experiment.run_experiment(_tiny_config(), str(tmp_path / "file" / "run"))
+    experiment.run_experiment(tiny_config(), str(tmp_path / "file" / "run"))
 
 
 def test_run_writes_results_and_resume_is_checked(tmp_path):
   workdir = str(tmp_path)
-  results = experiment.run_experiment(_tiny_config(), workdir)
+  results = experiment.run_experiment(tiny_config(), workdir)
   assert [r["seed"] for r in results] == [0, 1]
   with open(os.path.join(workdir, "results.csv")) as f:
     rows = list(csv.DictReader(f))
@@ -68,15 +68,15 @@ def test_run_writes_results_and_resume_is_checked(tmp_path):
     assert os.path.getsize(os.path.join(workdir, name)) > 0
   before = open(os.path.join(workdir, "results.csv")).read()
   with pytest.raises(experiment.ConfigError, match="already holds"):
-    experiment.run_experiment(_tiny_config(resume=False), workdir)
+    experiment.run_experiment(tiny_config(resume=False), workdir)
   with pytest.raises(experiment.ConfigError, match="config differs.*epochs: recorded 1, now 2"):
-    experiment.run_experiment(_tiny_config(epochs=2, resume=True), workdir)
+    experiment.run_experiment(tiny_config(epochs=2, resume=True), workdir)
   assert open(os.path.join(workdir, "results.csv")).read() == before
   # Resuming a finished sweep trains nothing and reproduces the results.
-  resumed = experiment.run_experiment(_tiny_config(resume=True), workdir)
+  resumed = experiment.run_experiment(tiny_config(resume=True), workdir)
   assert resumed == results
   # More seeds: the finished runs are read back, only the new seed trains.
-  grown = experiment.run_experiment(_tiny_config(seeds=3), workdir)
+  grown = experiment.run_experiment(tiny_config(seeds=3), workdir)
   assert grown[:2] == results and grown[2]["seed"] == 2
   assert len(open(os.path.join(workdir, "results.csv")).read().splitlines()) == 4
 

@@ -1,7 +1,8 @@
 """The SimCLR objective as a `loss_fn` for `training.make_train_step`: two views, InfoNCE.
 
 Section 5.1 of Kim & Kim (arXiv 2501.17683) trains SimCLR with NT-Xent (Eq. 1, `cos / tau`) or
-with the temperature-free map (Eq. 11); the mapping is the only difference.
+with the temperature-free map (Eq. 11); the mapping is the only difference. With labels, the
+same two views train SupCon (Khosla et al. 2020): positives are the views of one class.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tfcl_jax.objectives import views as views_lib
 
 # augment(key, images) -> (view1, view2), float arrays [B, H, W, C].
 AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+SUPERVISED_FORMS = ("supcon", "ntxent")  # the forms of `losses.supervised_info_nce`
 
 
 def make_simclr_loss(
@@ -27,6 +29,7 @@ def make_simclr_loss(
     loss: losses.LossSpec | mappings_lib.Mapping,
     augment: AugmentFn,
     negatives: str = "all",
+    supervised: str | None = None,
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
   """`loss_fn(params, model_state, batch, key, step)` for SimCLR on `batch["image"]`.
 
@@ -35,6 +38,12 @@ def make_simclr_loss(
   `params["mapping"]` at `step`: InfoNCE (Eq. 1 for `tau=...`, Eq. 11 for `free`) or the
   sigmoid loss (SigCLR), as the `losses.LossSpec` names it.
   Metrics: `pos_cos`, `neg_cos` (`views.cosine_diagnostics` of the projections).
+
+  With `supervised` (SupCon, Khosla et al. 2020), the positives of a view are every other view
+  of its class: the value is `losses.supervised_info_nce` of the `2B` projections
+  `z = [z1; z2]` with labels `y = [batch["label"]; batch["label"]]`, under the loss's mapping
+  (bound to `params["mapping"]` at `step`) and `form=supervised`; the other view of the same
+  image is one positive among those of its class.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -53,6 +62,12 @@ def make_simclr_loss(
     ...     jax.random.key(1), 0)
     >>> loss.shape, sorted(metrics)
     ((), ['neg_cos', 'pos_cos'])
+    >>> supcon_fn = simclr.make_simclr_loss(model, loss=mappings.temperature(0.1),
+    ...                                     augment=noise, supervised="supcon")
+    >>> batch = {"image": images, "label": jnp.array([0, 1, 0, 1])}
+    >>> jax.eval_shape(supcon_fn, params, {"batch_stats": variables["batch_stats"]}, batch,
+    ...                jax.random.key(1), 0)[0].shape
+    ()
 
   Args:
     model: returns `(features, projections)` given `(images, train=...)`
@@ -61,12 +76,34 @@ def make_simclr_loss(
       mapping and bias), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it).
     augment: `augment(key, images) -> (view1, view2)`, e.g.
       `functools.partial(tfcl_jax.augment.two_views, recipe="digits")`.
-    negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`.
+    negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`; `"all"` with `supervised`.
+    supervised: None (SimCLR: a view's one positive is the other view of its image), or a
+      form of `losses.supervised_info_nce`: `"supcon"` (Khosla et al.'s `L_out`: every other
+      view in the denominator) or `"ntxent"` (each positive pair against the anchor's
+      negatives only); positives share `batch["label"]` (`[B]` int).
 
   Returns:
     The loss function.
+
+  Raises:
+    ValueError: an unknown `supervised` form, or `supervised` with a sigmoid loss or with
+      `negatives="cross"`.
+
+  References:
+    Chen et al. 2020, "A Simple Framework for Contrastive Learning of Visual
+    Representations"; Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2.
   """
   loss = losses.as_loss(loss)
+  if supervised is not None:
+    if supervised not in SUPERVISED_FORMS:
+      raise ValueError(f"supervised must be None or one of {SUPERVISED_FORMS}, got "
+                       f"{supervised!r}.")
+    if loss.loss != "info_nce":
+      raise ValueError(f"supervised={supervised!r} takes an InfoNCE loss (a mapping), got "
+                       f"{loss.spec!r}.")
+    if negatives != "all":
+      raise ValueError(f"supervised={supervised!r} compares every view with every other "
+                       f"(negatives='all'), got negatives={negatives!r}.")
 
   def loss_fn(params, model_state, batch, key, step):
     def apply(views):
@@ -76,7 +113,13 @@ def make_simclr_loss(
       return projections, new_model_state
 
     z1, z2, new_model_state = views_lib.encode_two_views(apply, *augment(key, batch["image"]))
-    value = loss(z1, z2, params=params["mapping"], step=step, negatives=negatives)
+    if supervised is None:
+      value = loss(z1, z2, params=params["mapping"], step=step, negatives=negatives)
+    else:
+      labels = jnp.concatenate([batch["label"], batch["label"]])
+      value = losses.supervised_info_nce(
+          jnp.concatenate([z1, z2]), labels, form=supervised,
+          mapping=loss.mapping.bind(params=params["mapping"], step=step))
     return value, (new_model_state, views_lib.cosine_diagnostics(z1, z2))
 
   return loss_fn
