@@ -114,8 +114,9 @@ def rewrite(name: str) -> None:
   path = os.path.join(RESULTS, name + ".md")
   with open(path) as f:
     _, notes = split(f.read())
+  text = generate(name) + ("\n" + notes if notes else "")  # reads the file: before opening it
   with open(path, "w") as f:
-    f.write(generate(name) + ("\n" + notes if notes else ""))
+    f.write(text)
 
 
 def main(argv: list[str] | None = None) -> None:

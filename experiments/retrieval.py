@@ -315,7 +315,7 @@ def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
       config.candidate_features == "item_id"):
     lines += ["", "The tutorial's own test accuracy (its `dot` model; the range over two "
               "executed copies of its page, docs/retrieval.md): " + ", ".join(
-                  f"{m.replace('@', '-')} {min(v):.4f}–{max(v):.4f}"
+                  f"{m.replace('@', '-')} {min(v):.5f}–{max(v):.5f}"
                   for m, v in TUTORIAL_PUBLISHED.items()) + "."]
   fixed = [s for s in present if s.startswith("tau=") and not s.endswith("+logq")]
   if fixed:

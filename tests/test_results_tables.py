@@ -31,3 +31,15 @@ def test_a_recorded_command_gives_the_experiment_and_its_config():
     regenerate.recorded_command("# t\n")
   markdown = "# t\n\n| a |\n\n## Notes\n\nhand\n"
   assert regenerate.split(markdown) == ("# t\n\n| a |\n", "## Notes\n\nhand\n")
+
+
+def test_rewrite_keeps_the_command_and_the_notes(tmp_path, monkeypatch):
+  import shutil  # noqa: PLC0415
+
+  name = "learnable_vs_free"
+  for suffix in (".md", ".csv"):
+    shutil.copy(f"{regenerate.RESULTS}/{name}{suffix}", tmp_path / f"{name}{suffix}")
+  original = (tmp_path / f"{name}.md").read_text()
+  monkeypatch.setattr(regenerate, "RESULTS", str(tmp_path))
+  regenerate.rewrite(name)
+  assert (tmp_path / f"{name}.md").read_text() == original

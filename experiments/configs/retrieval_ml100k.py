@@ -25,9 +25,10 @@ PRESETS = ("tutorial", "features")
 
 
 def objectives() -> str:
-  """Every objective of the evidence tables (`tfcl_jax.objectives.retrieval.parse_spec`),
-  after `popularity`, the untrained ranking by training counts."""
-  taus = [f"tau={t}" for t in TAUS]
+  """Every objective of the tutorial protocol's table (`tfcl_jax.objectives.retrieval.
+  parse_spec`), after `popularity`, the untrained ranking by training counts; τ = 2 brackets
+  the best τ of the grid from above."""
+  taus = [f"tau={t}" for t in (*TAUS, 2)]
   return ",".join([
       "popularity", "dot", *taus, "free", "learnable=0.07:100", "dynamic=0.1:0.2",
       *[f"clip:{t}" for t in taus], "clip:free", "clip:learnable=0.07:100",
