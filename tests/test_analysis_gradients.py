@@ -254,8 +254,16 @@ class BadInputTest(chex.TestCase):
     with pytest.raises(ValueError, match="t must be finite"):
       analysis.eq10(0.5, np.inf)
     with pytest.raises(TypeError, match="mapping must be a callable"):
-      analysis.gradient_scale("free", 0.5, 2)
+      analysis.gradient_scale(0.1, 0.5, 2)
+    with pytest.raises(ValueError, match="Invalid mapping spec 'fre'"):
+      analysis.gradient_scale("fre", 0.5, 2)
     with pytest.raises(ValueError, match="cos_negatives must have a last axis"):
       analysis.negative_weights(free, 0.5, 0.2)
     with pytest.raises(ValueError, match="cos_negatives must lie in"):
       analysis.negative_gradients(free, 0.5, [0.2, 1.0])
+
+
+def test_gradient_scale_takes_a_spec_string_and_matches_eq4():
+  for C in (-0.5, 0.2, 0.7):
+    np.testing.assert_allclose(analysis.gradient_scale("tau=0.5", jnp.array(C), 2),
+                               analysis.eq4(C, 0.5), rtol=1e-5)

@@ -182,6 +182,27 @@ def test_all_equals_optax_ntxent(tau):
   np.testing.assert_allclose(got, expected, rtol=2e-5)
 
 
+@pytest.mark.parametrize("spec", ["tau=0.1", "free", "learnable=0.2", "dynamic=0.1:0.3"])
+def test_every_loss_takes_a_spec_string_as_its_mapping(spec):
+  z1, z2 = random_pair(12, 5, seed=4)
+  expected = numpy_info_nce(z1, z2, NUMPY_MAPS[spec], "cross").mean()
+  np.testing.assert_allclose(losses.info_nce(z1, z2, mapping=spec), expected, rtol=1e-5)
+  labels = np.arange(24) % 12
+  np.testing.assert_allclose(
+      losses.supervised_info_nce(np.concatenate([z1, z2]), labels, mapping=spec),
+      numpy_info_nce(z1, z2, NUMPY_MAPS[spec], "all").mean(), rtol=1e-5)
+  np.testing.assert_allclose(losses.sigmoid_loss(z1, z2, mapping=spec),
+                             losses.sigmoid_loss(z1, z2, mapping=mappings.from_spec(spec)))
+
+
+def test_a_mapping_that_is_no_spec_and_no_callable_is_refused_by_name():
+  z1, z2 = random_pair(4, 3)
+  with pytest.raises(ValueError, match="Invalid mapping spec 'fre'"):
+    losses.info_nce(z1, z2, mapping="fre")
+  with pytest.raises(TypeError, match="mapping must be .* a spec string"):
+    losses.info_nce(z1, z2, mapping=0.1)
+
+
 @pytest.mark.parametrize("tau", [0.1, 0.5])
 def test_supervised_equals_optax_ntxent(tau):
   rng = np.random.default_rng(1)

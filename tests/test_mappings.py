@@ -276,3 +276,26 @@ def test_mappings_are_pytrees_whose_leaves_are_the_learnable_scalars():
   scaled = jax.vmap(lambda m: m(0.5))(
       mappings.learnable_temperature().bind(params={"t": jnp.log(jnp.array([1.0, 2.0, 4.0]))}))
   np.testing.assert_allclose(scaled, [0.5, 1.0, 2.0], rtol=1e-6)
+
+
+def test_logit_scale_is_the_factor_of_temperature_maps_cap_included():
+  assert float(mappings.logit_scale(mappings.temperature(0.25))) == pytest.approx(4.0)
+  learnable = mappings.learnable_temperature(tau=0.07)
+  assert float(mappings.logit_scale(learnable)) == pytest.approx(1 / 0.07, rel=1e-6)
+  # At other params (a train state's), and past CLIP's cap of 100.
+  capped = mappings.from_spec("learnable=0.07:100")
+  assert float(mappings.logit_scale(capped, params={"t": jnp.log(50.0)})) == pytest.approx(50.0)
+  assert float(mappings.logit_scale(capped, params={"t": jnp.log(400.0)})) == 100.0
+  # The scale is what the map multiplies a cosine by.
+  assert float(capped(0.5, params={"t": jnp.log(400.0)})) == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("spec", ["free", "dynamic=0.1:0.2", "anneal=log:0.5"])
+def test_logit_scale_is_refused_for_maps_without_one(spec):
+  with pytest.raises(TypeError, match="logit scale"):
+    mappings.logit_scale(mappings.from_spec(spec))
+
+
+def test_as_mapping_reads_spec_strings():
+  assert mappings.as_mapping("learnable=0.07:100").spec == "learnable=0.07:100"
+  assert float(mappings.as_mapping(" tau=0.5 ")(0.25)) == pytest.approx(0.5)

@@ -14,11 +14,13 @@ import jax.numpy as jnp
 import optax
 
 from tfcl_jax import _checks, losses
+from tfcl_jax import mappings as mappings_lib
 
-# The key of `TrainState.model_state` that holds the center during fine-tuning: a non-trained
-# variable of the objective, replicated and checkpointed with the BatchNorm statistics.
+#: The key of `TrainState.model_state` that holds the center during fine-tuning: a non-trained
+#: variable of the objective, replicated and checkpointed with the BatchNorm statistics.
 CENTER_KEY = "msc_center"
 
+#: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
 AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -102,7 +104,7 @@ def msc_loss(
     z2: jax.typing.ArrayLike,
     *,
     center: jax.typing.ArrayLike,
-    mapping: Callable[[jax.Array], jax.Array] | None = None,
+    mapping: mappings_lib.MappingLike | None = None,
     angular: bool = True,
 ) -> jax.Array:
   r"""The MSC objective of two views: InfoNCE on mean-shifted features plus the angular center term.
@@ -131,7 +133,8 @@ def msc_loss(
     z1: `[N, D]` float features of the first views (`N >= 2`).
     z2: `[N, D]` float features of the second views.
     center: `[D]` the center (`center(...)` of the normal training features).
-    mapping: callable `cos -> logits`; default `mappings.temperature_free()`.
+    mapping: a `Mapping`, a spec string or a callable `cos -> logits`; default
+      `mappings.temperature_free()`.
     angular: add the angular center term (MSC's `--angular`, used for its results).
 
   Returns:

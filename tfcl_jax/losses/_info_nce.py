@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
+from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.losses import _layout, _pallas
 from tfcl_jax.losses._engine import tile_reduce
 
@@ -81,7 +80,7 @@ def info_nce(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping: Callable[[jax.Array], jax.Array] | None = None,
+    mapping: mappings_lib.MappingLike | None = None,
     negatives: str = "cross",
     symmetric: bool = False,
     reduction: str = "mean",
@@ -149,8 +148,9 @@ def info_nce(
   Args:
     z1: `[N, D]` float embeddings of the first view.
     z2: `[N, D]` float embeddings of the second view; row `i` is the positive of `z1[i]`.
-    mapping: a `tfcl_jax.mappings.Mapping` or any callable `cos -> logits`, applied
-      elementwise; default `mappings.temperature_free()`.
+    mapping: a `tfcl_jax.mappings.Mapping`, a spec string (`"free"`, `"tau=0.1"`:
+      `mappings.from_spec`) or any callable `cos -> logits`, applied elementwise; default
+      `mappings.temperature_free()`.
     negatives: `"cross"` or `"all"` (see above).
     symmetric: with `"cross"`, average both directions (CLIP); refused with `"all"`.
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row losses).

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -97,7 +96,7 @@ def sigmoid_loss(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping: Callable[[jax.Array], jax.Array] | None = None,
+    mapping: mappings_lib.MappingLike | None = None,
     bias: float | jax.typing.ArrayLike = 0.0,
     relative_bias: float | jax.typing.ArrayLike | None = None,
     negatives: str = "cross",
@@ -140,7 +139,8 @@ def sigmoid_loss(
   Args:
     z1: `[N, D]` float embeddings of the first view (images).
     z2: `[N, D]` float embeddings of the second view (texts); row `i` pairs with `z1[i]`.
-    mapping: a `tfcl_jax.mappings.Mapping` or a callable `cos -> logits`; default
+    mapping: a `tfcl_jax.mappings.Mapping`, a spec string (`mappings.from_spec`) or a
+      callable `cos -> logits`; default
       `mappings.temperature_free()`.
     bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
       state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).

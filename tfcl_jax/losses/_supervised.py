@@ -9,12 +9,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
+from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._tiles import LogSumExp, PositiveSum, Side
@@ -63,7 +62,7 @@ def supervised_info_nce(
     z: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
-    mapping: Callable[[jax.Array], jax.Array] | None = None,
+    mapping: mappings_lib.MappingLike | None = None,
     form: str = "ntxent",
     block_size: int | None = None,
 ) -> jax.Array:
@@ -107,7 +106,8 @@ def supervised_info_nce(
   Args:
     z: `[B, D]` float embeddings.
     labels: `[B]` integer labels; equal labels are positives.
-    mapping: a `Mapping` or callable `cos -> logits`; default `mappings.temperature_free()`.
+    mapping: a `Mapping`, a spec string (`mappings.from_spec`) or a callable `cos -> logits`;
+      default `mappings.temperature_free()`.
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
 

@@ -9,16 +9,26 @@ Every map is a `Mapping` (a pytree: learnable scalars are its leaves):
 - `learnable_temperature(tau=...)`: CLIP's `exp(t) cos` (Eq. 8);
 - `dynamic_temperature(tau_min, tau_max)`: DySTreSS's per-pair `cos / tau(cos)`;
 - `annealed_temperature(schedule)`: `cos / schedule(step)`;
-- `from_spec("tau=0.25")`: any of them from a config string (`SPEC_FORMS`).
+- `from_spec("tau=0.25")`: any of them from a config string (`SPEC_FORMS`); the losses also
+  take the string itself (`mapping="free"`);
+- `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature map.
 """
 
-from tfcl_jax.mappings._base import ExpForm, LogitFn, LogSigmoidForm, Mapping, as_mapping
+from tfcl_jax.mappings._base import (
+    ExpForm,
+    LogitFn,
+    LogSigmoidForm,
+    Mapping,
+    MappingLike,
+    as_mapping,
+)
 from tfcl_jax.mappings._dynamic import dynamic_tau, dynamic_temperature
 from tfcl_jax.mappings._free import max_free_logit, temperature_free
 from tfcl_jax.mappings._spec import SPEC_FORMS, from_spec
 from tfcl_jax.mappings._temperature import (
     annealed_temperature,
     learnable_temperature,
+    logit_scale,
     temperature,
 )
 
@@ -28,12 +38,14 @@ __all__ = [
     "LogSigmoidForm",
     "LogitFn",
     "Mapping",
+    "MappingLike",
     "annealed_temperature",
     "as_mapping",
     "dynamic_tau",
     "dynamic_temperature",
     "from_spec",
     "learnable_temperature",
+    "logit_scale",
     "max_free_logit",
     "temperature",
     "temperature_free",

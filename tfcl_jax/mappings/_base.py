@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from tfcl_jax import _checks
 
+#: `fn(cos, params, step) -> logits` of a `Mapping`: elementwise in `cos`.
 LogitFn = Callable[[jax.Array, MappingType[str, jax.Array], jax.Array], jax.Array]
 
 # Largest spread of logits, in nats, that a fixed shift may cover: `exp(f(c) - shift)` then
@@ -157,19 +158,36 @@ class LogSigmoidForm:
   term_grad: Callable[[jax.Array, jax.Array], jax.Array]
 
 
-def as_mapping(mapping) -> Mapping:
-  """`mapping` as a `Mapping`: a `Mapping` as is, a plain callable `cos -> logits` wrapped.
+MappingLike = Mapping | str | Callable[[jax.Array], jax.Array]
+"""What the losses accept as `mapping`: a `Mapping`, a spec string (`from_spec`), or a
+callable `cos -> logits`."""
+
+
+def as_mapping(mapping: MappingLike) -> Mapping:
+  """`mapping` as a `Mapping`: a `Mapping` as is, a spec string through `from_spec`, a plain
+  callable `cos -> logits` wrapped.
 
   Examples:
     >>> from tfcl_jax import mappings
     >>> mappings.as_mapping(lambda cos: 3.0 * cos)(0.5).item()
     1.5
+    >>> mappings.as_mapping("tau=0.25").spec      # the same as mappings.from_spec("tau=0.25")
+    'tau=0.25'
+
+  Raises:
+    TypeError: `mapping` is neither a `Mapping`, a str nor a callable.
+    ValueError: a str that is not a spec (the message lists `SPEC_FORMS`).
   """
   if isinstance(mapping, Mapping):
     return mapping
+  if isinstance(mapping, str):
+    from tfcl_jax.mappings._spec import from_spec  # _spec builds on this module
+
+    return from_spec(mapping)
   if not callable(mapping):
     raise TypeError(
-        f"mapping must be a callable cos -> logits (see tfcl_jax.mappings), got "
+        f"mapping must be a tfcl_jax.mappings.Mapping, a spec string such as 'free' or "
+        f"'tau=0.1' (mappings.from_spec), or a callable cos -> logits; got "
         f"{type(mapping).__name__}.")
   return Mapping("callable", lambda cos, params, step: mapping(cos))
 

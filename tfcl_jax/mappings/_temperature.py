@@ -53,7 +53,7 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
   """
   _checks.positive_scalar(tau, name="tau")
   if _checks.is_concrete(tau):
-    return Mapping(f"tau={format_number(tau)}", _Temperature(float(tau)))
+    return Mapping(f"tau={format_number(tau)}", _Temperature(float(np.asarray(tau))))
   return Mapping("tau=<traced>", lambda cos, params, step: cos / jnp.asarray(tau, cos.dtype))
 
 
@@ -119,11 +119,51 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
         t_value):
       raise ValueError(f"t must be a finite scalar, got {t!r}.")
   concrete = _checks.is_concrete(t)
-  spec = f"learnable={format_number(math.exp(-float(t)))}" if concrete else "learnable"
+  spec = f"learnable={format_number(math.exp(-float(np.asarray(t))))}" if concrete else "learnable"
   if max_scale is not None and concrete:
     spec = f"{spec}:{format_number(max_scale)}"
   return Mapping(spec, _Learnable(max_scale),
                  params={"t": jnp.asarray(t, float) if concrete else t})
+
+
+def logit_scale(mapping: Mapping, *, params=None) -> jax.Array:
+  r"""The factor a temperature map multiplies cosines by: `1 / tau`, or `min(exp(t), max_scale)`.
+
+  For a learnable map (Eq. 8) this is the effective logit scale, the cap included, at
+  `mapping.params` or at the `params` given (e.g. the mapping's entry of a train state's
+  params); CLIP logs it as `logit_scale`. Maps that are not a cosine times one factor (free,
+  DySTreSS, annealed, callables) have none.
+
+  Examples:
+    >>> from tfcl_jax import mappings
+    >>> round(float(mappings.logit_scale(mappings.learnable_temperature(tau=0.07))), 3)
+    14.286
+    >>> capped = mappings.learnable_temperature(tau=0.001, max_scale=100.0)
+    >>> float(mappings.logit_scale(capped))          # exp(t) = 1000, capped
+    100.0
+    >>> float(mappings.logit_scale(mappings.temperature(0.5)))
+    2.0
+
+  Args:
+    mapping: a map from `temperature` or `learnable_temperature` (or their specs).
+    params: the learnable map's `{"t": ...}` to read instead of `mapping.params`.
+
+  Returns:
+    A float scalar array.
+
+  Raises:
+    TypeError: `mapping` has no single logit scale.
+  """
+  fn = mapping.fn if isinstance(mapping, Mapping) else None
+  if isinstance(fn, _Temperature):
+    return jnp.asarray(1.0 / fn.tau)
+  if isinstance(fn, _Learnable):
+    params = mapping.params if params is None else params
+    scale = jnp.exp(jnp.asarray(params["t"]))
+    return scale if fn.max_scale is None else jnp.minimum(scale, fn.max_scale)
+  spec = mapping.spec if isinstance(mapping, Mapping) else type(mapping).__name__
+  raise TypeError(f"mapping must be a fixed or learnable temperature (cos / tau, "
+                  f"min(exp(t), max_scale) cos) to have a logit scale; got {spec!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
