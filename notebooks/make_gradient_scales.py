@@ -6,25 +6,17 @@ import os
 
 from notebooks import nbtools
 
-COLAB = ("https://colab.research.google.com/github/tfcl-jax/tfcl_jax/blob/main/"
-         "notebooks/gradient_scales.ipynb")
-
 CELLS = [
-    ("md", f"""# Gradient scales of InfoNCE: division by temperature vs temperature-free
-
-[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({COLAB})
+    ("md", """# Gradient scales of InfoNCE: division by temperature vs temperature-free
 
 Sections 3-4 of Kim & Kim, *Temperature-Free Loss Function for Contrastive Learning*
 (arXiv 2501.17683), with `tfcl_jax.analysis`: every closed form (Eq. 3-13) is drawn as a line and
 checked by autodiff **through the library's own loss** `tfcl_jax.losses.info_nce` (points).
 The figures are `tfcl_jax.analysis.figures`, the same code that draws them for
-`experiments/gradient_scales.py`."""),
-    ("code", """import subprocess
-import sys
+`experiments/gradient_scales.py`.
 
-if "google.colab" in sys.modules:
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  "tfcl_jax @ git+https://github.com/tfcl-jax/tfcl_jax"], check=True)"""),
+""" + nbtools.COLAB_NOTE),
+    ("code", nbtools.colab_install_cell("")),
     ("code", """import jax
 import matplotlib.pyplot as plt
 import numpy as np

@@ -21,14 +21,10 @@ temperature to tune. This notebook
 2. trains SimCLR on scikit-learn's 8x8 digits with the temperature-free map against two fixed
    temperatures, using `tfcl_jax.training`, and plots kNN accuracy and the gradient norm.
 
-Runs on a CPU in a couple of minutes; on Colab the first cell installs the package."""),
-    ("code", r"""import sys
+Runs on a CPU in a couple of minutes.
 
-if "google.colab" in sys.modules:  # install from the repository when run on Colab
-  import subprocess
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  "tfcl_jax[experiments,data] @ git+https://github.com/tfcl-jax/tfcl_jax"],
-                 check=True)"""),
+""" + nbtools.COLAB_NOTE),
+    ("code", nbtools.colab_install_cell("[experiments,data]")),
     ("code", r"""import functools
 import os
 

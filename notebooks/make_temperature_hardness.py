@@ -9,13 +9,8 @@ import os
 
 from notebooks import nbtools
 
-COLAB = ("https://colab.research.google.com/github/tfcl-jax/tfcl_jax/blob/main/"
-         "notebooks/temperature_hardness.ipynb")
-
 CELLS = [
-    ("md", f"""# Hardness of negatives: fixed, dynamic and no temperature
-
-[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({COLAB})
+    ("md", """# Hardness of negatives: fixed, dynamic and no temperature
 
 Wang & Liu (CVPR 2021) read InfoNCE as a *hardness-aware* loss: a negative with similarity `s_k`
 is pushed in proportion to its softmax weight, so harder (more similar) negatives are pushed more,
@@ -23,13 +18,10 @@ and the temperature sets how much more. This notebook draws that push per negati
 `tau`, DySTreSS's dynamic `tau(s)` and the temperature-free map of Kim & Kim (arXiv 2501.17683,
 Eq. 11), works out both limits `tau -> 0` and `tau -> inf`, and places the free map between them.
 The pushes are computed with `tfcl_jax.analysis.negative_gradients` (autodiff through the
-library's own `info_nce`) or, for `cos/tau`, `negative_weights / tau`."""),
-    ("code", """import subprocess
-import sys
+library's own `info_nce`) or, for `cos/tau`, `negative_weights / tau`.
 
-if "google.colab" in sys.modules:
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  "tfcl_jax @ git+https://github.com/tfcl-jax/tfcl_jax"], check=True)"""),
+""" + nbtools.COLAB_NOTE),
+    ("code", nbtools.colab_install_cell("")),
     ("code", """import os
 
 import jax

@@ -50,3 +50,42 @@ def execute(path: str, workdir: str, env: dict[str, str], *, timeout: int = 120)
         os.environ[key] = value
   return "".join(output.get("text", "") for cell in notebook.cells
                  for output in cell.get("outputs", []) if output.get("output_type") == "stream")
+
+
+COLAB_NOTE = (
+    "**On Colab**: upload this notebook (File → Upload notebook) and the package's wheel "
+    "(`python -m build` in a checkout writes it to `dist/`) to the Files pane, or set "
+    "`TFCL_JAX_SOURCE` in the first cell to any pip source of the package; the first cell "
+    "installs it. Elsewhere the cell does nothing and the installed `tfcl_jax` is used.")
+
+
+def colab_install_cell(extras: str = "") -> str:
+  """The first code cell: on Colab, installs tfcl_jax (with `extras`, e.g. `"[experiments]"`)
+  from `TFCL_JAX_SOURCE` or an uploaded wheel, with one clear error when there is neither."""
+  return f'''import glob
+import pathlib
+import subprocess
+import sys
+
+# On Colab, tfcl_jax is installed from TFCL_JAX_SOURCE: a wheel path, a URL or a directory,
+# anything pip takes. Left empty, the cell looks for an uploaded wheel /content/tfcl_jax-*.whl.
+TFCL_JAX_SOURCE = ""
+
+
+def install_tfcl_jax(source, extras="{extras}", uploads="/content"):
+  """Installs tfcl_jax{extras} from `source` (or the newest uploaded wheel) with pip."""
+  wheels = sorted(glob.glob(f"{{uploads}}/tfcl_jax-*.whl"))
+  source = source or (wheels[-1] if wheels else "")
+  if not source:
+    raise RuntimeError(
+        "tfcl_jax is not on PyPI: upload its wheel (python -m build writes it to dist/) to "
+        f"{{uploads}} in the Files pane, or set TFCL_JAX_SOURCE to a wheel, URL or directory.")
+  if pathlib.Path(source).exists():
+    source = pathlib.Path(source).resolve().as_uri()
+  command = [sys.executable, "-m", "pip", "install", "-q", f"tfcl_jax{{extras}} @ {{source}}"]
+  subprocess.run(command, check=True)
+  return command
+
+
+if "google.colab" in sys.modules:
+  install_tfcl_jax(TFCL_JAX_SOURCE)'''
