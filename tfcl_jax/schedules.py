@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from tfcl_jax import _checks
 
+#: A temperature for each training step, `schedule(step) -> tau`.
 Schedule = Callable[[jax.typing.ArrayLike], jax.Array]
 
 
@@ -107,6 +108,7 @@ def cosine(*, tau_start: float, tau_end: float, steps: int) -> Schedule:
   return _interpolating("cosine", tau_start, tau_end, steps)
 
 
+#: The schedules by the names an annealed mapping's spec uses (`anneal=log`, ...).
 SCHEDULES = {
     "log": logarithmic,
     "linear": linear,

@@ -6,7 +6,7 @@ at a few points, the same closed form beside the autodiff value through the libr
 matplotlib. `experiments/gradient_scales.py` writes them all to PNG and CSV; the notebooks draw
 them inline; both go through these functions.
 
-Autodiff cannot reach |C| = 1 (the cosine of the pattern is quadratic at the pole), so the last
+Autodiff cannot reach `|C| = 1` (the cosine of the pattern is quadratic at the pole), so the last
 point of a C axis is `1 - c_one_offset`. Call inside `jax.enable_x64(True)` for float64 (closed
 form and autodiff then agree to about 1e-12).
 """
@@ -70,7 +70,7 @@ def _by_n(mapping, c: np.ndarray, ns: Sequence[int]) -> list[np.ndarray]:
 
 def figure2(*, taus: Sequence[float] = (0.1, 0.25, 0.5, 1.0), points: int = 20,
             line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
-  """Figure 2: Eq. 4, |dL/dC| over C with division by tau, N = 2.
+  """Figure 2: Eq. 4, `|dL/dC|` over C with division by tau, N = 2.
 
   Examples:
     >>> from tfcl_jax.analysis import figures
@@ -109,7 +109,7 @@ def figure3(*, cs: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
 
 def figure4(*, tau: float = 0.25, ns: Sequence[int] = (2, 4, 8, 16), points: int = 20,
             line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
-  """Figure 4: Eq. 7, |dL/dC| over C with division by tau, one curve per N."""
+  """Figure 4: Eq. 7, `|dL/dC|` over C with division by tau, one curve per N."""
   x = _c_points(points, c_one_offset, start=0.025)
   line_x = np.linspace(0.0, 1.0, line_points)
   auto = _by_n(mappings.temperature(tau), x, ns)
@@ -122,7 +122,7 @@ def figure4(*, tau: float = 0.25, ns: Sequence[int] = (2, 4, 8, 16), points: int
 
 def figure5(*, ns: Sequence[int] = (2, 4, 8, 16), points: int = 20, line_points: int = 400,
             c_one_offset: float = 1e-6) -> Figure:
-  """Figure 5: Eq. 13, |dL/dC| over C with the temperature-free map (Eq. 11), one curve per N."""
+  """Figure 5: Eq. 13, `|dL/dC|` over C with the temperature-free map (Eq. 11), a curve per N."""
   x = _c_points(points, c_one_offset, start=0.025)
   line_x = np.linspace(0.0, 1.0, line_points)
   auto = _by_n(mappings.temperature_free(), x, ns)
@@ -134,7 +134,7 @@ def figure5(*, ns: Sequence[int] = (2, 4, 8, 16), points: int = 20, line_points:
 
 def eq10_figure(*, ts: Sequence[float] = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 / 0.07), 4)),
                 points: int = 20, line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
-  """Eq. 10: |dL/dt| of CLIP's learnable exp(t) over C (N = 2): zero at C = 0 for every t.
+  """Eq. 10: `|dL/dt|` of CLIP's learnable exp(t) over C (N = 2): zero at C = 0 for every t.
 
   The default's last t is CLIP's initial value log(1 / 0.07).
   """
@@ -151,7 +151,7 @@ def eq10_figure(*, ts: Sequence[float] = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 
 
 def sigmoid_figure(*, n: int = 16, taus: Sequence[float] = (0.1, 0.5, 1.0), points: int = 20,
                    line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
-  """|dL/dC| of the sigmoid loss at [C, -C, ...]: division by tau (b = 0), the free map with
+  """`|dL/dC|` of the sigmoid loss at [C, -C, ...]: division by tau (b = 0), the free map with
   b = 0 and with the best b at C = 1 (-log(N - 1) / 2), and the doubled log-odds."""
   x = _c_points(points, c_one_offset, start=0.025)
   line_x = np.linspace(0.0, 1.0, line_points)
@@ -174,7 +174,7 @@ def sigmoid_figure(*, n: int = 16, taus: Sequence[float] = (0.1, 0.5, 1.0), poin
 def sigmoid_t_figure(*, n: int = 16, ts: Sequence[float] = (0.0, round(math.log(10.0), 4)),
                      biases: Sequence[float] = (0.0, -10.0), points: int = 20,
                      line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
-  """|dL/dt| of the sigmoid loss with SigLIP's exp(t) cos + b: zero at C = 0 (Eq. 10's analogue).
+  """`|dL/dt|` of the sigmoid loss with SigLIP's exp(t) cos + b: zero at C = 0 (Eq. 10's analogue).
 
   The defaults include SigLIP's initial t = log 10 and b = -10.
   """

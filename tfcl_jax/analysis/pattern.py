@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from tfcl_jax import mappings
 
-#: A similarity-to-logit map as a plain callable: `cos -> logits`, elementwise.
+#: A similarity-to-logit map as a plain callable `cos -> logits`, elementwise.
 MappingFn = Callable[[jax.Array], jax.Array]
 
 

@@ -16,7 +16,7 @@ import optax
 from tfcl_jax import _checks, losses
 from tfcl_jax import mappings as mappings_lib
 
-#: The key of `TrainState.model_state` that holds the center during fine-tuning: a non-trained
+#: The key of `TrainState.model_state` that holds the center during fine-tuning, a non-trained
 #: variable of the objective, replicated and checkpointed with the BatchNorm statistics.
 CENTER_KEY = "msc_center"
 

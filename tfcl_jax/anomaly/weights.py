@@ -129,7 +129,7 @@ def load_variables(path: str, template: Any, *, submodule: str | None = None) ->
 
   Args:
     path: checkpoint directory (see above).
-    template: the model's variables or their `jax.ShapeDtypeStruct`s.
+    template: the model's variables, or their shapes (`jax.ShapeDtypeStruct`).
     submodule: name of a submodule whose variables to take, or None.
 
   Returns:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+#: U(0, 1) draws one blur takes (`blur_from_uniforms`), apply or not and sigma.
 BLUR_UNIFORMS = 2
 
 

@@ -12,7 +12,9 @@ import jax.numpy as jnp
 
 # ITU-R 601 luma, as torchvision's rgb_to_grayscale.
 _LUMA = (0.299, 0.587, 0.114)
+#: U(0, 1) draws one colour jitter takes (`colour_jitter_from_uniforms`).
 JITTER_UNIFORMS = 9
+#: U(0, 1) draws one random grayscale takes (`grayscale_from_uniforms`), apply or not.
 GRAYSCALE_UNIFORMS = 1
 
 

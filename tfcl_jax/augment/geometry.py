@@ -14,8 +14,11 @@ import jax.numpy as jnp
 
 # torchvision's RandomResizedCrop draws up to 10 boxes and keeps the first that fits.
 _CROP_ATTEMPTS = 10
+#: U(0, 1) draws one random resized crop takes (`crop_box_from_uniforms`).
 CROP_UNIFORMS = 2 * _CROP_ATTEMPTS + 2
+#: U(0, 1) draws one random horizontal flip takes (`flip_from_uniforms`).
 FLIP_UNIFORMS = 1
+#: U(0, 1) draws one random affine warp takes (`affine_from_uniforms`).
 AFFINE_UNIFORMS = 7
 
 

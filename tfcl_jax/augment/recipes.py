@@ -86,6 +86,7 @@ def _digits_view(uniforms: jax.Array, image: jax.Array, out_size: int):
 _simclr_uniforms = lambda out_size, channels: sum(_SIMCLR_COUNTS)
 _digits_uniforms = lambda out_size, channels: geometry.AFFINE_UNIFORMS + out_size**2 * channels
 
+#: Every recipe by its name (`Recipe.name`), as `two_views` and `center_view` take it.
 RECIPES: dict[str, Recipe] = {
     "simclr": Recipe(
         "simclr", functools.partial(_simclr_view, with_blur=True), _simclr_uniforms,

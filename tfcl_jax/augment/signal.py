@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SCALE = 0.4  # amplitude factor 1 + SCALE (u - 1/2), the generator's `scale_coeff`
-MAX_SHIFT = 8  # circular shift of up to +-8 of the 40 samples (a fifth of the signal)
-CORR_NOISE = 0.25  # the generator's `corr_noise_scale`, noise smoothed by a Gaussian of sigma 2
-CORR_SIGMA = 2.0
-IID_NOISE = 0.02  # the generator's `iid_noise_scale`
-SHEAR = 0.75  # the generator's `shear_scale`: minus SHEAR (u - 1/2) times a ramp -1/2 .. 1/2
+SCALE = 0.4  #: amplitude factor 1 + SCALE (u - 1/2), the generator's `scale_coeff`
+MAX_SHIFT = 8  #: circular shift of up to +-8 of the 40 samples (a fifth of the signal)
+CORR_NOISE = 0.25  #: the generator's `corr_noise_scale`, noise smoothed by a Gaussian of sigma 2
+CORR_SIGMA = 2.0  #: the sigma of the Gaussian that smooths the correlated noise
+IID_NOISE = 0.02  #: the generator's `iid_noise_scale`
+SHEAR = 0.75  #: the generator's `shear_scale`; minus SHEAR (u - 1/2) times a ramp -1/2 .. 1/2
 
 
 def mnist1d_uniforms(length: int, channels: int) -> int:

@@ -19,10 +19,10 @@ import os
 
 import numpy as np
 
-NUM_SAMPLES = 5000  # the generator's default: 4000 train, 1000 test
-SEED = 42  # the generator's default
-LENGTH = 40
-TRAIN_FRACTION = 0.8
+NUM_SAMPLES = 5000  #: the generator's default (4000 train, 1000 test)
+SEED = 42  #: the generator's default
+LENGTH = 40  #: samples per signal
+TRAIN_FRACTION = 0.8  #: the generator's share of examples in `train`
 
 
 def default_dir() -> str:

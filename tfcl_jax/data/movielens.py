@@ -29,9 +29,11 @@ import zipfile
 
 import numpy as np
 
+#: The wheel that `fetch` downloads; its package data holds MovieLens-100K.
 RECBOLE_REQUIREMENT = "recbole==1.2.1"
+#: The command that downloads MovieLens-100K, named by the errors of a missing ratings file.
 FETCH_COMMAND = "python -m tfcl_jax.data.movielens --fetch DIR"
-# File names searched for, in this order, in a folder (also one level down) or a zip.
+#: File names searched for, in this order, in a folder (also one level down) or a zip.
 FILE_NAMES = ("ml-100k.inter", "u.data", "ratings.dat", "ratings.csv")
 _RECBOLE_FIELDS = {"user_id": "user", "item_id": "item", "rating": "rating",
                    "timestamp": "timestamp"}
@@ -210,6 +212,7 @@ def _summary(ratings: Ratings) -> str:
 
 
 def main(argv=None) -> int:
+  """`python -m tfcl_jax.data.movielens --fetch DIR | --show PATH`; returns the exit status."""
   parser = argparse.ArgumentParser(
       prog="python -m tfcl_jax.data.movielens",
       description="Get MovieLens-100K (inside RecBole's wheel) or summarise a ratings file.")

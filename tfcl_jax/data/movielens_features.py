@@ -26,16 +26,19 @@ import numpy as np
 
 from tfcl_jax.data import movielens
 
+#: Users file names searched for, in this order (RecBole's, then GroupLens').
 USER_FILES = ("ml-100k.user", "u.user")
+#: Items file names searched for, in this order (RecBole's, then GroupLens').
 ITEM_FILES = ("ml-100k.item", "u.item")
-# GroupLens u.item's 19 genre flags, in file order.
+#: GroupLens u.item's 19 genre flags, in file order.
 GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
           "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
           "Romance", "Sci-Fi", "Thriller", "War", "Western")
-# Features each side can use; the id is the row's own identity.
+#: Features the query (user) side can use; the id is the row's own identity.
 QUERY_FEATURES = ("user_id", "age", "gender", "occupation", "zip")
+#: Features the candidate (item) side can use; the id is the row's own identity.
 CANDIDATE_FEATURES = ("item_id", "title", "year", "genres")
-# Age buckets of MovieLens-1M (under 18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+).
+#: Age buckets of MovieLens-1M (under 18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+).
 AGE_EDGES = (18, 25, 35, 45, 50, 56)
 
 

@@ -14,7 +14,7 @@ import pickle
 
 import numpy as np
 
-# Node, directed-edge, feature and class counts after processing (PyG's Planetoid).
+#: Node, directed-edge, feature and class counts after processing (PyG's Planetoid).
 DATASETS = {
     "citeseer": (3327, 9104, 3703, 6),
     "cora": (2708, 10556, 1433, 7),

@@ -49,7 +49,10 @@ class DatasetInfo:
 
   @property
   def splits(self) -> tuple[str, ...]:
-    """The base split names this dataset accepts (TFDS slicing like `train[:10%]` is on top)."""
+    """The base split names this dataset accepts.
+
+    TFDS slicing like `train[:10%]` is on top.
+    """
     names = []
     for split in (self.train_split, self.test_split, self.pretrain_split):
       for part in split.split("+"):
@@ -58,6 +61,7 @@ class DatasetInfo:
     return tuple(names)
 
 
+#: Every dataset `make_loader` and `load_arrays` read, by name.
 DATASETS: dict[str, DatasetInfo] = {
     # scikit-learn's 8x8 digits: 1797 images, bundled, no download; stratified 80/20 split.
     "digits": DatasetInfo(

@@ -25,7 +25,7 @@ import numpy as np
 from tfcl_jax import _checks
 from tfcl_jax.data import movielens
 
-MIN_INTERACTIONS = 3  # one input item, the validation target, the test target
+MIN_INTERACTIONS = 3  #: one input item, the validation target, the test target
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,8 @@ def _resolve_data_dir(tfds, data_dir) -> str:
 
 
 def not_prepared_message(info: registry.DatasetInfo, data_dir: str, reason: str = "") -> str:
+  """The error for a dataset not built in `data_dir`: what is missing and the command that builds
+  it."""
   hint = _PREPARE_HINT.format(tfds_name=info.tfds_name, data_dir=data_dir)
   reason = f" ({reason})" if reason else ""
   return f"{info.name} ({info.tfds_name}) is not prepared in {data_dir}{reason}. {hint}"

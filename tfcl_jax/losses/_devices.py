@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tfcl_jax.losses import _engine, _layout
 from tfcl_jax.losses._tiles import LogSumExp, Side
 
+#: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
 STRATEGIES = ("all_gather", "ring")
 
 

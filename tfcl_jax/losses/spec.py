@@ -25,7 +25,9 @@ from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.losses._info_nce import info_nce
 from tfcl_jax.losses._sigmoid import BIAS_INITS, sigmoid_bias_init, sigmoid_loss
 
+#: The loss families a spec names (`LossSpec.loss`).
 LOSSES = ("info_nce", "sigmoid")
+#: The forms of a loss spec, one a line (`from_spec`'s errors print them).
 SPEC_FORMS = (
     "<mapping>                     InfoNCE, e.g. free, tau=0.5, learnable=0.07",
     "sigmoid/<mapping>             sigmoid loss, bias 0",
@@ -54,7 +56,7 @@ class LossSpec:
 
   @property
   def params(self) -> dict:
-    """The trainable scalars: the mapping's params, plus `"bias"` when it is learnt."""
+    """The trainable scalars, the mapping's params plus `"bias"` when it is learnt."""
     params = dict(self.mapping.params)
     if self.learn_bias:
       params["bias"] = jax.numpy.asarray(self.bias, jax.numpy.float32)

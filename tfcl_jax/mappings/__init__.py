@@ -4,6 +4,7 @@ Section 2 of Kim & Kim (arXiv 2501.17683) feeds `cos / tau` to the softmax
 (Eq. 1); Section 4 replaces it with the scaled log-odds `2 artanh(cos)` (Eq. 11).
 
 Every map is a `Mapping` (a pytree: learnable scalars are its leaves):
+
 - `temperature(tau)`: `cos / tau` (Eq. 1);
 - `temperature_free()`: `2 artanh(cos)` (Eq. 11), the default of every loss;
 - `learnable_temperature(tau=...)`: CLIP's `exp(t) cos` (Eq. 8);

@@ -10,6 +10,7 @@ from tfcl_jax.mappings._dynamic import dynamic_temperature
 from tfcl_jax.mappings._free import temperature_free
 from tfcl_jax.mappings._temperature import annealed_temperature, learnable_temperature, temperature
 
+#: The forms of a mapping spec, one a line (`from_spec`'s errors print them).
 SPEC_FORMS = (
     "tau=T                  fixed temperature T > 0, e.g. tau=0.25",
     "free                   temperature-free 2 artanh(cos)",

@@ -7,6 +7,7 @@ from tfcl_jax.models.heads import ContrastiveModel, ProjectionHead
 from tfcl_jax.models.resnet import ResNet, ResNet18
 from tfcl_jax.models.small_cnn import SmallCNN
 
+#: The names `make_backbone` takes.
 BACKBONES = ("small_cnn", "resnet18_imagenet", "resnet18_cifar")
 
 

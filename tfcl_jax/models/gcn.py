@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import sparse
 
+#: Node features `[N, F]`, dense or sparse (`BCOO`) for bag-of-words inputs.
 Features = jax.Array | sparse.BCOO
 
 
@@ -95,7 +96,7 @@ class GCNConv(nn.Module):
 
 
 class GCN(nn.Module):
-  """Stacked `GCNConv`s with the activation after every layer (PyGCL's GRACE `GConv`).
+  """Stacked `GCNConv` layers with the activation after every layer (PyGCL's GRACE `GConv`).
 
   Examples:
     >>> import jax, jax.numpy as jnp

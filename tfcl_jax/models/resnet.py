@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+#: The stems `ResNet.stem` takes.
 STEMS = ("imagenet", "cifar")
 
 
@@ -36,7 +37,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-  """ResNet with `BasicBlock`s; `ResNet18` is `stage_sizes=(2, 2, 2, 2)`.
+  """ResNet with `BasicBlock` blocks; `ResNet18` is `stage_sizes=(2, 2, 2, 2)`.
 
   `x: [B, H, W, C] float -> [B, 8 * width] float` (512 for ResNet-18), after global average
   pooling; no classifier (the SimCLR head or a probe goes on top).

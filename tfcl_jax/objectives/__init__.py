@@ -1,4 +1,4 @@
-"""The paper's Section 5 objectives as `loss_fn`s for `training.make_train_step`.
+"""The paper's Section 5 objectives as `loss_fn` functions for `training.make_train_step`.
 
 `simclr` (Section 5.1, Table 2), `grace` (5.2, Table 3) and `msc` (5.3, Table 4): each draws two
 views, encodes them with one network (`views.encode_two_views`) and compares them with a

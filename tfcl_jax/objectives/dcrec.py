@@ -35,7 +35,7 @@ from tfcl_jax import losses, mappings
 from tfcl_jax.data import item_graphs, sequences
 from tfcl_jax.models import dcrec
 
-MAX_NEIGHBOURS = 10  # the reference samples at most 10 civil and 10 foreign neighbours
+MAX_NEIGHBOURS = 10  #: the reference samples at most 10 civil and 10 foreign neighbours
 
 
 class DCRecGraphs(NamedTuple):

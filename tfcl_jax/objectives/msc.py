@@ -19,6 +19,7 @@ from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.anomaly import msc
 from tfcl_jax.objectives import views
 
+#: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
 AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 

@@ -29,8 +29,11 @@ import jax.numpy as jnp
 
 from tfcl_jax import losses
 
+#: The objective's forms (`RetrievalSpec.form`).
 FORMS = ("query", "clip", "sigmoid", "dot")
+#: The spec suffix that adds the logQ correction.
 LOGQ_SUFFIX = "+logq"
+#: The forms of a retrieval spec, one a line (`parse_spec`'s errors print them).
 SPEC_FORMS = (
     "<loss spec>          one-directional InfoNCE user -> item, e.g. free, tau=0.1",
     "clip:<mapping>       CLIP's symmetric loss, e.g. clip:learnable=0.07:100",
@@ -111,7 +114,7 @@ def parse_spec(text: str, *, num_candidates: int | None = None) -> RetrievalSpec
 def dot_product_softmax(q: jax.Array, c: jax.Array, *, where: jax.Array | None = None,
                         candidate_bias: jax.Array | None = None,
                         reduction: str = "sum") -> jax.Array:
-  """The tutorial's loss: `-log softmax_j(q_i . c_j + b_j)` at `j = i`, over valid pairs.
+  """The tutorial's loss: `-log softmax_j(<q_i, c_j> + b_j)` at `j = i`, over valid pairs.
 
   Examples:
     >>> import jax.numpy as jnp

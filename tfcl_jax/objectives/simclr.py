@@ -18,9 +18,9 @@ from tfcl_jax import losses
 from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.objectives import views as views_lib
 
-# augment(key, images) -> (view1, view2), float arrays [B, H, W, C].
+#: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
 AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-SUPERVISED_FORMS = ("supcon", "ntxent")  # the forms of `losses.supervised_info_nce`
+SUPERVISED_FORMS = ("supcon", "ntxent")  #: the forms of `losses.supervised_info_nce`
 
 
 def make_simclr_loss(

@@ -19,10 +19,10 @@ from jax.sharding import Mesh
 from tfcl_jax.training import checkpoint, sharding
 from tfcl_jax.training.state import TrainState
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.csv"
-EVAL_FILE = "eval.csv"
-CHECKPOINT_DIR = "checkpoints"
+CONFIG_FILE = "config.json"  #: the run's config, in the workdir
+METRICS_FILE = "metrics.csv"  #: the training metrics, one row per logged step
+EVAL_FILE = "eval.csv"  #: the evaluations, one row per evaluation
+CHECKPOINT_DIR = "checkpoints"  #: orbax's checkpoints, in the workdir
 
 
 def prepare_workdir(workdir: str, config: dict[str, Any], *, resume: bool) -> None:

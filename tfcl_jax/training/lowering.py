@@ -15,11 +15,13 @@ from typing import Any
 
 import jax
 
+#: The platforms `lower` lowers for.
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
-# Pallas kernels compiled by Triton (GPUs) and by Mosaic (TPUs): `implementation="pallas"`.
+#: The custom call of a Pallas kernel compiled by Triton, on GPUs (`implementation="pallas"`).
 TRITON_KERNEL = "__gpu$xla.gpu.triton"
+#: The custom call of a Pallas kernel compiled by Mosaic, on TPUs (`implementation="pallas"`).
 MOSAIC_TPU_KERNEL = "tpu_custom_call"
-# Custom calls of JAX's own partitioning, valid on every platform.
+#: Custom calls of JAX's own partitioning, valid on every platform.
 SHARDING_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
 _CPU_ONLY = re.compile(r"lapack|ducc|cpu")
 
@@ -42,7 +44,7 @@ class LoweringReport:
 
   @property
   def kernels(self) -> int:
-    """Compiled Pallas kernels: Triton's on a GPU, Mosaic's on a TPU."""
+    """Compiled Pallas kernels, Triton's on a GPU and Mosaic's on a TPU."""
     return self.custom_calls.get(TRITON_KERNEL, 0) + self.custom_calls.get(MOSAIC_TPU_KERNEL, 0)
 
   @property
@@ -73,7 +75,7 @@ class LoweringReport:
 def lower(fn, *args: Any, platform: str, **kwargs: Any) -> jax.stages.Lowered:
   """`fn(*args, **kwargs)` lowered for `platform` (no device of that platform needed).
 
-  `args` may be arrays or `jax.ShapeDtypeStruct`s (with shardings, for a sharded program).
+  `args` may be arrays or `jax.ShapeDtypeStruct` values (with shardings, for a sharded program).
 
   Examples:
     >>> import jax, jax.numpy as jnp

@@ -8,7 +8,9 @@ from __future__ import annotations
 import jax
 import optax
 
+#: The optimizers `make_optimizer` builds, by name.
 OPTIMIZERS = ("sgd", "lars", "adamw", "adam", "adagrad")
+#: The learning-rate schedules `learning_rate_schedule` builds, by name.
 SCHEDULES = ("cosine", "constant")
 
 

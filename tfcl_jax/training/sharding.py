@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+#: The mesh axis the batch is split along.
 DATA_AXIS = "data"
 
 

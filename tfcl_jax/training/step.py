@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 from tfcl_jax.training import sharding
 from tfcl_jax.training.state import TrainState
 
-# loss_fn(params, model_state, batch, key, step) -> (loss, (new_model_state, metrics))
+#: `loss_fn(params, model_state, batch, key, step) -> (loss, (new_model_state, metrics))`.
 LossFn = Callable[[Any, Any, Any, jax.Array, jax.Array], tuple[jax.Array, tuple[Any, dict]]]
 
 
