@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -22,8 +24,8 @@ def positive_scalar(value, *, name: str):
   """
   if isinstance(value, (bool, np.bool_)):
     raise TypeError(f"{name} must be a real number, got a bool ({value!r}).")
-  if isinstance(value, numbers.Number):
-    if not np.isfinite(value) or value <= 0:
+  if isinstance(value, numbers.Real):
+    if not math.isfinite(value) or value <= 0:
       raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
     return value
   if not is_concrete(value):
@@ -31,7 +33,7 @@ def positive_scalar(value, *, name: str):
   array = np.asarray(value)
   if array.ndim != 0:
     raise ValueError(f"{name} must be a scalar, got shape {array.shape}.")
-  if not np.issubdtype(array.dtype, np.number):
+  if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
     raise TypeError(f"{name} must be a real number, got dtype {array.dtype}.")
   if not np.isfinite(array) or array <= 0:
     raise ValueError(f"{name} must be a finite number > 0, got {array.item()!r}.")

@@ -10,6 +10,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tfcl_jax import _checks, losses
 
@@ -116,7 +117,7 @@ def langevin_step(
   if gradient.shape != z.shape:
     raise ValueError(f"gradient must have the shape of z {z.shape}, got {gradient.shape}.")
   _checks.positive_scalar(lr, name="lr")
-  if _checks.is_concrete(beta) and not float(beta) > 0:
+  if _checks.is_concrete(beta) and not float(np.asarray(beta)) > 0:
     raise ValueError(f"beta must be > 0 (inf for no noise), got {beta!r}.")
   dtype = _checks.compute_dtype(z.dtype)
   z32 = z.astype(dtype)

@@ -140,11 +140,11 @@ def eq10_figure(*, ts: Sequence[float] = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 
   """
   x = _c_points(points, c_one_offset, start=0.0)
   line_x = np.linspace(0.0, 1.0, line_points)
-  ts = np.asarray(ts, np.float64)
-  auto = np.asarray(gradients.temperature_gradient_scale(x[None, :], ts[:, None]))
+  t_grid = np.asarray(ts, np.float64)
+  auto = np.asarray(gradients.temperature_gradient_scale(x[None, :], t_grid[:, None]))
   curves = tuple(Curve(f"t={t:g} (tau={np.exp(-t):.3g})", line_x,
                        np.asarray(closed_forms.eq10(line_x, t)), x,
-                       np.asarray(closed_forms.eq10(x, t)), auto[k]) for k, t in enumerate(ts))
+                       np.asarray(closed_forms.eq10(x, t)), auto[k]) for k, t in enumerate(t_grid))
   return Figure(name="eq10_learnable_t", xlabel="C", ylabel="|dL/dt|", curves=curves,
                 title="Eq. 10: |dL/dt| of CLIP's learnable exp(t) (N = 2), zero at C = 0")
 

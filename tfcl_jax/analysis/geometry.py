@@ -6,6 +6,7 @@ Each metric L2-normalises its inputs first, so it reads the hypersphere the loss
 from __future__ import annotations
 
 import numbers
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +22,10 @@ def _unit_rows(z: jax.typing.ArrayLike, *, name: str) -> jax.Array:
   return losses.l2_normalize(z.astype(_checks.compute_dtype(z.dtype)))
 
 
-def _check_exponent(value, *, name: str):
+def _check_exponent(value, *, name: str) -> float:
   if not isinstance(value, numbers.Real) or isinstance(value, bool):
     raise TypeError(f"{name} must be a real number, got {type(value).__name__}.")
-  return _checks.positive_scalar(value, name=name)
+  return cast(float, _checks.positive_scalar(value, name=name))  # any Real, returned as given
 
 
 def alignment(

@@ -40,7 +40,7 @@ class Recipe:
   """
 
   name: str
-  view: Callable[[jax.Array, jax.Array, int], jax.Array]
+  view: Callable[..., jax.Array]
   num_uniforms: Callable[[int, int], int]
   mean: tuple[float, ...]
   std: tuple[float, ...]
@@ -136,7 +136,7 @@ def _check_out_size(out_size, images) -> int:
 
 def _check_key(key) -> jax.Array:
   dtype = getattr(key, "dtype", None)
-  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+  if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
     return key
   if dtype == jnp.uint32 and jnp.shape(key) == (2,):
     return key

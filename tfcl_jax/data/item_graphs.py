@@ -134,7 +134,7 @@ def co_interaction_graph(data: sequences_lib.SequenceData, *, k: int = 4,
       (np.ones(int(valid.sum())), (rows[valid], windows[valid])),
       shape=(data.num_users, num_nodes))  # repeated (user, item) entries add up
   norms = np.sqrt(np.asarray(interactions.multiply(interactions).sum(axis=0))).ravel()
-  unit = (interactions @ sparse.diags(1.0 / np.where(norms > 0, norms, 1.0))).tocsc()
+  unit = sparse.csc_matrix(interactions @ sparse.diags(1.0 / np.where(norms > 0, norms, 1.0)))
   top = np.empty((num_nodes, k + 1), np.int64)
   weights = np.empty((num_nodes, k + 1))
   for start in range(0, num_nodes, 1024):  # [1024, num_nodes] similarities at a time

@@ -37,7 +37,7 @@ class _ArraySource:
   def __len__(self) -> int:
     return len(self._labels)
 
-  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+  def __getitem__(self, index: int) -> dict[str, np.ndarray | np.generic]:
     return {"image": self._images[index], "label": self._labels[index]}
 
 
@@ -103,7 +103,7 @@ def steps_per_epoch(
     *,
     batch_size: int,
     drop_remainder: bool = True,
-    data_dir=None,
+    data_dir: str | None = None,
     shard_count: int | None = None,
 ) -> int:
   """Number of batches `make_loader` yields per epoch on one host.
@@ -165,7 +165,7 @@ def make_loader(
     shuffle: bool = True,
     num_epochs: int | None = 1,
     drop_remainder: bool = True,
-    data_dir=None,
+    data_dir: str | None = None,
     shard_index: int | None = None,
     shard_count: int | None = None,
     start_step: int = 0,
@@ -236,7 +236,8 @@ def make_loader(
   return Loader(dataset, steps_per_epoch=steps, read_options=read_options)
 
 
-def load_arrays(name: str, split: str, *, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
+def load_arrays(name: str, split: str, *, data_dir: str | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
   """A whole split in memory: `(images uint8 [N, H, W, C], labels int32 [N])`, in order.
 
   Meant for small splits and evaluation features (digits, MNIST-1D, CIFAR-10); unlabelled

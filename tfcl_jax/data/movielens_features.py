@@ -247,7 +247,7 @@ class Encoded:
     return int(self.ids.shape[0])
 
 
-def _index(values: Sequence, *, unknown=None) -> tuple[np.ndarray, int]:
+def _index(values: Sequence | np.ndarray, *, unknown=None) -> tuple[np.ndarray, int]:
   """Indices 1.. of the distinct `values` (in sorted order), 0 for `unknown`, and the table
   size."""
   text = np.asarray(values, dtype=object).astype(str)

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import os
 import pickle
+from typing import Any
 
 import numpy as np
 
@@ -165,7 +166,8 @@ _WHERE_FROM = (
     "it as root (experiments: --config.data_dir).")
 
 
-def _read(root: str, name: str, suffix: str):
+def _read(root: str, name: str, suffix: str) -> Any:
+  """Node ids (`test.index`), an adjacency dict (`graph`) or a float32 matrix, by `suffix`."""
   path = os.path.join(root, f"ind.{name}.{suffix}")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"Planetoid file {path} not found (dataset {name!r}, folder "

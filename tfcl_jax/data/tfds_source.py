@@ -52,6 +52,8 @@ def open_data_source(info: registry.DatasetInfo, split: str, *, data_dir=None):
   TFDS fails deep inside when the files are missing or in TFRecord format (which has no random
   access); we turn both into one message with the command that fixes it.
   """
+  if info.tfds_name is None:
+    raise ValueError(f"{info.name} is not a TFDS dataset (it is made without TFDS).")
   tfds = _import_tfds()
   resolved = _resolve_data_dir(tfds, data_dir)
   try:
@@ -77,7 +79,7 @@ def _square(image: np.ndarray, size: int) -> np.ndarray:
   new_height, new_width = max(size, round(height * scale)), max(size, round(width * scale))
   if (new_height, new_width) != (height, width):
     pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
-    image = np.asarray(pil.resize((new_width, new_height), Image.BILINEAR))
+    image = np.asarray(pil.resize((new_width, new_height), Image.Resampling.BILINEAR))
     image = image.reshape(new_height, new_width, -1)
   top, left = (new_height - size) // 2, (new_width - size) // 2
   return image[top:top + size, left:left + size]
@@ -98,7 +100,7 @@ class ImageSource:
   def __len__(self) -> int:
     return len(self._source)
 
-  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+  def __getitem__(self, index: int) -> dict[str, np.ndarray | np.generic]:
     record = self._source[int(index)]
     image = np.asarray(record["image"], dtype=np.uint8)
     if image.ndim == 2:

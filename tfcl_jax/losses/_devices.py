@@ -10,6 +10,7 @@ statistics and gradients), `reduce_across_devices` the global mean, and `on_mesh
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +84,8 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
   travel = _engine.match_varying((columns, col_lse, col_g, dcols), like)
   (_, _, _, dcols), (drows, dparams, dconsts) = jax.lax.fori_loop(
       0, size, hop, (travel, (drows, dparams, dconsts)))
-  return (Side(drows, None, None, None), Side(dcols, None, None, None),
+  # None: JAX's cotangent for the integer and boolean leaves.
+  return (Side(drows, None, None, None), Side(dcols, None, None, None),  # pyright: ignore[reportArgumentType]
           args._replace(params=dparams, step=None, consts=dconsts))
 
 
@@ -94,7 +96,7 @@ def device_reduce(axis_name, strategy):
   """`tile_reduce` with the candidates of every device (for `negatives_lse` and the sigmoid
   loss): a device's rows against everyone's columns."""
 
-  def lse_fn(rows, columns, *, mapping, kind, block_size, reduction=LogSumExp):
+  def lse_fn(rows, columns, *, mapping, kind, block_size, reduction: type = LogSumExp):
     if kind == "symmetric":  # a device's rows against everyone's: not symmetric any more
       columns, kind = rows, "rows"
     if strategy == "all_gather":
@@ -118,8 +120,9 @@ def device_reduce(axis_name, strategy):
     tile_map, args = _engine.pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
                                       like=rows.vectors, reduction=reduction)
     plan = _engine.Plan(kind, block_rows, block_cols, tile_map, reduction=reduction)
-    row_lse, col_lse = _ring_reduce(plan, axis_name, _engine.pad_side(rows, block_rows),
-                                    _engine.pad_side(columns, block_cols), args)
+    row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
+        plan, axis_name, _engine.pad_side(rows, block_rows), _engine.pad_side(columns, block_cols),
+        args))
     num_rows, num_cols = rows.ids.shape[0], columns.ids.shape[0]
     return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
 

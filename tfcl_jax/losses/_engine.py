@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -122,7 +123,7 @@ def no_grad(side: Side | None, dvectors) -> Side | None:
   if side is None:
     return None
   bias = None if side.bias is None else jnp.zeros_like(side.bias)
-  return Side(dvectors, None, None, None, bias)
+  return Side(dvectors, None, None, None, bias)  # pyright: ignore[reportArgumentType]
 
 
 def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> np.ndarray:
@@ -181,6 +182,7 @@ def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, 
     row_stats = _set(row_stats, i, new_rows)
     if plan.kind == "symmetric":
       # On a diagonal tile (i == j) `new_cols` is block j's old statistics: keep block i's.
+      assert use_cols is not None  # i != j for the symmetric kind
       kept = jax.tree.map(lambda new, now: jnp.where(use_cols, new, now), new_cols,
                           _get(row_stats, j))
       row_stats = _set(row_stats, j, kept)
@@ -248,6 +250,7 @@ def init_stats(plan: Plan, rows: Side, columns: Side | None):
   row_stats = plan.reduction.init(rows.ids.shape[0], dtype, plan.tile_map)
   col_stats = None
   if plan.kind == "rows_and_columns":
+    assert columns is not None, "the two-tower kind has a column side"
     col_stats = plan.reduction.init(columns.ids.shape[0], dtype, plan.tile_map)
   return row_stats, col_stats
 
@@ -255,6 +258,7 @@ def init_stats(plan: Plan, rows: Side, columns: Side | None):
 def zero_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side | None):
   dcols = None
   if plan.kind != "symmetric" and plan.column_grad:
+    assert columns is not None, "only the symmetric kind has no column side"
     dcols = jnp.zeros_like(columns.vectors)
   return (jnp.zeros_like(rows.vectors), dcols, jax.tree.map(jnp.zeros_like, args.params),
           tuple(jnp.zeros_like(k) for k in args.consts))
@@ -280,13 +284,14 @@ def _lse_bwd(plan, residuals, cotangents):
   drows, dcols, dparams, dconsts = accumulate_grads(
       plan, args, rows, rows if columns is None else columns, row_lse, row_g, col_lse, col_g,
       match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
-  return no_grad(rows, drows), no_grad(columns, dcols), MapArgs(dparams, None, dconsts)
+  # The step's cotangent is None (an integer).
+  return no_grad(rows, drows), no_grad(columns, dcols), MapArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
 
 
 _lse.defvjp(_lse_fwd, _lse_bwd)
 
 
-def pure_map(mapping, dtype, tile_shape, *, like=None, reduction=LogSumExp
+def pure_map(mapping, dtype, tile_shape, *, like=None, reduction: type = LogSumExp
              ) -> tuple[TileMap, MapArgs]:
   """The static `TileMap` and array `MapArgs` of a `Mapping` for tiles of `dtype`.
 
@@ -310,7 +315,7 @@ def pure_map(mapping, dtype, tile_shape, *, like=None, reduction=LogSumExp
 
 
 def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
-                block_size: int | None, column_grad: bool = True, reduction=LogSumExp):
+                block_size: int | None, column_grad: bool = True, reduction: type = LogSumExp):
   """`(row_out, col_out)`: a reduction over each row's (and column's) tile entries.
 
   With `LogSumExp`, the logsumexp of each row's (and column's) negatives' logits.
@@ -351,8 +356,10 @@ def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, 
   padded_rows = pad_side(rows, block_rows)
   padded_cols = None if columns is None else pad_side(columns, block_cols)
   if not column_grad:
+    assert padded_cols is not None, "stop_gradient on candidates needs a column side"
     padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
-  row_lse, col_lse = _lse(plan, padded_rows, padded_cols, args)
+  row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]",
+                          _lse(plan, padded_rows, padded_cols, args))
   return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
 
 

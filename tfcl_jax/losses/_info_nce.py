@@ -191,6 +191,7 @@ def info_nce(
                               implementation=implementation)
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
   if bias is not None:
+    assert rows.columns is not None  # negatives="cross": z2's rows are the candidates
     bias = bias.astype(dtype)
     rows = rows._replace(columns=rows.columns._replace(bias=bias))
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)

@@ -98,7 +98,7 @@ class _Geometry:
   steps: int
 
 
-def _columns(geometry: _Geometry, c) -> pl.Slice:
+def _columns(geometry: _Geometry, c) -> pl.Slice | slice:
   return pl.ds(pl.multiple_of(c * geometry.block_d, geometry.block_d), geometry.block_d)
 
 

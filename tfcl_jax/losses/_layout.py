@@ -25,7 +25,7 @@ REDUCTIONS = ("mean", "sum", "none")
 _NORM_EPS = 1e-12
 
 
-def norm_floor(dtype) -> float:
+def norm_floor(dtype: jax.typing.DTypeLike) -> float:
   """Squared-norm floor for inputs of `dtype`: 1e-12, or float16's smallest normal (6e-5).
 
   The gradient at a zero vector is `1/sqrt(floor)`: 1e6, or 128 for float16, whose
@@ -74,7 +74,7 @@ def check_where(where, n: int, *, name: str = "where") -> jax.Array | None:
   return where
 
 
-def check_block_size(block_size) -> int | None:
+def check_block_size(block_size: int | None) -> int | None:
   """Checks `block_size`: None (automatic) or an int > 0.
 
   Examples:
@@ -137,7 +137,7 @@ class Layout(NamedTuple):
 
 
 def layout(u1: jax.Array, u2: jax.Array, *, negatives: str, symmetric: bool,
-           valid: jax.Array | None, offset=0) -> Layout:
+           valid: jax.Array | None, offset: int | jax.Array = 0) -> Layout:
   """Rows and candidates of InfoNCE (see `info_nce`) for unit `u1`, `u2` of `[n, D]`.
 
   Ids are `offset + 0 .. n-1` for the pairs (`cross`), or `offset + 0 .. 2n-1` for the rows
@@ -169,6 +169,7 @@ def bank_side(bank: jax.Array, where: jax.Array | None, dtype) -> Side:
 def anchor_valid(layout_: Layout) -> jax.Array:
   """`[rows]` (plus `[columns]` for the two-tower loss) bool: which per-row losses count."""
   if layout_.kind == "rows_and_columns":
+    assert layout_.columns is not None  # the two-tower kind has a column side
     return jnp.concatenate([layout_.rows.valid, layout_.columns.valid])
   return layout_.rows.valid
 

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, cast
 
 import jax
+import jax.core
 import jax.numpy as jnp
 
 from tfcl_jax.losses import _engine, _kernel_tpu, _kernel_triton
@@ -75,6 +76,7 @@ def _lse(plan: _Plan, theta, rows: Side, cols: Side | None):
   row_lse = plan.call("forward", theta, rows, cols)
   if plan.kind == "rows":
     return row_lse, None
+  assert cols is not None  # the two-tower kind has a column side
   return row_lse, plan.call("forward", theta, _as_anchors(cols), rows)
 
 
@@ -98,11 +100,12 @@ def _lse_bwd(plan, residuals, cotangents):
     drows, dtheta = plan.call("row_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
                               columns=two_sided, theta_from_columns=two_sided)
     if plan.column_grad:
+      # None: JAX's cotangent for the integer and boolean leaves.
       dcols = Side(plan.call("col_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                             columns=two_sided), None, None, None)
+                             columns=two_sided), None, None, None)  # pyright: ignore[reportArgumentType]
   # The step is a schedule's input, not a parameter.
   dtheta = dtheta.at[plan.step_index].set(0.0)
-  return dtheta, Side(drows, None, None, None), dcols
+  return dtheta, Side(drows, None, None, None), dcols  # pyright: ignore[reportArgumentType]
 
 
 _lse.defvjp(_lse_fwd, _lse_bwd)
@@ -166,7 +169,8 @@ def _fused(family: str, rows: Side, columns: Side | None, mapping, kind: str,
   padded_cols = None if columns is None else _pad(columns, tiles.block, padded_dim)
   if padded_cols is not None and not column_grad:
     padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
-  row_lse, col_lse = _lse(plan, theta, padded_rows, padded_cols)
+  row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]",
+                          _lse(plan, theta, padded_rows, padded_cols))
   return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 
 from tfcl_jax import _checks
+from tfcl_jax import mappings as mappings_lib
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._devices import (
   STRATEGIES,
@@ -25,7 +26,7 @@ def sharded_info_nce(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping=None,
+    mapping: mappings_lib.MappingLike | None = None,
     negatives: str = "cross",
     symmetric: bool = False,
     axis_name: str = "data",

@@ -41,7 +41,7 @@ def sigmoid_bias_init(kind: str = "siglip", *, num_candidates: int | None = None
   _checks.one_of(kind, BIAS_INITS, name="kind")
   if kind == "siglip":
     return -10.0
-  _checks.positive_int(num_candidates, name="num_candidates", minimum=2)
+  num_candidates = _checks.positive_int(num_candidates, name="num_candidates", minimum=2)
   p = 1.0 / num_candidates
   return math.log(p / (1.0 - p))
 
@@ -173,7 +173,7 @@ def sharded_sigmoid_loss(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping=None,
+    mapping: mappings_lib.MappingLike | None = None,
     bias: float | jax.typing.ArrayLike = 0.0,
     relative_bias: float | jax.typing.ArrayLike | None = None,
     negatives: str = "cross",
@@ -234,8 +234,10 @@ def sharded_sigmoid_loss(
                                masked=where is not None, axis_name=axis_name, size=size)
 
 
-def sigmoid_loss_on_mesh(z1, z2, *, mesh: jax.sharding.Mesh, axis_name: str = "data",
-                         where=None, reduction: str = "mean", **kwargs) -> jax.Array:
+def sigmoid_loss_on_mesh(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
+                         mesh: jax.sharding.Mesh, axis_name: str = "data",
+                         where: jax.typing.ArrayLike | None = None, reduction: str = "mean",
+                         **kwargs) -> jax.Array:
   """`sharded_sigmoid_loss` on global `[N, D]` arrays, split over `mesh[axis_name]`.
 
   Examples:

@@ -62,7 +62,9 @@ class LossSpec:
       params["bias"] = jax.numpy.asarray(self.bias, jax.numpy.float32)
     return params
 
-  def __call__(self, z1, z2, *, params: dict | None = None, step=None, **kwargs) -> jax.Array:
+  def __call__(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
+               params: dict | None = None, step: jax.typing.ArrayLike | None = None,
+               **kwargs) -> jax.Array:
     """The loss of `z1`, `z2` with trainable values `params` (default `self.params`) at `step`.
 
     `kwargs` go to `info_nce` / `sigmoid_loss` (`negatives`, `block_size`, `where`, ...).
@@ -75,7 +77,7 @@ class LossSpec:
     return sigmoid_loss(z1, z2, mapping=mapping, bias=bias, **kwargs)
 
 
-def as_loss(loss) -> LossSpec:
+def as_loss(loss: LossSpec | mappings_lib.Mapping) -> LossSpec:
   """`loss` as a `LossSpec`: a `LossSpec` as it is, a `Mapping` as InfoNCE under it.
 
   Examples:

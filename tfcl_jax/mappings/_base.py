@@ -60,7 +60,7 @@ class Mapping:
   scheduled: bool = False
   step: Any = dataclasses.field(default=None, repr=False)
 
-  def tree_flatten(self):
+  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any], tuple[str, LogitFn, bool]]:
     return (self.params, self.step), (self.spec, self.fn, self.scheduled)
 
   @classmethod
@@ -69,20 +69,22 @@ class Mapping:
     params, step = children
     return cls(spec, fn, params, scheduled, step)
 
-  def __call__(self, cos: jax.typing.ArrayLike, *, params=None, step=None) -> jax.Array:
+  def __call__(self, cos: jax.typing.ArrayLike, *, params: MappingType[str, Any] | None = None,
+               step: jax.typing.ArrayLike | None = None) -> jax.Array:
     cos = jnp.asarray(cos)
     if not jnp.issubdtype(cos.dtype, jnp.floating):
       raise TypeError(f"cos must have a floating dtype, got {cos.dtype}.")
     cos = cos.astype(_checks.compute_dtype(cos.dtype))
     params = self.params if params is None else params
-    step = self.bound_step() if step is None else step
+    step = self.bound_step() if step is None else jnp.asarray(step)  # as bound_step does
     return self.fn(cos, params, step)
 
   def bound_step(self) -> jax.Array:
     """The step fixed by `bind`, else 0."""
     return jnp.zeros((), jnp.int32) if self.step is None else jnp.asarray(self.step)
 
-  def bind(self, *, params=None, step=None) -> Mapping:
+  def bind(self, *, params: MappingType[str, Any] | None = None,
+           step: jax.typing.ArrayLike | None = None) -> Mapping:
     """This map with its trainable `params` and training `step` fixed, as a `Mapping`.
 
     What a train step hands to a loss: unlike `lambda cos: m(cos, params=p, step=s)`, the
@@ -111,7 +113,7 @@ class Mapping:
   def learnable(self) -> bool:
     return bool(self.params)
 
-  def exp_form(self, dtype) -> ExpForm | None:
+  def exp_form(self, dtype: jax.typing.DTypeLike) -> ExpForm | None:
     """The map's closed form of `exp(f(c) - shift)` for cosines of `dtype`, if it has one.
 
     Losses that sum `exp(logits)` (InfoNCE's logsumexp) use it instead of `exp(fn(c))`:
@@ -122,7 +124,7 @@ class Mapping:
     """
     return self._declared("exp_form", dtype)
 
-  def log_sigmoid_form(self, dtype) -> LogSigmoidForm | None:
+  def log_sigmoid_form(self, dtype: jax.typing.DTypeLike) -> LogSigmoidForm | None:
     """The map's closed form of `-log sigmoid(s f(c))`, `s = +-1`, if it has one.
 
     The sigmoid (SigLIP) loss uses it instead of `softplus(-s f(c))`. Eq. 11 has one:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -21,7 +22,7 @@ def _free_margin(dtype) -> float:
   return _FREE_MARGIN_ULPS * float(jnp.finfo(dtype).epsneg)
 
 
-def max_free_logit(dtype) -> float:
+def max_free_logit(dtype: jax.typing.DTypeLike) -> float:
   """Largest logit `temperature_free()` returns for inputs of `dtype`.
 
   Half-precision inputs are computed in float32, so they share its bound.

@@ -11,7 +11,7 @@ from tfcl_jax.models.small_cnn import SmallCNN
 BACKBONES = ("small_cnn", "resnet18_imagenet", "resnet18_cifar")
 
 
-def make_backbone(name: str, *, width: int | None = None):
+def make_backbone(name: str, *, width: int | None = None) -> SmallCNN | ResNet:
   """A backbone by name (`BACKBONES`); `width` overrides the first-stage channels.
 
   Examples:

@@ -77,7 +77,7 @@ def propagate(h: jax.Array, propagation: Propagation) -> jax.Array:
 
 def sparse_features(dense: np.ndarray) -> sparse.BCOO:
   """A host `[N, F]` feature matrix as a `BCOO` (CiteSeer: 105k of 12.3M entries non-zero)."""
-  return sparse.BCOO.fromdense(np.asarray(dense, np.float32))
+  return sparse.BCOO.fromdense(jnp.asarray(dense, jnp.float32))
 
 
 class GCNConv(nn.Module):
@@ -115,7 +115,7 @@ class GCN(nn.Module):
   def __call__(self, x: Features, propagation: Propagation) -> jax.Array:
     for width in self.hidden_dims:
       x = self.activation(GCNConv(width)(x, propagation))
-    return x
+    return x.todense() if isinstance(x, sparse.BCOO) else x  # dense without layers too
 
 
 class GRACE(nn.Module):

@@ -25,7 +25,7 @@ neighbours.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -184,8 +184,11 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.LossSpec | mappings.Mapping
                                       negatives="cross", reduction="none")
     cl = cl_weight * jnp.mean(weights * contrast(second, anchor)
                               + (jnp.max(weights) - weights) * contrast(anchor, co))
-    fused = model.apply({"params": model_params}, sequence, anchor, co, method="fuse")
-    logits = fused @ model.apply({"params": model_params}, method="item_table").T
+    # Flax types apply's result as either the output or (output, mutated variables).
+    fused = cast(jax.Array, model.apply({"params": model_params}, sequence, anchor, co,
+                                        method="fuse"))
+    item_table = cast(jax.Array, model.apply({"params": model_params}, method="item_table"))
+    logits = fused @ item_table.T
     ce = jnp.mean(jax.nn.logsumexp(logits, axis=-1)
                   - jnp.take_along_axis(logits, batch["targets"][:, None], axis=1)[:, 0])
     return ce + cl + kl, (model_state, {"ce": ce, "cl": cl, "kl": kl})

@@ -9,6 +9,8 @@ dropped independently), so the two views go through the GCN in two calls.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -21,7 +23,7 @@ from tfcl_jax.models import gcn
 class GraphBatch:
   """The whole graph, one full batch: a pytree of sparse features and the edge list."""
 
-  features: object  # [N, F] BCOO
+  features: gcn.Features  # [N, F], a BCOO or dense
   edge_index: jax.Array  # [2, E] int32
 
 
@@ -36,7 +38,7 @@ def make_grace_loss(
     edge_rate: float,
     feature_rate: float,
     block_size: int | None = None,
-):
+) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
   """`loss_fn(params, model_state, batch, key, step)` of GRACE on a `GraphBatch`.
 
   Two views (`augment.graph.grace_view`: edges removed with probability `edge_rate`, feature

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -189,13 +189,16 @@ def make_retrieval_loss(
 
   def loss_fn(params, model_state, batch, key, step):
     del key
-    q, c = model.apply({"params": params["model"]}, gather(user_features, batch["user"]),
-                       gather(item_features, batch["item"]))
+    # Flax types apply's result as either the output or (output, mutated variables).
+    q, c = cast("tuple[jax.Array, jax.Array]", model.apply(
+        {"params": params["model"]}, gather(user_features, batch["user"]),
+        gather(item_features, batch["item"])))
     valid = batch["valid"]
-    bias = -log_q[batch["item"]] if objective.logq else None
+    bias = -log_q[batch["item"]] if objective.logq and log_q is not None else None
     if objective.form == "dot":
       value = dot_product_softmax(q, c, where=valid, candidate_bias=bias, reduction=reduction)
     else:
+      assert objective.loss is not None  # every form but dot has one
       kwargs = {"negatives": "cross", "where": valid, "reduction": reduction}
       if objective.form != "sigmoid":
         kwargs["symmetric"] = objective.form == "clip"

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -94,7 +94,7 @@ class _CsvLog:
 
   def __init__(self, path: str, *, keep_through_step: int):
     self.path = path
-    self.fields: list[str] | None = None
+    self.fields: Sequence[str] | None = None
     self.enabled = jax.process_index() == 0
     if self.enabled and os.path.exists(path):
       with open(path, newline="") as f:
@@ -123,7 +123,7 @@ class _CsvLog:
 def _summary_writer(workdir: str):
   """A TensorBoard writer when `tensorboardX` is installed (optional), else None."""
   try:
-    import tensorboardX  # noqa: PLC0415
+    import tensorboardX  # noqa: PLC0415  # pyright: ignore[reportMissingImports]  (optional, in no extra)
   except ImportError:
     return None
   return tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
@@ -214,7 +214,7 @@ class _MetricsWindow:
     postfix = {"loss": f"{rows[-1]['loss']:.4f}"}
     if rate:
       postfix["ex_per_s"] = f"{rate['examples_per_sec']:.0f}"
-    self.outputs.bar.set_postfix(**postfix)
+    self.outputs.bar.set_postfix(postfix)
     self.outputs.bar.update(len(rows))
     self.pending, self.start = [], time.perf_counter()
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -17,7 +18,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 DATA_AXIS = "data"
 
 
-def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+# jax.Device is the public device class, exported as an alias that pyright takes for a variable.
+def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:  # pyright: ignore[reportInvalidTypeForm]
   """A 1-D mesh with axis `data` over `devices` (default: all devices of all hosts).
 
   Examples:
@@ -63,7 +65,7 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   target = replicated(mesh)
 
   def put(leaf):
-    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
       data = put(jax.random.key_data(leaf))
       return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
     if isinstance(leaf, jax.Array) and not target.is_fully_addressable:

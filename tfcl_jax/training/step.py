@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import optax
@@ -79,8 +79,8 @@ def make_train_step(
   def train_step(state: TrainState, batch: Any, key: jax.Array):
     step_key = jax.random.fold_in(key, state.step)
 
-    def objective(params):
-      return loss_fn(params, state.model_state, batch, step_key, state.step)
+    def objective(params):  # under jit the step is an int32 array, never a Python int
+      return loss_fn(params, state.model_state, batch, step_key, cast(jax.Array, state.step))
 
     (loss, (model_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(
         state.params)
@@ -108,5 +108,5 @@ def make_train_step(
       state = sharding.replicate(state, mesh)
     return jitted(state, batch, key)
 
-  placed_step.jitted = jitted
+  placed_step.jitted = jitted  # pyright: ignore[reportAttributeAccessIssue]  # a function attribute
   return placed_step
