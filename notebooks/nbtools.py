@@ -1,6 +1,7 @@
 """Shared notebook plumbing: build a notebook from (kind, source) cells; execute one headless.
 
-The generators (`notebooks/make_*.py`) and the notebook tests use these two functions.
+The generators (`notebooks/make_*.py`) and the notebook tests use these functions; the tests
+keep each executed notebook for the documentation (`keep_executed`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,29 @@ def write(cells, path: str) -> None:
   nbformat.write(notebook, path)
 
 
+def keep_executed(notebook, path: str) -> None:
+  """Writes the executed `notebook` of `path` under the same file name into the folder that
+  `TFCL_JAX_EXECUTED_NOTEBOOKS` names, if it is set: the documentation shows these outputs."""
+  folder = os.environ.get("TFCL_JAX_EXECUTED_NOTEBOOKS")
+  if folder:
+    os.makedirs(folder, exist_ok=True)
+    nbformat.write(notebook, os.path.join(folder, os.path.basename(path)))
+
+
+def figure_backend() -> str:
+  """Matplotlib's backend for a headless run: figures go into the outputs (inline) when the
+  executed notebooks are kept for the documentation, nowhere (Agg) otherwise."""
+  if os.environ.get("TFCL_JAX_EXECUTED_NOTEBOOKS"):
+    return "module://matplotlib_inline.backend_inline"
+  return "Agg"
+
+
 def execute(path: str, workdir: str, env: dict[str, str], *, timeout: int = 120) -> str:
   """Runs the notebook at `path` headless with this checkout on the path; returns its stdout.
 
   Raises `nbclient.exceptions.CellExecutionError` on the first failing cell, and
-  `ValueError` if the committed notebook holds outputs.
+  `ValueError` if the committed notebook holds outputs. The executed notebook is kept for the
+  documentation (`keep_executed`).
   """
   import nbclient
 
@@ -37,7 +56,7 @@ def execute(path: str, workdir: str, env: dict[str, str], *, timeout: int = 120)
     raise ValueError(f"{path} holds outputs: regenerate it: python -m notebooks.make_NAME.")
   saved = {key: os.environ.get(key) for key in [*env, "PYTHONPATH", "MPLBACKEND", "JAX_PLATFORMS"]}
   os.environ.update({"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                     "MPLBACKEND": "Agg", "JAX_PLATFORMS": "cpu", **env})
+                     "MPLBACKEND": figure_backend(), "JAX_PLATFORMS": "cpu", **env})
   try:
     client = nbclient.NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                                      resources={"metadata": {"path": workdir}})
@@ -48,6 +67,7 @@ def execute(path: str, workdir: str, env: dict[str, str], *, timeout: int = 120)
         os.environ.pop(key, None)
       else:
         os.environ[key] = value
+  keep_executed(notebook, path)
   return "".join(output.get("text", "") for cell in notebook.cells
                  for output in cell.get("outputs", []) if output.get("output_type") == "stream")
 

@@ -7,6 +7,8 @@ import os
 import nbclient
 import nbformat
 
+from notebooks import nbtools
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -16,11 +18,12 @@ def test_gradient_scales_notebook_runs(tmp_path, monkeypatch):
       "commit the notebook without outputs (python -m notebooks.make_gradient_scales)")
   # The kernel inherits this environment: the package from this checkout, CPU, no display.
   monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  monkeypatch.setenv("MPLBACKEND", "Agg")
+  monkeypatch.setenv("MPLBACKEND", nbtools.figure_backend())
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   client = nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3",
                                    resources={"metadata": {"path": str(tmp_path)}})
   client.execute()  # raises CellExecutionError on the first failing cell
+  nbtools.keep_executed(notebook, "gradient_scales.ipynb")
   printed = "".join(out.get("text", "") for cell in notebook.cells
                     for out in cell.get("outputs", []) if out.get("output_type") == "stream")
   assert "max |Eq. 13 - autodiff|" in printed
