@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import cli, runner, tables
-from tfcl_jax import training
+from tfcl_jax import mappings, training
 from tfcl_jax.data import interactions, movielens, movielens_features
 from tfcl_jax.evaluation import ranking
 from tfcl_jax.models import towers
@@ -178,9 +178,7 @@ def _scale(mapping_params, spec: retrieval.RetrievalSpec) -> float:
   """The logit scale a learnable map applies (`min(exp(t), cap)`), NaN for other maps."""
   if "t" not in mapping_params:
     return float("nan")
-  cap = getattr(spec.loss.mapping.fn, "max_scale", None)
-  scale = math.exp(float(mapping_params["t"]))
-  return min(scale, cap) if cap else scale
+  return float(mappings.logit_scale(spec.loss.mapping, params=mapping_params))
 
 
 def popularity_row(config, data: Data, run: Run) -> dict:
@@ -246,14 +244,15 @@ def run_one(config, data: Data, run: Run, *, workdir: str, progress: bool = True
   seconds = time.perf_counter() - start
   history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))
   evals = tables.read_csv(os.path.join(run_dir, training.loop.EVAL_FILE))
-  scales = [scale_start]
+  scale_end = _scale(final.params["mapping"], spec)
+  scales = [scale_start, scale_end, *(float(row["scale"]) for row in evals)]
   if "mapping/t" in history:
     scales += [_scale({"t": t}, spec) for t in history["mapping/t"]]
   return {
       "dataset": config.dataset, "mapping": run.spec, "seed": run.seed,
       **{metric: float(evals[-1][metric]) for metric in METRICS},
       "final_loss": float(history["loss"][-1]), "scale_start": scale_start,
-      "scale_end": _scale(final.params["mapping"], spec), "scale_max": float(np.max(scales)),
+      "scale_end": scale_end, "scale_max": float(np.max(scales)),
       "epochs": config.epochs, "steps": num_steps, "train_seconds": round(seconds, 2),
       "seconds_per_epoch": round(seconds / config.epochs, 2),
       **{f"scale@{e + 1}": float(row["scale"]) for e, row in enumerate(evals)},

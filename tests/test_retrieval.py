@@ -289,6 +289,8 @@ def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, 
              learnable)
   assert all(np.isfinite(r["scale@2"]) and r["scale@2"] == pytest.approx(r["scale_end"])
              for r in learnable)
+  assert all(r["scale_max"] == max(r["scale_start"], r["scale@1"], r["scale@2"], r["scale_end"])
+             for r in learnable)  # the largest value includes the last one
   with open(os.path.join(workdir, "results.md")) as f:
     markdown = f.read()
   assert "| clip:learnable=0.07:100 |" in markdown and "runs at the cap" in markdown
