@@ -75,9 +75,10 @@ def test_per_row_losses_in_single_device_order():
 
 
 def test_gradient_on_an_explicit_mesh_without_set_mesh():
-  # jax.make_mesh gives Explicit axes; value_and_grad must work without `jax.set_mesh`.
+  # Explicit axes (jax.make_mesh's default from JAX 0.9); value_and_grad must work without
+  # `jax.set_mesh`.
   z1, z2, _, _ = _views()
-  mesh = jax.make_mesh((8,), ("data",))
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
   got = jax.value_and_grad(lambda a: losses.info_nce_on_mesh(a, z2, mesh=mesh, strategy="ring",
                                                              symmetric=True))(z1)
   expected = jax.value_and_grad(lambda a: losses.info_nce(a, z2, symmetric=True))(z1)
@@ -90,7 +91,7 @@ def test_gradient_of_inputs_placed_on_an_explicit_mesh(loss_on_mesh, loss):
   # Inputs whose type carries the sharding (`device_put` on a `make_mesh` mesh, as the global
   # arrays of a multi-process run): the cotangents must carry the same sharding type.
   z1, z2, where, _ = _views()
-  mesh = jax.make_mesh((8,), ("data",))
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
   placed = jax.sharding.NamedSharding(mesh, PartitionSpec("data"))
   a, b = jax.device_put(z1, placed), jax.device_put(z2, placed)
   for kwargs in (dict(negatives="all"), dict(negatives="cross", where=where)):
