@@ -126,7 +126,7 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
                  params={"t": jnp.asarray(t, float) if concrete else t})
 
 
-def logit_scale(mapping: Mapping, *, params=None) -> jax.Array:
+def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
   r"""The factor a temperature map multiplies cosines by: `1 / tau`, or `min(exp(t), max_scale)`.
 
   For a learnable map (Eq. 8) this is the effective logit scale, the cap included, at
