@@ -339,15 +339,13 @@ def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
   `write_tables(results so far)`; it calls it once more at the end, so a sweep with nothing
   left to train still rewrites its tables. Returns the results in `runs` order.
   """
-  if progress:
-    import tqdm.auto as tqdm  # noqa: PLC0415  (lazy: tqdm is an optional dependency)
-
-    iterator = tqdm.tqdm(runs, desc=desc)
-  else:
-    iterator = runs
+  paths = [os.path.join(run.directory(workdir), RESULT_FILE) for run in runs]
+  if progress and jax.process_index() == 0:  # one line here, then one bar per run (the loop's)
+    finished = sum(os.path.exists(path) for path in paths)
+    print(f"{desc}: {len(runs)} planned, {finished} finished, {len(runs) - finished} to train",
+          flush=True)
   results = []
-  for index, run in enumerate(iterator):
-    path = os.path.join(run.directory(workdir), RESULT_FILE)
+  for index, (run, path) in enumerate(zip(runs, paths, strict=True)):
     if os.path.exists(path):
       with open(path) as f:
         results.append(json.load(f))

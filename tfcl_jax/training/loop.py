@@ -150,7 +150,7 @@ def _progress_bar(*, total: int, initial: int, desc: str, enabled: bool):
   except ImportError as error:
     raise ImportError("progress=True needs tqdm: pip install 'tfcl_jax[experiments]' (or tqdm), "
                       "or pass progress=False.") from error
-  return tqdm.tqdm(total=total, initial=initial, desc=desc, leave=False)
+  return tqdm.tqdm(total=total, initial=initial, desc=desc, leave=True)  # a line per run
 
 
 class _Outputs:
