@@ -1,4 +1,4 @@
-"""The README's quickstart block runs as written."""
+"""The README's quickstart blocks run as written."""
 
 import pathlib
 import re
@@ -8,11 +8,24 @@ import numpy as np
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_quickstart_block_runs():
+def run_block(heading: str) -> dict:
+  """Executes the first Python block after `heading` in the README; returns its namespace."""
   text = README.read_text()
-  section = text[text.index("## Quickstart"):]
-  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  code = re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S).group(1)
   namespace = {}
-  exec(compile(code, "README.md quickstart", "exec"), namespace)  # noqa: S102
-  loss = float(namespace["loss"])
+  exec(compile(code, f"README.md {heading}", "exec"), namespace)  # noqa: S102
+  return namespace
+
+
+def test_quickstart_block_runs():
+  loss = float(run_block("## Quickstart")["loss"])
   assert np.isfinite(loss) and 0.0 < loss < np.log(2 * 256 - 1) + 1e-3
+
+
+def test_nnx_learnable_temperature_block_runs():
+  namespace = run_block("### With Flax NNX")
+  loss, scale = float(namespace["loss"]), float(namespace["scale"])
+  assert np.isfinite(loss) and 0.0 < loss < np.log(128) + 2 / 0.07  # logits span 2 / 0.07
+  t = float(namespace["model"].t[...])
+  assert t != np.log(1 / 0.07)  # the step trained it
+  np.testing.assert_allclose(scale, min(np.exp(t), 100.0), rtol=1e-6)
