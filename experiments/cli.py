@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from experiments import runner
+from experiments import runner, tables
 from experiments.runner import ConfigError  # noqa: F401  (what `user_errors` usually names)
 
 
@@ -32,6 +32,9 @@ def run_main(
     workdir_aliases: other names for `--workdir` (e.g. `out`).
     quiet_logs: lower absl logging to WARNING (orbax logs every save at INFO).
     user_errors: exception types that are the user's mistake: printed as one line, exit 2.
+
+  A full disk (`ENOSPC`, `EDQUOT`) stops the command with one line naming the file, exit 1;
+  the workdir's lock (`runner.acquire`) is released on every way out, Ctrl-C included.
   """
   from absl import app, flags, logging
   from ml_collections import config_flags
@@ -72,6 +75,16 @@ def run_main(
     except user_errors as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
+    except OSError as error:
+      if error.errno not in tables.DISK_FULL:
+        raise
+      message = str(error) if isinstance(error, tables.DiskFullError) else (
+          f"no space left to write {error.filename or 'a file'} ({os.strerror(error.errno)}); "
+          "free space and rerun the same command to resume.")
+      print(f"error: {message}", file=sys.stderr)
+      sys.exit(1)
+    finally:
+      runner.release()
     import jax  # noqa: PLC0415
 
     if jax.process_index() == 0:
@@ -97,6 +110,7 @@ def run_main(
   try:
     app.run(main, flags_parser=parse_flags)
   except KeyboardInterrupt:
+    runner.release()  # os._exit below skips the atexit hook that would
     print("interrupted: finished runs and the last checkpoint are on disk; rerun the same "
           "command to resume.", file=sys.stderr)
     sys.stdout.flush()

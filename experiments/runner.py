@@ -16,30 +16,41 @@ one `Run` and what it measures (`train_run(run) -> result row`), and its table
   interrupted run continues from its last step checkpoint (`tfcl_jax.training.train`); the
   tables are rewritten after every finished run, so an interrupted sweep leaves the finished
   part of its table on disk;
-- `finished_runs`: a finished workdir read back (what `grace_probe` probes).
+- `finished_runs`: a finished workdir read back (what `grace_probe` probes);
+- every results file is written whole or not at all (`tables.atomic_open`): a `result.json`
+  that does not parse (a copy from before that rule, or a damaged disk) is not finished and
+  the run is redone, with a one-line notice;
+- one sweep at a time per workdir: `prepare` takes `workdir/.lock` (pid, host, start time);
+  another sweep on it is refused, naming the holder; a lock whose holder died on this host is
+  taken over with a notice; `sweep`, the command line and process exit release it.
 
 The command line (`experiments.cli`) prints the final table and the files written.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import dataclasses
+import datetime
 import itertools
 import json
 import numbers
 import os
 import re
+import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 
+from experiments import tables
 from tfcl_jax.training import loop
 
 RESULT_FILE = "result.json"
+LOCK_FILE = ".lock"
 RUNS_DIR = "runs"
 LOSSES_FIELD, OLD_LOSSES_FIELD = "losses", "mappings"
 _MIGRATE = contextvars.ContextVar("migrate", default=False)
@@ -267,8 +278,103 @@ def migrate(moves: Sequence[tuple[str, Run]], workdir: str) -> None:
     record = _read_record(target)
     if "mapping" in record and "spec" not in record:
       record["spec"] = record.pop("mapping")
-    with open(os.path.join(target, loop.CONFIG_FILE), "w") as f:
+    with tables.atomic_open(os.path.join(target, loop.CONFIG_FILE)) as f:
       json.dump(record, f, indent=2, sort_keys=True)
+
+
+# -- one sweep per workdir --------------------------------------------------------------------
+
+_HELD: set = set()  # lock paths this process holds
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's live process
+    return True
+  return True
+
+
+def acquire(workdir: str) -> None:
+  """Takes `workdir/.lock` for this process (a second call is a no-op).
+
+  The lock records the holder's pid, host and start time, created with `O_CREAT | O_EXCL`. A
+  lock whose holder is no longer alive on this host (a killed sweep) is taken over with a
+  one-line notice on stderr; a lock that does not parse was cut short by such a kill and is
+  taken over too.
+
+  Raises:
+    ConfigError: a live process, or one on another host, holds the lock; names its pid, host
+      and start time.
+  """
+  path = os.path.abspath(os.path.join(workdir, LOCK_FILE))
+  if path in _HELD:
+    return
+  host = socket.gethostname()
+  record = {"pid": os.getpid(), "host": host,
+            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+  for _ in range(3):  # a stale lock taken over by another process at the same time: retry
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+      pass
+    except OSError as error:
+      raise ConfigError(f"workdir {workdir!r} cannot be written: {error}") from error
+    else:
+      with os.fdopen(handle, "w") as f:
+        json.dump(record, f)
+      _HELD.add(path)
+      return
+    try:
+      with open(path) as f:
+        holder = json.load(f)
+      pid, holder_host = int(holder["pid"]), str(holder["host"])
+    except FileNotFoundError:
+      continue
+    except (OSError, ValueError, KeyError, TypeError):
+      holder, pid, holder_host = {}, None, host
+    if pid == os.getpid() and holder_host == host:
+      _HELD.add(path)
+      return
+    if pid is not None and (holder_host != host or _alive(pid)):
+      raise ConfigError(
+          f"workdir {workdir!r} is in use by pid {pid} on {holder_host} (since "
+          f"{holder.get('started', '?')}): one sweep at a time per workdir; wait for it, or "
+          f"remove {path} if that process is gone.")
+    print(f"note: taking over the lock of {workdir!r} from pid {pid} on {holder_host}, which is "
+          "no longer running", file=sys.stderr)
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+  raise ConfigError(f"workdir {workdir!r}: could not take {path}; another sweep keeps taking it.")
+
+
+def release(workdir: str | None = None) -> None:
+  """Removes the lock of `workdir` (default: every lock this process holds)."""
+  paths = ([os.path.abspath(os.path.join(workdir, LOCK_FILE))] if workdir is not None
+           else list(_HELD))
+  for path in paths:
+    if path in _HELD:
+      _HELD.discard(path)
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+atexit.register(release)
+
+
+@contextlib.contextmanager
+def locked(workdir: str) -> Iterator[None]:
+  """Holds the lock of `workdir` within (released also on an exception or Ctrl-C)."""
+  held = os.path.abspath(os.path.join(workdir, LOCK_FILE)) in _HELD
+  acquire(workdir)
+  try:
+    yield
+  finally:
+    if not held:
+      release(workdir)
 
 
 def prepare(workdir: str, config, *, runs: Sequence[Run] = (), plan_fields: Sequence[str] = (),
@@ -276,13 +382,16 @@ def prepare(workdir: str, config, *, runs: Sequence[Run] = (), plan_fields: Sequ
   """Checks `workdir` against `config` and `runs` before anything runs; records `config`.
 
   `plan_fields` choose which runs exist and `ignored` change nothing in a run; neither is
-  compared. With `config.resume = False` (where the config has that field), a workdir that
-  already holds any of `outputs`, `results.csv` or `runs` is refused. Folders of planned runs
+  compared. Takes the workdir's lock (`acquire`; process 0 of a multi-process job), released by
+  `release`, `sweep` or process exit, and at once when it refuses. With `config.resume = False`
+  (where the config has that field), a workdir that already holds any of `outputs`,
+  `results.csv` or `runs` is refused. Folders of planned runs
   in an earlier layout are refused, or moved within `migrating()`.
 
   Raises:
-    ConfigError: the workdir cannot be written, was made with another config, holds results
-      and `config.resume` is False, or holds runs in an earlier folder layout.
+    ConfigError: the workdir cannot be written, is in use by another sweep, was made with
+      another config, holds results and `config.resume` is False, or holds runs in an earlier
+      folder layout.
   """
   record = without_added({k: v for k, v in config.to_dict().items()
                           if k not in {*plan_fields, *ignored, LOSSES_FIELD, OLD_LOSSES_FIELD}})
@@ -294,27 +403,56 @@ def prepare(workdir: str, config, *, runs: Sequence[Run] = (), plan_fields: Sequ
       raise ConfigError(f"workdir {workdir!r} already holds results ({', '.join(existing)}); pass "
                        "--config.resume=True (the default) or choose a new workdir. Nothing was "
                        "overwritten.")
+  created = not os.path.exists(workdir)
+  if jax.process_index() == 0:
+    acquire(workdir)
   try:
-    loop.prepare_workdir(workdir, record, resume=resume)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  moves = misplaced(workdir, runs)
-  if moves and not _MIGRATE.get():
-    folder, run = moves[0]
-    old, new = (os.path.relpath(path, workdir) for path in (folder, run.directory(workdir)))
-    raise ConfigError(
-        f"workdir {workdir!r} holds {len(moves)} run folder(s) of an earlier layout, e.g. {old} "
-        f"(now {new}); rerun the same command with --migrate to move them, or use a new "
-        "workdir.")
-  migrate(moves, workdir)
+    try:
+      loop.prepare_workdir(workdir, record, resume=resume)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+    moves = misplaced(workdir, runs)
+    if moves and not _MIGRATE.get():
+      folder, run = moves[0]
+      old, new = (os.path.relpath(path, workdir) for path in (folder, run.directory(workdir)))
+      raise ConfigError(
+          f"workdir {workdir!r} holds {len(moves)} run folder(s) of an earlier layout, e.g. "
+          f"{old} (now {new}); rerun the same command with --migrate to move them, or use a new "
+          "workdir.")
+    migrate(moves, workdir)
+  except BaseException:
+    release(workdir)
+    if created:  # refused before anything ran: leave no folder behind
+      with contextlib.suppress(OSError):
+        os.rmdir(workdir)
+    raise
 
 
 # -- the sweep --------------------------------------------------------------------------------
 
 
+def read_result(path: str) -> dict | None:
+  """The result row in the `result.json` at `path`, or None: no such file, or one that does
+  not parse as a JSON object (then a one-line notice on stderr: the run is not finished)."""
+  try:
+    with open(path) as f:
+      result = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as error:
+    result = error
+  if isinstance(result, dict):
+    return result
+  if (path, "result") not in _NOTICES:
+    _NOTICES.add((path, "result"))
+    detail = result if isinstance(result, Exception) else f"a {type(result).__name__}"
+    print(f"note: {path} does not hold a result ({detail}); the run is redone", file=sys.stderr)
+  return None
+
+
 def finished(run: Run, workdir: str) -> bool:
-  """Whether `run` left its `result.json` in `workdir`."""
-  return os.path.exists(os.path.join(run.directory(workdir), RESULT_FILE))
+  """Whether `run` left a `result.json` that parses in `workdir`."""
+  return read_result(os.path.join(run.directory(workdir), RESULT_FILE)) is not None
 
 
 def finished_runs(workdir: str, *, axes: Sequence[str] = ()) -> list[tuple[Run, dict]]:
@@ -323,38 +461,39 @@ def finished_runs(workdir: str, *, axes: Sequence[str] = ()) -> list[tuple[Run, 
   found = []
   for folder in sorted(_run_folders(workdir)):
     run = _identity(_read_record(folder), axes)
-    path = os.path.join(folder, RESULT_FILE)
-    if run is not None and os.path.exists(path):
-      with open(path) as f:
-        found.append((run, json.load(f)))
+    result = read_result(os.path.join(folder, RESULT_FILE)) if run is not None else None
+    if result is not None:
+      found.append((run, result))
   return found
 
 
 def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
             write_tables: Callable[[list[dict]], None] | None = None, progress: bool = True,
             desc: str = "runs") -> list[dict]:
-  """Calls `train(run)` for every run without a `result.json`; reads the others back.
+  """Calls `train(run)` for every run without a `result.json` (`read_result`); reads the others
+  back.
 
-  After each newly finished run, process 0 writes its `result.json` and calls
+  After each newly finished run, process 0 writes its `result.json` (whole or not at all,
+  `tables.atomic_open`) and calls
   `write_tables(results so far)`; it calls it once more at the end, so a sweep with nothing
   left to train still rewrites its tables. Returns the results in `runs` order.
   """
   paths = [os.path.join(run.directory(workdir), RESULT_FILE) for run in runs]
+  done = [read_result(path) for path in paths]
   if progress and jax.process_index() == 0:  # one line here, then one bar per run (the loop's)
-    finished = sum(os.path.exists(path) for path in paths)
+    finished = sum(result is not None for result in done)
     print(f"{desc}: {len(runs)} planned, {finished} finished, {len(runs) - finished} to train",
           flush=True)
   results = []
-  for index, (run, path) in enumerate(zip(runs, paths, strict=True)):
-    if os.path.exists(path):
-      with open(path) as f:
-        results.append(json.load(f))
+  for index, (run, path, result) in enumerate(zip(runs, paths, done, strict=True)):
+    if result is not None:
+      results.append(result)
       continue
     result = train(run)
     results.append(result)
     if jax.process_index() == 0:
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      with open(path, "w") as f:
+      with tables.atomic_open(path) as f:
         json.dump(result, f, indent=2)
       if write_tables is not None and index < len(runs) - 1:  # the last one is written below
         write_tables(results)
@@ -366,7 +505,13 @@ def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
 def sweep(config, workdir: str, *, runs: Sequence[Run], train_run: Callable[[Run], dict],
           write_tables: Callable[[list[dict]], None], plan_fields: Sequence[str] = (),
           outputs: Sequence[str] = (), progress: bool = True, desc: str = "runs") -> list[dict]:
-  """`prepare` the workdir for `runs`, then `run_all`: an experiment's whole sweep."""
-  prepare(workdir, config, runs=runs, plan_fields=plan_fields, outputs=outputs)
-  return run_all(runs, train_run, workdir=workdir, write_tables=write_tables,
-                 progress=progress, desc=desc)
+  """`prepare` the workdir for `runs`, then `run_all`: an experiment's whole sweep, holding the
+  workdir's lock throughout."""
+  held = os.path.abspath(os.path.join(workdir, LOCK_FILE)) in _HELD
+  try:
+    prepare(workdir, config, runs=runs, plan_fields=plan_fields, outputs=outputs)
+    return run_all(runs, train_run, workdir=workdir, write_tables=write_tables,
+                   progress=progress, desc=desc)
+  finally:
+    if not held:
+      release(workdir)

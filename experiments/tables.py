@@ -8,14 +8,86 @@ paired by seed.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  #: errnos of a full disk or quota
+
+
+class DiskFullError(OSError):
+  """A results file could not be written for lack of space; its earlier version is intact.
+  `filename` is the file's path (not its temporary one)."""
+
+  def __str__(self) -> str:
+    return (f"no space left to write {self.filename} ({os.strerror(self.errno)}); the files "
+            "written before are intact: free space and rerun the same command to resume.")
+
+
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "w", **kwargs) -> Iterator:
+  """`open(path, mode)` that replaces `path` only once the whole file is on disk.
+
+  The file is written to a temporary file in the same folder, flushed, synced and
+  `os.replace`d over `path`, so a kill or an error mid-write leaves the earlier `path` (or
+  none), never a partial one that a rerun would read as finished.
+
+  Raises:
+    DiskFullError: the disk or quota is full (`ENOSPC`, `EDQUOT`); names `path`.
+
+  Examples:
+    >>> import os, tempfile
+    >>> from experiments import tables
+    >>> path = os.path.join(tempfile.mkdtemp(), "result.json")
+    >>> with tables.atomic_open(path) as f:
+    ...   _ = f.write("{}")
+    >>> open(path).read()
+    '{}'
+  """
+  folder, name = os.path.split(os.path.abspath(path))
+  temporary = os.path.join(folder, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+  # Not tempfile.mkstemp: its 0600 would outlive the replace; 0666 & ~umask is open()'s.
+  try:
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+  except OSError as error:
+    if error.errno in DISK_FULL:
+      raise DiskFullError(error.errno, os.strerror(error.errno), path) from error
+    raise
+  try:
+    with os.fdopen(handle, mode, **kwargs) as file:
+      yield file
+      file.flush()
+      os.fsync(file.fileno())
+    os.replace(temporary, path)
+  except BaseException as error:
+    with contextlib.suppress(OSError):
+      os.remove(temporary)
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+      raise DiskFullError(error.errno, os.strerror(error.errno), path) from error
+    raise
+
+
+def atomic_figure(draw: Callable[[str], None], path: str) -> None:
+  """`draw(path)` through a temporary file of the same extension, `os.replace`d over `path`."""
+  folder, name = os.path.split(os.path.abspath(path))
+  temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp{os.path.splitext(name)[1]}")
+  try:
+    draw(temporary)
+    if os.path.exists(temporary):
+      os.replace(temporary, path)
+  except BaseException as error:
+    with contextlib.suppress(OSError):
+      os.remove(temporary)
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+      raise DiskFullError(error.errno, os.strerror(error.errno), path) from error
+    raise
 
 
 def write_results(
@@ -29,7 +101,9 @@ def write_results(
 ) -> None:
   """Writes `workdir/<name>.csv` (one line per row), `workdir/<name>.md`, then the figures.
 
-  Only process 0 of a multi-process job writes. `columns` orders the CSV (missing values empty,
+  Each file replaces the earlier one only once it is whole (`atomic_open`), so a kill or a
+  full disk mid-write leaves the earlier tables. Only process 0 of a multi-process job writes.
+  `columns` orders the CSV (missing values empty,
   other keys dropped); by default the keys of every row in first-seen order. Each figure is
   `figure(workdir)`; they run after the tables so that a plotting error loses no result.
 
@@ -45,11 +119,11 @@ def write_results(
   os.makedirs(workdir, exist_ok=True)
   if columns is None:
     columns = list(dict.fromkeys(key for row in rows for key in row))
-  with open(os.path.join(workdir, name + ".csv"), "w", newline="") as file:
+  with atomic_open(os.path.join(workdir, name + ".csv"), "w", newline="") as file:
     writer = csv.DictWriter(file, list(columns), restval="", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-  with open(os.path.join(workdir, name + ".md"), "w") as file:
+  with atomic_open(os.path.join(workdir, name + ".md"), "w") as file:
     file.write(markdown.rstrip() + "\n")
   for figure in figures:
     figure(workdir)
@@ -60,9 +134,11 @@ def writer(workdir: str, *, markdown: Callable[[list[dict]], str],
            figures: dict[str, Callable[[str, list[dict]], None]] | None = None,
            name: str = "results") -> Callable[[list[dict]], None]:
   """`write_tables(rows)` for `runner.run_all`: `write_results` with `markdown(rows)` and each
-  figure `figures[file](path, rows)` drawn to `workdir/file`."""
+  figure `figures[file](path, rows)` drawn to `workdir/file` (through a temporary file of the
+  same extension, `atomic_figure`)."""
   def write(rows: list[dict]) -> None:
-    drawn = [lambda folder, file=file, draw=draw: draw(os.path.join(folder, file), rows)
+    drawn = [lambda folder, file=file, draw=draw: atomic_figure(
+                 lambda path: draw(path, rows), os.path.join(folder, file))
              for file, draw in (figures or {}).items()]
     write_results(workdir, rows, markdown=markdown(rows), columns=columns, figures=drawn,
                   name=name)
