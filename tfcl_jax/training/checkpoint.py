@@ -6,9 +6,14 @@ from the code, so a restored state is the given template with its arrays replace
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import os
+import warnings
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from tfcl_jax.training.state import TrainState
@@ -34,7 +39,8 @@ def make_manager(directory: str, *, max_to_keep: int = 2) -> ocp.CheckpointManag
   # run killed right after a save can resume from it.
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  return ocp.CheckpointManager(os.path.abspath(directory), options=options,
+                               item_handlers=ocp.StandardCheckpointHandler())
 
 
 def save(manager: ocp.CheckpointManager, state: TrainState) -> int:
@@ -46,21 +52,113 @@ def save(manager: ocp.CheckpointManager, state: TrainState) -> int:
   return step
 
 
+def _shapes(tree) -> list[tuple]:
+  """The sorted shapes of a tree's arrays: a model's fingerprint, whatever the tree's container
+  types (orbax reads tuples back as lists) and the step's integer type."""
+  return sorted(tuple(np.shape(leaf)) for leaf in jax.tree.leaves(tree))
+
+
+@contextlib.contextmanager
+def _quiet_asyncio():
+  """Drops asyncio's 'exception never retrieved' tracebacks of orbax's reads of a damaged
+  checkpoint (the failure is reported once, as a warning)."""
+  logger = logging.getLogger("asyncio")
+  level = logger.level
+  logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    gc.collect()  # the failed reads' tasks are reported when collected: collect them here
+    logger.setLevel(level)
+
+
+def _fits(manager: ocp.CheckpointManager, step: int, template: TrainState) -> bool | None:
+  """Whether the recorded arrays of `step` have `template`'s shapes (None: unreadable metadata)."""
+  try:
+    shapes = _shapes(getattr(manager.item_metadata(step), "tree", None))
+  except Exception:  # noqa: BLE001  # any failure to read the metadata is a damaged checkpoint
+    return None
+  return None if not shapes else shapes == _shapes(_arrays(template))
+
+
+def restore_latest_good(manager: ocp.CheckpointManager,
+                        template: TrainState) -> tuple[TrainState | None, list[int]]:
+  """The newest checkpoint that restores, and the newer steps that did not (newest first).
+
+  A step whose files are missing, truncated or unreadable is passed over for the one before it:
+  a job killed while writing, or a disk that lost a file, costs the steps since the previous
+  checkpoint, not the run. Returns `(None, bad_steps)` when no checkpoint restores.
+
+  Raises:
+    ValueError: when the newest readable checkpoint's arrays do not fit `template` (a different
+      model or optimiser), naming the directory; nothing is passed over then.
+
+  Examples:
+    >>> import os, tempfile, jax.numpy as jnp, optax
+    >>> from tfcl_jax.training import checkpoint, state
+    >>> manager = checkpoint.make_manager(tempfile.mkdtemp())
+    >>> s = state.create_train_state(model_params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1))
+    >>> for step in (1, 2):
+    ...   _ = checkpoint.save(manager, s.replace(step=step))
+    >>> os.remove(os.path.join(str(manager.directory), "2", "default", "_METADATA"))
+    >>> restored, bad = checkpoint.restore_latest_good(manager, s)
+    >>> int(restored.step), bad
+    (1, [2])
+  """
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(template))
+  bad = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    with _quiet_asyncio():
+      fits = _fits(manager, step, template)
+    if fits is False:
+      raise ValueError(
+          f"checkpoint at step {step} in {manager.directory} does not match this model/optimiser "
+          f"(its arrays' shapes differ from the state's).")
+    try:
+      with _quiet_asyncio():
+        arrays = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    except Exception:  # noqa: BLE001  # orbax and tensorstore raise many types for a bad file
+      bad.append(step)
+      continue
+    return template.replace(**arrays), bad
+  return None, bad
+
+
+def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> list[str]:
+  """Renames the step directories `steps` to `<step>.bad` (kept for inspection, ignored by orbax)
+  so that a resumed run saves those steps afresh; returns the new paths. Process 0 renames, the
+  others wait for it."""
+  directory = str(manager.directory)
+  moved = []
+  for step in steps:
+    source, target = os.path.join(directory, str(step)), os.path.join(directory, f"{step}.bad")
+    suffix = 0
+    while os.path.exists(target):
+      suffix += 1
+      target = os.path.join(directory, f"{step}.bad{suffix}")
+    if jax.process_index() == 0 and os.path.exists(source):
+      os.rename(source, target)
+    moved.append(target)
+  if steps and jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    multihost_utils.sync_global_devices("tfcl_jax.checkpoint.set_aside")
+  manager.reload()
+  return moved
+
+
 def restore_latest(manager: ocp.CheckpointManager, template: TrainState) -> TrainState | None:
-  """The latest checkpoint restored into `template`'s structure and shardings, or None.
+  """The latest checkpoint that restores, in `template`'s structure and shardings, or None.
+
+  A damaged newer checkpoint is passed over with a warning naming it (`restore_latest_good`).
 
   Raises:
     ValueError: when the checkpoint's arrays do not fit `template` (a different model or
       optimiser), naming the directory.
   """
-  step = manager.latest_step()
-  if step is None:
-    return None
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(template))
-  try:
-    arrays = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-  except (ValueError, KeyError, TypeError) as error:
-    raise ValueError(
-        f"checkpoint at step {step} in {manager.directory} does not match this model/optimiser: "
-        f"{error}") from error
-  return template.replace(**arrays)
+  restored, bad = restore_latest_good(manager, template)
+  if bad:
+    using = "none is usable" if restored is None else f"using step {int(restored.step)}"
+    warnings.warn(f"checkpoints {', '.join(map(str, bad))} in {manager.directory} cannot be "
+                  f"read; {using}.", stacklevel=2)
+  return restored
