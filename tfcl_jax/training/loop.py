@@ -5,10 +5,15 @@ end, resume, periodic evaluation. Checks the workdir and config before the first
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import json
 import math
 import os
+import signal
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,6 +28,46 @@ CONFIG_FILE = "config.json"  #: the run's config, in the workdir
 METRICS_FILE = "metrics.csv"  #: the training metrics, one row per logged step
 EVAL_FILE = "eval.csv"  #: the evaluations, one row per evaluation
 CHECKPOINT_DIR = "checkpoints"  #: orbax's checkpoints, in the workdir
+
+
+class Preempted(Exception):  # noqa: N818  # names the event, as KeyboardInterrupt does
+  """SIGTERM reached a run: `train` saved a checkpoint at step `step` and stopped.
+
+  The run continues with `resume=True`. A command line exits with status 143 (128 + SIGTERM),
+  which schedulers read as "terminated, may be requeued".
+  """
+
+  def __init__(self, step: int, workdir: str):
+    super().__init__(f"preempted (SIGTERM): checkpoint saved at step {step} in {workdir}; "
+                     f"resume to continue.")
+    self.step, self.workdir = step, workdir
+
+
+class DiskFull(OSError):
+  """A checkpoint or CSV write found no space on its device (`ENOSPC`, `EDQUOT`).
+
+  `path` is what was being written. Earlier checkpoints and the CSV rows written before stay
+  complete: a checkpoint is only committed whole, and a partial CSV append is cut back.
+  """
+
+  def __init__(self, path: str, detail: str):
+    super().__init__(errno.ENOSPC, f"no space left on device writing {path}: {detail}")
+    self.path = path
+
+  def __str__(self) -> str:
+    return str(self.strerror)
+
+
+def _is_disk_full(error: BaseException | None) -> bool:
+  """Whether `error`, or an exception it was raised from, is a full disk or quota; orbax and
+  tensorstore may re-raise the `OSError` as another type that keeps only its text."""
+  while error is not None:
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+      return True
+    if any(text in str(error) for text in ("No space left on device", "Disk quota exceeded")):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 
 
 def prepare_workdir(workdir: str, config: dict[str, Any], *, resume: bool) -> None:
@@ -103,12 +148,27 @@ class _CsvLog:
         rows = [row for row in reader if int(float(row["step"])) <= keep_through_step]
       self._rewrite(rows)
 
+  def _text(self, rows, *, header: bool) -> str:
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, self.fields or [], extrasaction="ignore")
+    if header:
+      writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
   def _rewrite(self, rows):
-    with open(self.path, "w", newline="") as f:
-      if self.fields:
-        writer = csv.DictWriter(f, self.fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    # A new file renamed over the old one: a failure (a full disk) leaves the old file whole.
+    partial = f"{self.path}.partial"
+    try:
+      with open(partial, "w", newline="") as f:
+        f.write(self._text(rows, header=bool(self.fields)))
+      os.replace(partial, self.path)
+    except OSError as error:
+      if os.path.exists(partial):
+        os.remove(partial)
+      if _is_disk_full(error):
+        raise DiskFull(self.path, f"{error}; the file is as it was") from error
+      raise
 
   def write(self, rows: list[dict[str, float]]):
     if not self.enabled or not rows:
@@ -116,8 +176,17 @@ class _CsvLog:
     if self.fields is None:
       self.fields = list(rows[0])
       self._rewrite([])
-    with open(self.path, "a", newline="") as f:
-      csv.DictWriter(f, self.fields, extrasaction="ignore").writerows(rows)
+    size = os.path.getsize(self.path)
+    try:
+      with open(self.path, "a", newline="") as f:
+        f.write(self._text(rows, header=False))
+    except OSError as error:
+      # Cut a partial append back so that every row in the file is whole.
+      with open(self.path, "r+b") as f:
+        f.truncate(size)
+      if _is_disk_full(error):
+        raise DiskFull(self.path, f"{error}; the rows before are kept") from error
+      raise
 
 
 def _summary_writer(workdir: str):
@@ -186,17 +255,20 @@ class _Outputs:
 class _MetricsWindow:
   """The steps' metrics since the last fetch from the device, with the window's throughput."""
 
-  def __init__(self, outputs: _Outputs, examples_per_step: int | None):
-    self.outputs, self.examples_per_step = outputs, examples_per_step
+  def __init__(self, outputs: _Outputs, examples_per_step: int | None, *, run: str):
+    self.outputs, self.examples_per_step, self.run = outputs, examples_per_step, run
     self.pending: list[dict] = []
+    self.last_finite: tuple[int, float] | None = None  # (step, loss)
     self.start = time.perf_counter()
 
   def add(self, metrics: dict):
     self.pending.append(metrics)
 
   def flush(self, step_number: int, *, checkpointed_step: int):
-    """Writes the window's rows (steps up to `step_number`); a non-finite loss stops the run
-    with `FloatingPointError` after its rows are written."""
+    """Writes the window's rows (steps up to `step_number`); a non-finite loss or gradient
+    norm stops the run with `FloatingPointError` after its rows are written."""
+    if not self.pending:
+      return
     rows = jax.device_get(self.pending)
     elapsed = time.perf_counter() - self.start
     # Throughput only where the examples per step are known (a full-graph step has none).
@@ -205,11 +277,17 @@ class _MetricsWindow:
     rows = [{"step": step_number - len(rows) + 1 + i, **{k: float(v) for k, v in row.items()},
              **rate} for i, row in enumerate(rows)]
     self.outputs.metrics.write(rows)
-    bad = [row["step"] for row in rows if not math.isfinite(row["loss"])]
-    if bad:
-      raise FloatingPointError(
-          f"non-finite loss at step {bad[0]} (metrics.csv has the rows); the run was not "
-          f"checkpointed past step {checkpointed_step}.")
+    for row in rows:
+      bad = [name for name in ("loss", "grad_norm")
+             if name in row and not math.isfinite(row[name])]
+      if bad:
+        last = ("no finite loss before it" if self.last_finite is None else
+                f"last finite loss {self.last_finite[1]:.6g} at step {self.last_finite[0]}")
+        raise FloatingPointError(
+            f"non-finite {' and '.join(bad)} at step {row['step']} of {self.run} ({last}; "
+            f"metrics.csv has the rows); the run was not checkpointed past step "
+            f"{checkpointed_step}.")
+      self.last_finite = (row["step"], row["loss"])
     self.outputs.scalars("train", rows)
     postfix = {"loss": f"{rows[-1]['loss']:.4f}"}
     if rate:
@@ -244,6 +322,70 @@ def _due(step_number: int, every: int) -> bool:
   return bool(every) and step_number % every == 0
 
 
+class _Preemption:
+  """Notices SIGTERM during a run; `reached(step)` says when to checkpoint and stop.
+
+  One process: a SIGTERM handler sets a flag (the previous handler is restored on exit; outside
+  the main thread no handler can be installed and SIGTERM keeps its meaning). Several
+  processes: JAX's preemption sync manager (`jax.distributed.initialize` installs it) agrees on
+  one step for all of them, so that they save the same checkpoint.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self.previous = None
+    self.distributed = jax.process_count() > 1
+
+  def __enter__(self):
+    if not self.distributed and threading.current_thread() is threading.main_thread():
+      self.previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc_info):
+    if self.previous is not None:
+      signal.signal(signal.SIGTERM, self.previous)
+
+  def reached(self, step_number: int) -> bool:
+    if not self.distributed:
+      return self.requested
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    try:
+      return multihost_utils.reached_preemption_sync_point(step_number)
+    except RuntimeError:  # the preemption service is off (jax_enable_preemption_service)
+      return False
+
+
+def _save(manager, state: TrainState) -> None:
+  """`checkpoint.save`, a full disk raised as `DiskFull` naming the step's directory."""
+  try:
+    checkpoint.save(manager, state)
+  except Exception as error:
+    if not _is_disk_full(error):
+      raise
+    path = os.path.join(str(manager.directory), str(int(jax.device_get(state.step))))
+    raise DiskFull(path, f"checkpoints up to step {manager.latest_step() or 0} are kept") from error
+
+
+def _restore(manager, state: TrainState, workdir: str):
+  """The latest checkpoint that restores (damaged newer ones set aside, with a warning), and
+  the manager to go on with."""
+  restored, bad = checkpoint.restore_latest_good(manager, state)
+  if bad:
+    moved = checkpoint.set_aside(manager, bad)
+    start = "from step 0" if restored is None else f"from step {int(restored.step)}"
+    warnings.warn(
+        f"checkpoint{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} in {workdir} "
+        f"cannot be read (moved to {', '.join(moved)}); the run continues {start}.",
+        stacklevel=3)
+    manager = checkpoint.make_manager(str(manager.directory))
+  return restored, manager
+
+
 def train(
     state: TrainState,
     *,
@@ -272,8 +414,22 @@ def train(
   `checkpoint_every` steps and at the end).
   Resuming (`resume=True`) restores the latest checkpoint and asks `batches(step)` to continue
   the data where it stopped; with the step's `fold_in(key, step)` randomness the final
-  parameters equal those of an uninterrupted run. A non-finite loss stops the run with
-  `FloatingPointError` before it is checkpointed.
+  parameters equal those of an uninterrupted run, and the restore prints one line,
+  `resuming <desc> from step N (<workdir>)`. A checkpoint holds only work already on disk: the
+  metrics rows and the evaluation of its step are written before it is saved.
+
+  What stops a run:
+
+  * A non-finite loss or gradient norm: `FloatingPointError` naming the step, the run and the
+    last finite loss, before the step is checkpointed.
+  * SIGTERM (a preempted job): the run saves a checkpoint at the next step boundary and raises
+    `Preempted` (its `step`); a command line exits with status 143. The previous SIGTERM
+    handler is restored when `train` returns or raises.
+  * A full disk on a checkpoint or CSV write: `DiskFull` (an `OSError`) naming the path; the
+    earlier checkpoints and CSV rows stay whole.
+
+  A damaged newest checkpoint (a truncated or missing file) is moved aside with a warning and
+  the run resumes from the one before it (from step 0 if none can be read).
 
   Examples:
     >>> import tempfile, jax, jax.numpy as jnp, numpy as np, optax
@@ -319,27 +475,37 @@ def train(
   prepare_workdir(workdir, config, resume=resume)
   manager = checkpoint.make_manager(os.path.join(workdir, CHECKPOINT_DIR))
   if resume:
-    restored = checkpoint.restore_latest(manager, state)
-    state = state if restored is None else restored
+    restored, manager = _restore(manager, state, workdir)
+    if restored is not None:
+      state = restored
+      if jax.process_index() == 0:
+        print(f"resuming {desc} from step {int(jax.device_get(state.step))} ({workdir})",
+              flush=True)
   state, key = sharding.replicate(state, mesh), sharding.replicate(key, mesh)
   start = int(jax.device_get(state.step))
   outputs = _Outputs(workdir, start=start, num_steps=num_steps, desc=desc, progress=progress)
-  window = _MetricsWindow(outputs, examples_per_step)
+  window = _MetricsWindow(outputs, examples_per_step, run=f"{desc!r} ({workdir})")
   try:
-    for step_number, host_batch in _numbered_batches(batches, start, num_steps):
-      batch = sharding.shard_batch(host_batch, mesh, sharded=batch_sharded)
-      state, metrics = train_step(state, batch, key)
-      window.add(metrics)
-      last = step_number == num_steps
-      if _due(step_number, log_every) or last:
-        window.flush(step_number, checkpointed_step=int(manager.latest_step() or 0))
-      if _due(step_number, checkpoint_every) and not last:
-        checkpoint.save(manager, state)
-      if _due(step_number, eval_every) and not last:
-        outputs.evaluate(eval_fn, state, step_number)
-    if start < num_steps or manager.latest_step() is None:
-      checkpoint.save(manager, state)
-      outputs.evaluate(eval_fn, state, num_steps)
+    with _Preemption() as preemption:
+      for step_number, host_batch in _numbered_batches(batches, start, num_steps):
+        batch = sharding.shard_batch(host_batch, mesh, sharded=batch_sharded)
+        state, metrics = train_step(state, batch, key)
+        window.add(metrics)
+        last = step_number == num_steps
+        preempted = not last and preemption.reached(step_number)
+        save = not last and (preempted or _due(step_number, checkpoint_every))
+        # Rows and evaluation first: a checkpoint never holds a step whose outputs are missing.
+        if _due(step_number, log_every) or last or save:
+          window.flush(step_number, checkpointed_step=int(manager.latest_step() or 0))
+        if _due(step_number, eval_every) and not last:
+          outputs.evaluate(eval_fn, state, step_number)
+        if save:
+          _save(manager, state)
+        if preempted:
+          raise Preempted(step_number, workdir)
+      if start < num_steps or manager.latest_step() is None:
+        outputs.evaluate(eval_fn, state, num_steps)
+        _save(manager, state)
   finally:
     outputs.close()
   return state

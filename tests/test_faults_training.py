@@ -1,0 +1,266 @@
+"""Faults a training job meets, against `tfcl_jax.training.train`: an interrupt during an
+evaluation, SIGTERM, a damaged checkpoint, a full disk, a non-finite loss or gradient.
+
+Each test trains a least-squares model for a few steps on one device (milliseconds a step) and
+compares what the faulted run leaves on disk with an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import glob
+import os
+import signal
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tfcl_jax.training import checkpoint, loop, sharding, state, step
+
+NUM_STEPS = 6
+
+
+class _Interrupted(Exception):
+  pass
+
+
+def _loss_fn(params, model_state, batch, key, step_index):
+  del key, step_index
+  residual = batch["x"] @ params["model"]["w"] - batch["y"]
+  return jnp.mean(residual ** 2), (model_state, {})
+
+
+@functools.cache
+def _mesh_and_step():
+  mesh = sharding.make_mesh(jax.devices()[:1])
+  return mesh, step.make_train_step(_loss_fn, mesh=mesh, batch_sharded=False)
+
+
+def _batch(index: int) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(index)
+  return {"x": rng.normal(size=(4, 3)).astype(np.float32),
+          "y": rng.normal(size=4).astype(np.float32)}
+
+
+def _eval_fn(s):
+  return {"w0": float(s.params["model"]["w"][0])}
+
+
+def _run(workdir, *, resume=False, batch=_batch, eval_fn=_eval_fn, on_step=None, **kwargs):
+  """`train` for `NUM_STEPS` steps; `on_step(index)` runs as the batch of step `index + 1` is
+  drawn (to send a signal); checkpoint and evaluation every 2 steps, metrics every step."""
+  mesh, train_step = _mesh_and_step()
+
+  def batches(start):
+    for index in range(start, NUM_STEPS):
+      if on_step is not None:
+        on_step(index)
+      yield batch(index)
+
+  fresh = state.create_train_state(model_params={"w": jnp.zeros(3)}, tx=optax.sgd(0.1))
+  options = dict(checkpoint_every=2, eval_every=2, log_every=1, progress=False)
+  return loop.train(fresh, train_step=train_step, batches=batches, num_steps=NUM_STEPS,
+                    workdir=str(workdir), key=jax.random.key(0), mesh=mesh, resume=resume,
+                    eval_fn=eval_fn, desc="least squares", **{**options, **kwargs})
+
+
+def _text(path) -> str:
+  with open(path) as f:
+    return f.read()
+
+
+def _params(s):
+  return jax.device_get(s.params)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted run: its final parameters and its workdir."""
+  workdir = tmp_path_factory.mktemp("reference")
+  return _params(_run(workdir)), workdir
+
+
+def test_interrupt_during_evaluation_loses_no_eval_row(tmp_path, reference):
+  """Interrupted inside the evaluation of step 4, where a checkpoint is also due: the
+  checkpoint of step 4 must not exist yet, so the resumed run evaluates step 4 again."""
+
+  def failing_eval(s):
+    if int(s.step) == 4:
+      raise _Interrupted
+    return _eval_fn(s)
+
+  with pytest.raises(_Interrupted):
+    _run(tmp_path, eval_fn=failing_eval)
+  assert checkpoint.make_manager(str(tmp_path / loop.CHECKPOINT_DIR)).latest_step() == 2
+  resumed = _run(tmp_path, resume=True)
+  assert _text(tmp_path / loop.EVAL_FILE) == _text(reference[1] / loop.EVAL_FILE)
+  np.testing.assert_array_equal(loop.read_csv(str(tmp_path / loop.EVAL_FILE))["step"], [2, 4, 6])
+  chex.assert_trees_all_equal(_params(resumed), reference[0])
+
+
+def test_resume_prints_one_line_naming_the_run_and_step(tmp_path, capsys):
+  with pytest.raises(_Interrupted):
+    _run(tmp_path, on_step=lambda index: index == 3 and _raise(_Interrupted()))
+  capsys.readouterr()
+  _run(tmp_path, resume=True)
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resuming")]
+  assert lines == [f"resuming least squares from step 2 ({tmp_path})"]
+
+
+def _raise(error):
+  raise error
+
+
+def test_sigterm_checkpoints_at_the_next_step_and_resume_is_bit_identical(tmp_path, reference):
+  received = []
+  previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+  try:
+    # SIGTERM while the batch of step 3 is drawn: step 3 finishes, is saved, and the run stops.
+    with pytest.raises(loop.Preempted, match="checkpoint saved at step 3") as stopped:
+      _run(tmp_path, on_step=lambda index: index == 2 and os.kill(os.getpid(), signal.SIGTERM))
+    assert stopped.value.step == 3 and not received  # the loop's handler took it
+    os.kill(os.getpid(), signal.SIGTERM)  # the previous handler is back
+    assert received == [signal.SIGTERM]
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert checkpoint.make_manager(str(tmp_path / loop.CHECKPOINT_DIR)).latest_step() == 3
+  np.testing.assert_array_equal(loop.read_csv(str(tmp_path / loop.METRICS_FILE))["step"],
+                                [1, 2, 3])
+  resumed = _run(tmp_path, resume=True)
+  chex.assert_trees_all_equal(_params(resumed), reference[0])  # bit-identical on CPU
+  assert _text(tmp_path / loop.EVAL_FILE) == _text(reference[1] / loop.EVAL_FILE)
+
+
+def _truncate_metadata(step_dir):
+  for path in glob.glob(os.path.join(step_dir, "*", "_METADATA")):
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 2)  # a write cut short
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):
+  with pytest.raises(_Interrupted):
+    _run(tmp_path, on_step=lambda index: index == 4 and _raise(_Interrupted()))
+  checkpoints = tmp_path / loop.CHECKPOINT_DIR
+  assert sorted(os.listdir(checkpoints)) == ["2", "4"]
+  _truncate_metadata(checkpoints / "4")
+  with pytest.warns(UserWarning, match=r"checkpoint 4 in .* cannot be read.*from step 2"):
+    resumed = _run(tmp_path, resume=True)
+  chex.assert_trees_all_equal(_params(resumed), reference[0])
+  assert sorted(os.listdir(checkpoints)) == ["4", "4.bad", "6"]  # 4 saved afresh, 2 rotated out
+  assert _text(tmp_path / loop.EVAL_FILE) == _text(reference[1] / loop.EVAL_FILE)
+
+
+def test_no_readable_checkpoint_restarts_from_step_zero(tmp_path, reference, capfd):
+  with pytest.raises(_Interrupted):
+    _run(tmp_path, on_step=lambda index: index == 4 and _raise(_Interrupted()))
+  for step_dir in ("2", "4"):
+    _truncate_metadata(tmp_path / loop.CHECKPOINT_DIR / step_dir)
+  capfd.readouterr()
+  with pytest.warns(UserWarning, match=r"checkpoints 4, 2 in .* cannot be read.*from step 0"):
+    resumed = _run(tmp_path, resume=True)
+  assert "Traceback" not in "".join(capfd.readouterr())
+  chex.assert_trees_all_equal(_params(resumed), reference[0])
+  assert _text(tmp_path / loop.METRICS_FILE).count("\n") == NUM_STEPS + 1
+
+
+class _FullDiskFile:
+  """An append that writes half its text, then finds the disk full."""
+
+  def __init__(self, file, path):
+    self.file, self.path = file, path
+
+  def write(self, text):
+    self.file.write(text[:len(text) // 2])
+    self.file.flush()
+    raise OSError(errno.ENOSPC, "No space left on device", self.path)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.file.close()
+
+
+def test_full_disk_on_a_csv_append_keeps_the_earlier_rows(tmp_path, monkeypatch):
+  def full_after_step_3(path, mode="r", *args, **kwargs):
+    file = open(path, mode, *args, **kwargs)
+    if mode == "a" and str(path).endswith(loop.METRICS_FILE) and _text(path).count("\n") > 3:
+      return _FullDiskFile(file, path)
+    return file
+
+  monkeypatch.setattr(loop, "open", full_after_step_3, raising=False)
+  with pytest.raises(loop.DiskFull) as stopped:
+    _run(tmp_path)
+  metrics_path = str(tmp_path / loop.METRICS_FILE)
+  assert str(stopped.value) == (f"no space left on device writing {metrics_path}: [Errno 28] "
+                                f"No space left on device: '{metrics_path}'; the rows before "
+                                f"are kept")
+  assert isinstance(stopped.value, OSError) and stopped.value.errno == errno.ENOSPC
+  np.testing.assert_array_equal(loop.read_csv(metrics_path)["step"], [1, 2, 3])
+  assert _text(metrics_path).endswith("\n")  # no half row
+  monkeypatch.undo()
+  restored = checkpoint.restore_latest(
+      checkpoint.make_manager(str(tmp_path / loop.CHECKPOINT_DIR)),
+      state.create_train_state(model_params={"w": jnp.zeros(3)}, tx=optax.sgd(0.1)))
+  assert restored is not None and int(restored.step) == 2
+
+
+def test_full_disk_on_a_checkpoint_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
+  save = checkpoint.ocp.CheckpointManager.save
+
+  def full_at_step_4(self, step_number, *args, **kwargs):
+    if step_number == 4:
+      raise ValueError("tensorstore: Error writing: [Errno 28] No space left on device")
+    return save(self, step_number, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoint.ocp.CheckpointManager, "save", full_at_step_4)
+  with pytest.raises(loop.DiskFull, match=r"writing .*checkpoints/4: checkpoints up to step 2"):
+    _run(tmp_path)
+  monkeypatch.undo()
+  manager = checkpoint.make_manager(str(tmp_path / loop.CHECKPOINT_DIR))
+  assert manager.all_steps() == [2]
+  restored = checkpoint.restore_latest(
+      manager, state.create_train_state(model_params={"w": jnp.zeros(3)}, tx=optax.sgd(0.1)))
+  assert restored is not None and int(restored.step) == 2
+  np.testing.assert_array_equal(loop.read_csv(str(tmp_path / loop.METRICS_FILE))["step"],
+                                [1, 2, 3, 4])
+  np.testing.assert_array_equal(loop.read_csv(str(tmp_path / loop.EVAL_FILE))["step"], [2, 4])
+
+
+def test_non_finite_loss_names_the_step_the_run_and_the_last_finite_loss(tmp_path):
+  def nan_at_step_3(index):
+    batch = _batch(index)
+    if index == 2:
+      batch["y"][0] = np.nan
+    return batch
+
+  with pytest.raises(FloatingPointError) as stopped:
+    _run(tmp_path, batch=nan_at_step_3)
+  losses = loop.read_csv(str(tmp_path / loop.METRICS_FILE))["loss"]
+  assert str(stopped.value) == (
+      f"non-finite loss and grad_norm at step 3 of 'least squares' ({tmp_path}) (last finite "
+      f"loss {losses[1]:.6g} at step 2; metrics.csv has the rows); the run was not "
+      f"checkpointed past step 2.")
+  assert checkpoint.make_manager(str(tmp_path / loop.CHECKPOINT_DIR)).all_steps() == [2]
+
+
+def test_non_finite_gradient_with_a_finite_loss_stops_the_run(tmp_path):
+  mesh = sharding.make_mesh(jax.devices()[:1])
+
+  def loss_fn(params, model_state, batch, key, step_index):
+    # |w - c| has a finite value and, at w = c, a NaN gradient (0/0 in the norm's derivative).
+    return jnp.linalg.norm(params["model"]["w"] - batch["c"]), (model_state, {})
+
+  batches = [{"c": np.ones(2, np.float32)}, {"c": np.zeros(2, np.float32)}]
+  s = state.create_train_state(model_params={"w": jnp.zeros(2)}, tx=optax.sgd(0.0))
+  with pytest.raises(FloatingPointError, match=r"non-finite grad_norm at step 2 of 'train'"):
+    loop.train(s, train_step=step.make_train_step(loss_fn, mesh=mesh, batch_sharded=False),
+               batches=lambda start: iter(batches[start:]), num_steps=2, workdir=str(tmp_path),
+               key=jax.random.key(0), mesh=mesh, batch_sharded=False, progress=False)
+  np.testing.assert_array_equal(loop.read_csv(str(tmp_path / loop.METRICS_FILE))["loss"],
+                                [np.sqrt(np.float32(2.0)), 0.0])
