@@ -11,6 +11,9 @@ gloo collectives, so the mesh spans 4 x NUM_PROCESSES devices. Tasks:
   its shard (`data.make_loader(shard_index=process_index, shard_count=NUM_PROCESSES)`); resumes
   from `OUT_DIR/run` when it holds a checkpoint; every process writes the final parameters and
   the batches it read to `OUT_DIR/train_<PROCESS_ID>.npz`.
+* `preempt`: `train` to STEPS, process 0 sending itself SIGTERM as it draws the batch of step
+  2; every process writes the step `training.loop.Preempted` reports to
+  `OUT_DIR/preempted_<PROCESS_ID>.txt`.
 * `crash`: process 1 dies after the first collective; process 0 keeps calling collectives
   and must fail, not hang.
 """
@@ -123,7 +126,10 @@ def host_batches(shard_index: int, shard_count: int, start: int):
     yield {"image": batch["image"]}
 
 
-def train_task(process_id: int, num_processes: int, out_dir: str, steps: int) -> None:
+def train_task(process_id: int, num_processes: int, out_dir: str, steps: int,
+               sigterm_at: int | None = None) -> None:
+  import signal  # noqa: PLC0415
+
   import numpy as np  # noqa: PLC0415
 
   from tfcl_jax import training  # noqa: PLC0415
@@ -133,14 +139,21 @@ def train_task(process_id: int, num_processes: int, out_dir: str, steps: int) ->
   seen = []
 
   def batches(start):
-    for batch in host_batches(process_id, num_processes, start):
+    for index, batch in enumerate(host_batches(process_id, num_processes, start), start):
+      if index == sigterm_at and process_id == 0:
+        os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler preempting one host
       seen.append(batch["image"])
       yield batch
 
-  state = training.train(
-      state, train_step=training.make_train_step(loss_fn, mesh=mesh), batches=batches,
-      num_steps=steps, workdir=os.path.join(out_dir, "run"), key=jax.random.key(1), mesh=mesh,
-      resume=True, checkpoint_every=2, progress=False, log_every=1)
+  try:
+    state = training.train(
+        state, train_step=training.make_train_step(loss_fn, mesh=mesh), batches=batches,
+        num_steps=steps, workdir=os.path.join(out_dir, "run"), key=jax.random.key(1),
+        mesh=mesh, resume=True, checkpoint_every=2, progress=False, log_every=1)
+  except training.loop.Preempted as preempted:
+    with open(os.path.join(out_dir, f"preempted_{process_id}.txt"), "w") as f:
+      f.write(str(preempted.step))
+    return
   params = state.params["model"]  # replicated: every process holds all of it
   assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(params))
   flat = {"/".join(str(k.key) for k in path): np.asarray(leaf.addressable_data(0))
@@ -175,6 +188,8 @@ def main() -> None:
     losses_task(out_dir)
   elif task == "train":
     train_task(process_id, num_processes, out_dir, int(sys.argv[6]))
+  elif task == "preempt":
+    train_task(process_id, num_processes, out_dir, STEPS, sigterm_at=1)
   elif task == "crash":
     crash_task(process_id)
   else:
