@@ -201,6 +201,7 @@ def test_full_disk_on_a_csv_append_keeps_the_earlier_rows(tmp_path, monkeypatch)
                                 f"No space left on device: '{metrics_path}'; the rows before "
                                 f"are kept")
   assert isinstance(stopped.value, OSError) and stopped.value.errno == errno.ENOSPC
+  assert stopped.value.filename == metrics_path
   np.testing.assert_array_equal(loop.read_csv(metrics_path)["step"], [1, 2, 3])
   assert _text(metrics_path).endswith("\n")  # no half row
   monkeypatch.undo()

@@ -46,12 +46,13 @@ class Preempted(Exception):  # noqa: N818  # names the event, as KeyboardInterru
 class DiskFull(OSError):
   """A checkpoint or CSV write found no space on its device (`ENOSPC`, `EDQUOT`).
 
-  `path` is what was being written. Earlier checkpoints and the CSV rows written before stay
-  complete: a checkpoint is only committed whole, and a partial CSV append is cut back.
+  `path` (also `filename`) is what was being written. Earlier checkpoints and the CSV rows
+  written before stay complete: a checkpoint is only committed whole, and a partial CSV append
+  is cut back.
   """
 
   def __init__(self, path: str, detail: str):
-    super().__init__(errno.ENOSPC, f"no space left on device writing {path}: {detail}")
+    super().__init__(errno.ENOSPC, f"no space left on device writing {path}: {detail}", path)
     self.path = path
 
   def __str__(self) -> str:
