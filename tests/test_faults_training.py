@@ -136,6 +136,20 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_is_bit_identical(tmp_pa
   assert _text(tmp_path / loop.EVAL_FILE) == _text(reference[1] / loop.EVAL_FILE)
 
 
+def test_sigterm_during_the_last_step_stops_after_the_final_checkpoint(tmp_path, reference):
+  previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  try:
+    with pytest.raises(loop.Preempted, match=f"checkpoint saved at step {NUM_STEPS}"):
+      _run(tmp_path, on_step=lambda index: index == NUM_STEPS - 1 and os.kill(os.getpid(),
+                                                                              signal.SIGTERM))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  manager = checkpoint.make_manager(str(tmp_path / loop.CHECKPOINT_DIR))
+  assert manager.latest_step() == NUM_STEPS
+  assert _text(tmp_path / loop.EVAL_FILE) == _text(reference[1] / loop.EVAL_FILE)
+
+
 def _truncate_metadata(step_dir):
   for path in glob.glob(os.path.join(step_dir, "*", "_METADATA")):
     with open(path, "r+b") as f:

@@ -333,13 +333,14 @@ class _Preemption:
   """
 
   def __init__(self):
-    self.requested = False
+    self.requested = self.installed = False
     self.previous = None
     self.distributed = jax.process_count() > 1
 
   def __enter__(self):
     if not self.distributed and threading.current_thread() is threading.main_thread():
       self.previous = signal.signal(signal.SIGTERM, self._handle)
+      self.installed = True
     return self
 
   def _handle(self, signum, frame):
@@ -347,8 +348,9 @@ class _Preemption:
     self.requested = True
 
   def __exit__(self, *exc_info):
-    if self.previous is not None:
-      signal.signal(signal.SIGTERM, self.previous)
+    if self.installed:  # None: a handler set outside Python, which Python cannot reinstall
+      signal.signal(signal.SIGTERM,
+                    signal.SIG_DFL if self.previous is None else self.previous)
 
   def reached(self, step_number: int) -> bool:
     if not self.distributed:
@@ -423,8 +425,9 @@ def train(
 
   * A non-finite loss or gradient norm: `FloatingPointError` naming the step, the run and the
     last finite loss, before the step is checkpointed.
-  * SIGTERM (a preempted job): the run saves a checkpoint at the next step boundary and raises
-    `Preempted` (its `step`); a command line exits with status 143. The previous SIGTERM
+  * SIGTERM (a preempted job): the run saves a checkpoint at the next step boundary (the final
+    one if that comes first) and raises `Preempted` (its `step`); a command line exits with
+    status 143. The previous SIGTERM
     handler is restored when `train` returns or raises.
   * A full disk on a checkpoint or CSV write: `DiskFull` (an `OSError`) naming the path; the
     earlier checkpoints and CSV rows stay whole.
@@ -507,6 +510,8 @@ def train(
       if start < num_steps or manager.latest_step() is None:
         outputs.evaluate(eval_fn, state, num_steps)
         _save(manager, state)
+      if preemption.requested:  # during the last step: finished, but the job must still stop
+        raise Preempted(num_steps, workdir)
   finally:
     outputs.close()
   return state
