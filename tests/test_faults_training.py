@@ -150,6 +150,27 @@ def test_sigterm_during_the_last_step_stops_after_the_final_checkpoint(tmp_path,
   assert _text(tmp_path / loop.EVAL_FILE) == _text(reference[1] / loop.EVAL_FILE)
 
 
+def test_ctrl_c_checkpoints_at_the_next_step_and_a_second_one_interrupts_at_once(
+    tmp_path, reference):
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own
+  try:
+    # Ctrl-C while the batch of step 3 is drawn: step 3 finishes and is saved, then it stops.
+    with pytest.raises(KeyboardInterrupt, match="checkpoint saved at step 3"):
+      _run(tmp_path, on_step=lambda index: index == 2 and os.kill(os.getpid(), signal.SIGINT))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert checkpoint.make_manager(str(tmp_path / loop.CHECKPOINT_DIR)).latest_step() == 3
+    resumed = _run(tmp_path, resume=True)
+    chex.assert_trees_all_equal(_params(resumed), reference[0])
+    # Two in a row: the second interrupts inside the step, before its checkpoint.
+    again = tmp_path / "again"
+    twice = lambda index: index == 2 and [os.kill(os.getpid(), signal.SIGINT) for _ in "12"]
+    with pytest.raises(KeyboardInterrupt, match="^$"):
+      _run(again, on_step=twice)
+    assert checkpoint.make_manager(str(again / loop.CHECKPOINT_DIR)).latest_step() == 2
+  finally:
+    signal.signal(signal.SIGINT, previous)
+
+
 def _truncate_metadata(step_dir):
   for path in glob.glob(os.path.join(step_dir, "*", "_METADATA")):
     with open(path, "r+b") as f:

@@ -324,43 +324,64 @@ def _due(step_number: int, every: int) -> bool:
 
 
 class _Preemption:
-  """Notices SIGTERM during a run; `reached(step)` says when to checkpoint and stop.
+  """Notices SIGTERM and Ctrl-C during a run; `reached(step)` says when to checkpoint and stop.
 
   One process: a SIGTERM handler sets a flag (the previous handler is restored on exit; outside
   the main thread no handler can be installed and SIGTERM keeps its meaning). Several
   processes: JAX's preemption sync manager (`jax.distributed.initialize` installs it) agrees on
   one step for all of them, so that they save the same checkpoint.
+
+  Ctrl-C (SIGINT, one process, where Python's own handler is in place) is held to the next step
+  boundary the same way, so that it never lands inside a checkpoint write (orbax runs asyncio
+  loops that would take it as a cancellation and go on); a second Ctrl-C interrupts at once.
   """
 
   def __init__(self):
-    self.requested = self.installed = False
-    self.previous = None
+    self.requested = self.interrupted = self.installed = self.installed_int = False
+    self.previous = self.previous_int = None
     self.distributed = jax.process_count() > 1
 
   def __enter__(self):
     if not self.distributed and threading.current_thread() is threading.main_thread():
       self.previous = signal.signal(signal.SIGTERM, self._handle)
       self.installed = True
+      if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        self.previous_int = signal.signal(signal.SIGINT, self._handle_int)
+        self.installed_int = True
     return self
 
   def _handle(self, signum, frame):
     del signum, frame
     self.requested = True
 
+  def _handle_int(self, signum, frame):
+    del signum, frame
+    if self.interrupted:  # the second Ctrl-C does not wait for the step
+      raise KeyboardInterrupt
+    self.interrupted = True
+
   def __exit__(self, *exc_info):
     if self.installed:  # None: a handler set outside Python, which Python cannot reinstall
       signal.signal(signal.SIGTERM,
                     signal.SIG_DFL if self.previous is None else self.previous)
+    if self.installed_int:
+      signal.signal(signal.SIGINT, self.previous_int)
 
   def reached(self, step_number: int) -> bool:
     if not self.distributed:
-      return self.requested
+      return self.requested or self.interrupted
     from jax.experimental import multihost_utils  # noqa: PLC0415
 
     try:
       return multihost_utils.reached_preemption_sync_point(step_number)
     except RuntimeError:  # the preemption service is off (jax_enable_preemption_service)
       return False
+
+  def stop(self, step_number: int, workdir: str) -> Exception:
+    """What to raise after the checkpoint of `step_number`: Ctrl-C, else `Preempted`."""
+    if self.interrupted and not self.requested:
+      return KeyboardInterrupt(f"checkpoint saved at step {step_number} in {workdir}")
+    return Preempted(step_number, workdir)
 
 
 def _save(manager, state: TrainState) -> None:
@@ -427,8 +448,9 @@ def train(
     last finite loss, before the step is checkpointed.
   * SIGTERM (a preempted job): the run saves a checkpoint at the next step boundary (the final
     one if that comes first) and raises `Preempted` (its `step`); a command line exits with
-    status 143. The previous SIGTERM
-    handler is restored when `train` returns or raises.
+    status 143. The previous SIGTERM handler is restored when `train` returns or raises.
+  * Ctrl-C (SIGINT, one process): the same at the next step boundary, then `KeyboardInterrupt`;
+    a second Ctrl-C interrupts at once. The previous handler is restored likewise.
   * A full disk on a checkpoint or CSV write: `DiskFull` (an `OSError`) naming the path; the
     earlier checkpoints and CSV rows stay whole.
 
@@ -506,7 +528,7 @@ def train(
         if save:
           _save(manager, state)
         if preempted:
-          raise Preempted(step_number, workdir)
+          raise preemption.stop(step_number, workdir)
       if start < num_steps or manager.latest_step() is None:
         outputs.evaluate(eval_fn, state, num_steps)
         _save(manager, state)
