@@ -90,6 +90,7 @@ def info_nce(
     extra_where: jax.typing.ArrayLike | None = None,
     implementation: str = "xla",
     candidate_bias: jax.typing.ArrayLike | None = None,
+    check_finite: bool = False,
 ) -> jax.Array:
   r"""InfoNCE of two views with a pluggable similarity-to-logit map (Eq. 1, 11).
 
@@ -144,6 +145,16 @@ def info_nce(
     ...                        symmetric=True)
     >>> nt_xent.shape, clip.shape
     ((), ())
+    >>> from jax.experimental import checkify
+    >>> bad = z1.at[3, 0].set(jnp.nan)
+    >>> losses.info_nce(bad, z2, check_finite=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: z1 must be finite (check_finite=True), got 1 NaN/inf value(s), the first in row 3.
+    >>> jitted = jax.jit(lambda a, b: losses.info_nce(a, b, check_finite=True))
+    >>> error, loss = checkify.checkify(jitted)(bad, z2)
+    >>> error.get().startswith("z1 must be finite")
+    True
 
   Args:
     z1: `[N, D]` float embeddings of the first view.
@@ -166,6 +177,11 @@ def info_nce(
     implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
       Pallas interpreter elsewhere, which is slow and meant for tests).
+    check_finite: check that every input embedding is finite: `ValueError` naming the
+      argument when called with concrete arrays; under `jit`, a `jax.experimental.checkify`
+      check, so wrap the caller: `err, loss = checkify.checkify(jax.jit(f))(...)`, then
+      `err.throw()` (without the wrapper JAX refuses to trace the check). Off by default:
+      it costs a reduction over the inputs.
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or the per-row losses: `[N]` (`cross`) or
@@ -177,6 +193,9 @@ def info_nce(
     arXiv 2501.17683, Eq. 1, 11 and 12.
   """
   z1, z2 = _layout.check_pair(z1, z2)
+  if check_finite:
+    _layout.check_finite(z1, name="z1")
+    _layout.check_finite(z2, name="z2")
   _layout.check_mode(negatives, symmetric, reduction)
   mapping = _layout.check_mapping(mapping)
   valid = _layout.check_where(where, z1.shape[0])

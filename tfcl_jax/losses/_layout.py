@@ -12,6 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from tfcl_jax import _checks
 from tfcl_jax import mappings as mappings_lib
@@ -96,6 +97,27 @@ def check_pair(z1, z2, *, local: bool = False) -> tuple[jax.Array, jax.Array]:
   if not local and z1.shape[0] < 2:
     raise ValueError(f"z1 and z2 need N >= 2 pairs to have a negative, got N = {z1.shape[0]}.")
   return z1, z2
+
+
+def check_finite(x: jax.Array, *, name: str) -> None:
+  """`check_finite=True` of the losses: every value of `x` is finite (no NaN, no inf).
+
+  Concrete `x` (called outside `jit`) raises at once; a traced `x` adds a
+  `jax.experimental.checkify` check, reported by the function that `checkify.checkify` wraps
+  (under `jit` the check must be functionalized that way; JAX refuses it otherwise).
+
+  Raises:
+    ValueError: concrete `x` holds a NaN or an inf; names `name` and the first bad row.
+  """
+  if _checks.is_concrete(x):
+    bad = ~np.isfinite(np.asarray(x))
+    if bad.any():
+      row = int(np.argwhere(bad)[0][0])
+      raise ValueError(f"{name} must be finite (check_finite=True), got {int(bad.sum())} "
+                       f"NaN/inf value(s), the first in row {row}.")
+    return
+  checkify.check(jnp.all(jnp.isfinite(x)), f"{name} must be finite (check_finite=True), got "
+                 "NaN/inf value(s).")
 
 
 def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:

@@ -103,6 +103,7 @@ def sigmoid_loss(
     reduction: str = "mean",
     where: jax.typing.ArrayLike | None = None,
     block_size: int | None = None,
+    check_finite: bool = False,
 ) -> jax.Array:
   r"""The sigmoid contrastive loss (SigLIP) with a pluggable similarity-to-logit map.
 
@@ -135,6 +136,10 @@ def sigmoid_loss(
     ...     mapping=mappings.learnable_temperature(tau=0.1))
     >>> free.shape, bool(siglip > 0)
     ((), True)
+    >>> losses.sigmoid_loss(z1, z2.at[0, 0].set(jnp.inf), check_finite=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: z2 must be finite (check_finite=True), got 1 NaN/inf value(s), the first in row 0.
 
   Args:
     z1: `[N, D]` float embeddings of the first view (images).
@@ -149,6 +154,11 @@ def sigmoid_loss(
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row sums).
     where: optional `[N]` bool mask of valid pairs (padded batches).
     block_size: the largest tile side, or None (automatic).
+    check_finite: check that every input embedding is finite: `ValueError` naming the
+      argument when called with concrete arrays; under `jit`, a `jax.experimental.checkify`
+      check, so wrap the caller: `err, loss = checkify.checkify(jax.jit(f))(...)`, then
+      `err.throw()` (without the wrapper JAX refuses to trace the check). Off by default:
+      it costs a reduction over the inputs.
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or `[N]` (`cross`) / `[2N]` (`all`)
@@ -159,6 +169,9 @@ def sigmoid_loss(
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
   z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction)
+  if check_finite:
+    _layout.check_finite(z1, name="z1")
+    _layout.check_finite(z2, name="z2")
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)

@@ -65,6 +65,7 @@ def supervised_info_nce(
     mapping: mappings_lib.MappingLike | None = None,
     form: str = "ntxent",
     block_size: int | None = None,
+    check_finite: bool = False,
 ) -> jax.Array:
   r"""Supervised contrastive loss: positives share a label; `form` picks how they are scored.
 
@@ -102,6 +103,10 @@ def supervised_info_nce(
     >>> supcon = losses.supervised_info_nce(z, labels, form="supcon")  # temperature-free
     >>> bool(jnp.isfinite(supcon))
     True
+    >>> losses.supervised_info_nce(z.at[5, 1].set(jnp.nan), labels, check_finite=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: z must be finite (check_finite=True), got 1 NaN/inf value(s), the first in row 5.
 
   Args:
     z: `[B, D]` float embeddings.
@@ -110,6 +115,11 @@ def supervised_info_nce(
       default `mappings.temperature_free()`.
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
+    check_finite: check that every input embedding is finite: `ValueError` naming the
+      argument when called with concrete arrays; under `jit`, a `jax.experimental.checkify`
+      check, so wrap the caller: `err, loss = checkify.checkify(jax.jit(f))(...)`, then
+      `err.throw()` (without the wrapper JAX refuses to trace the check). Off by default:
+      it costs a reduction over the inputs.
 
   Returns:
     A float32 scalar (0 if there is no positive pair under `jit`; concrete labels with no
@@ -120,6 +130,8 @@ def supervised_info_nce(
     arXiv 2501.17683, Eq. 1 and 11.
   """
   z = _checks.float_matrix(z, name="z")
+  if check_finite:
+    _layout.check_finite(z, name="z")
   labels = jnp.asarray(labels)
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise TypeError(f"labels must have an integer dtype, got {labels.dtype}.")
