@@ -31,7 +31,8 @@ def run_main(
     default_config: config file used when `--config` is not given.
     workdir_aliases: other names for `--workdir` (e.g. `out`).
     quiet_logs: lower absl logging to WARNING (orbax logs every save at INFO).
-    user_errors: exception types that are the user's mistake: printed as one line, exit 2.
+    user_errors: exception types that are the user's mistake: printed as one line, exit 2
+      (`runner.ConfigError` always is).
 
   A full disk (`ENOSPC`, `EDQUOT`) stops the command with one line naming the file, exit 1;
   the workdir's lock (`runner.acquire`) is released on every way out, Ctrl-C included.
@@ -72,7 +73,7 @@ def run_main(
     try:
       with runner.migrating(migrate.value):
         run(config.value, workdir.value)
-    except user_errors as error:
+    except (runner.ConfigError, *user_errors) as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
     except OSError as error:
@@ -127,7 +128,8 @@ def summary(workdir: str) -> str:
   if os.path.isfile(table):
     with open(table) as f:
       lines += [f.read().rstrip(), ""]
-  names = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+  names = sorted(name for name in os.listdir(workdir) if not name.startswith(".")) if (
+      os.path.isdir(workdir)) else []  # not the lock, nor a temporary file a kill left
   lines.append(f"wrote {os.path.abspath(workdir)}/: " + (", ".join(
       name + ("/" if os.path.isdir(os.path.join(workdir, name)) else "") for name in names)
       or "nothing"))
@@ -170,13 +172,15 @@ def _fields(config, prefix: str = "") -> dict[str, object]:
 def check_overrides(argv: list[str], *, default_config: str | None = None) -> str | None:
   """A one-line problem with the `--config.FIELD=VALUE` overrides in `argv`, or None.
 
-  Names an unknown field with the closest known ones (`difflib`), and a missing config file.
+  Names an unknown field with the closest known ones (`difflib`), a missing config file, and
+  a negative value for an int field whose default is >= 0.
   """
   import difflib  # noqa: PLC0415
   import os  # noqa: PLC0415
 
-  overrides = [arg[len("--config."):].split("=", 1)[0] for arg in argv
-               if arg.startswith("--config.")]
+  values = dict(arg[len("--config."):].partition("=")[::2] for arg in argv
+                if arg.startswith("--config."))
+  overrides = list(values)
   path = _config_path(argv, default_config)
   if path is None:
     return None  # main() says --config is missing
@@ -194,6 +198,14 @@ def check_overrides(argv: list[str], *, default_config: str | None = None) -> st
       hint = f"; did you mean {', '.join(close)}?" if close else ""
       return (f"unknown config field {name!r}{hint} (`--help` lists the fields of "
               f"{path.partition(':')[0]})")
+    default = fields[name]
+    if isinstance(default, int) and not isinstance(default, bool) and default >= 0:
+      try:
+        value = int(values[name])
+      except ValueError:
+        continue  # not an int: the flag parser names it
+      if value < 0:  # a count, a size, a period or an index: none of them is negative
+        return f"config.{name} must be >= 0 (its default is {default}), got {value}."
   return None
 
 

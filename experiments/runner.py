@@ -36,6 +36,7 @@ import dataclasses
 import datetime
 import itertools
 import json
+import math
 import numbers
 import os
 import re
@@ -63,6 +64,13 @@ ADDED_FIELDS = {"objective": "simclr"}
 class ConfigError(ValueError):
   """A config, dataset, checkpoint or workdir problem found before training: the command line
   prints it as one line and exits 2."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+  """A config field of the wrong type (a `ConfigError` that is also a `TypeError`)."""
+
+
+MAX_RUNS = 100_000  # a plan larger than this is a typo (seeds=1e9), not a sweep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,14 +127,15 @@ def check_positive_ints(config, *fields: str) -> None:
   """Each `config.<field>` is an int >= 1.
 
   Raises:
-    ValueError, TypeError: naming the first field that is not.
+    ConfigError (a ValueError), ConfigTypeError (a TypeError): naming the first field that is
+      not.
   """
   for field in fields:
     value = config[field]
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-      raise TypeError(f"config.{field} must be an int >= 1, got {value!r}.")
+      raise ConfigTypeError(f"config.{field} must be an int >= 1, got {value!r}.")
     if value < 1:
-      raise ValueError(f"config.{field} must be an int >= 1, got {value!r}.")
+      raise ConfigError(f"config.{field} must be an int >= 1, got {value!r}.")
 
 
 def renamed(config, field: str, old: str):
@@ -191,6 +200,10 @@ def plan(config, *, order: Sequence[str] = ("seed", "spec"),
     check_positive_ints(config, "seeds", *positive_ints)
   except (TypeError, ValueError) as error:
     raise ConfigError(str(error)) from error
+  count = len(specs) * config.seeds * math.prod(len(values) for values in axes.values())
+  if count > MAX_RUNS:
+    raise ConfigError(f"config.seeds={config.seeds} plans {count} runs (losses x seeds x axes), "
+                      f"more than {MAX_RUNS}.")
   first = int(config.get("seed_offset", 0))
   values = {"spec": specs, "seed": list(range(first, first + config.seeds)), **axes}
   runs = []
@@ -251,8 +264,13 @@ def _identity(record: dict, axis_names: Sequence[str]) -> Run | None:
 
 
 def _read_record(folder: str) -> dict:
-  with open(os.path.join(folder, loop.CONFIG_FILE)) as f:
-    return json.load(f)
+  """A run folder's `config.json`; {} (no identity) for one a kill cut short."""
+  try:
+    with open(os.path.join(folder, loop.CONFIG_FILE)) as f:
+      record = json.load(f)
+  except ValueError:
+    return {}
+  return record if isinstance(record, dict) else {}
 
 
 def misplaced(workdir: str, runs: Sequence[Run]) -> list[tuple[str, Run]]:
@@ -377,6 +395,23 @@ def locked(workdir: str) -> Iterator[None]:
       release(workdir)
 
 
+def _drop_torn_record(workdir: str) -> None:
+  """Removes a workdir `config.json` that does not parse, with a one-line notice: a kill while
+  it was written left it cut short (it is rewritten in place), and a rerun must not stop
+  there. Each run folder keeps its own record."""
+  path = os.path.join(workdir, loop.CONFIG_FILE)
+  try:
+    with open(path) as f:
+      json.load(f)
+  except FileNotFoundError:
+    return
+  except (OSError, ValueError) as error:
+    if jax.process_index() == 0:
+      print(f"note: {path} does not parse ({error}); recording the config again",
+            file=sys.stderr)
+      os.remove(path)
+
+
 def prepare(workdir: str, config, *, runs: Sequence[Run] = (), plan_fields: Sequence[str] = (),
             ignored: Sequence[str] = ("resume", "progress"), outputs: Sequence[str] = ()) -> None:
   """Checks `workdir` against `config` and `runs` before anything runs; records `config`.
@@ -407,6 +442,7 @@ def prepare(workdir: str, config, *, runs: Sequence[Run] = (), plan_fields: Sequ
   if jax.process_index() == 0:
     acquire(workdir)
   try:
+    _drop_torn_record(workdir)
     try:
       loop.prepare_workdir(workdir, record, resume=resume)
     except ValueError as error:

@@ -4,20 +4,29 @@ disk, and SIGKILL at random instants (`experiments.runner`, `experiments.tables`
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import json
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
 
+import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
+from jax.experimental import checkify
 
 from experiments import runner, tables
+from tests.xla_flags import with_host_devices
+from tfcl_jax import losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -224,3 +233,143 @@ def test_disk_full_error_names_the_file():
 
 
 # -- 5. SIGKILL at random instants -------------------------------------------------------------
+
+SIMCLR = [sys.executable, "-m", "experiments.simclr",
+          f"--config={os.path.join(ROOT, 'experiments', 'configs', 'simclr_digits.py')}",
+          "--config.losses=free,tau=0.5", "--config.seeds=2", "--config.width=4",
+          "--config.epochs=1", "--config.probe_epochs=0", "--config.eval_every_epochs=0",
+          "--config.checkpoint_every_steps=2", "--config.log_every=1", "--config.progress=False"]
+KILLS = 10
+
+
+def _start(workdir, log, *extra):
+  env = dict(os.environ, XLA_FLAGS=with_host_devices(1))
+  return subprocess.Popen([*SIMCLR, f"--workdir={workdir}", *extra], cwd=ROOT, env=env,
+                          stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _measured(rows):
+  """The rows without timing columns (none today; a `*time*`/`*seconds*` column would vary)."""
+  return [{key: value for key, value in row.items()
+           if "time" not in key and "seconds" not in key} for row in rows]
+
+
+def _started(proc, workdir, timeout=300) -> bool:
+  """Waits until `proc` holds the workdir's lock (its start-up is over): False if it ended."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if proc.poll() is not None:
+      return False
+    with contextlib.suppress(OSError, ValueError):
+      if _lock(workdir)["pid"] == proc.pid:
+        return True
+    time.sleep(0.02)
+  raise AssertionError(f"no lock within {timeout} s")
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_at_random_instants_ends_with_the_uninterrupted_table(tmp_path):
+  """SIGKILL at KILLS seeded random instants of an uninterrupted run's duration (past start-up:
+  from the moment the sweep holds its workdir; restart i lives the gap between instants i-1 and
+  i), each restart the same command, then one run to the end: the same results.csv, bit for
+  bit. A restart that ends before its gap (the work left was shorter) halves the later gaps."""
+  log = open(tmp_path / "stderr.log", "w+")  # noqa: SIM115  (a file: a full pipe would block)
+  began = time.monotonic()
+  # One seed first compiles every program (into the session's cache), so that the measured
+  # duration is the one each restart has, not XLA's first compilation.
+  assert _start(tmp_path / "compile", log, "--config.seeds=1").wait(timeout=300) == 0
+  start = time.monotonic()
+  proc = _start(tmp_path / "uninterrupted", log)
+  assert _started(proc, tmp_path / "uninterrupted")
+  working = time.monotonic()
+  assert proc.wait(timeout=300) == 0
+  duration = time.monotonic() - working  # from holding the workdir to the end
+  # Sorted instants of that duration; restart i lives from its start-up to the i-th gap.
+  rng = random.Random(0)
+  instants = sorted(rng.uniform(0.0, duration) for _ in range(KILLS))
+  gaps = [b - a for a, b in zip([0.0, *instants], instants, strict=False)]
+  kills = restarts = 0
+  shrink = 1.0  # halved whenever a restart ends first (its gap outlasted the work left)
+  while kills < KILLS and restarts < 3 * KILLS:
+    proc = _start(tmp_path / "killed", log)
+    restarts += 1
+    if not _started(proc, tmp_path / "killed"):
+      continue
+    try:
+      proc.wait(timeout=shrink * gaps[kills])
+      shrink /= 2
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+      kills += 1
+  assert kills == KILLS
+  assert _start(tmp_path / "killed", log).wait(timeout=300) == 0
+  log.seek(0)
+  err = log.read()
+  assert "does not hold a result" not in err and "Traceback" not in err, err[-3000:]
+  expected, got = (tables.read_csv(str(tmp_path / name / "results.csv"))
+                   for name in ("uninterrupted", "killed"))
+  equal = _measured(got) == _measured(expected)
+  print(f"\n{kills} SIGKILLs in {restarts} restarts at instants {[round(t, 2) for t in instants]} "
+        f"s of the uninterrupted run's {duration:.1f} s (after a {working - start:.1f} s "
+        f"start-up); results.csv equal to the uninterrupted one: {equal} ({len(got)} rows); "
+        f"{time.monotonic() - began:.0f} s in all")
+  assert equal and len(got) == 4, (got, expected)
+  for run in runner.plan(ml_collections.ConfigDict(dict(losses="free,tau=0.5", seeds=2))):
+    run = runner.Run(run.spec, run.seed, (("batch_size", 256),))
+    first, second = (json.load(open(os.path.join(run.directory(str(tmp_path / name)),
+                                                 runner.RESULT_FILE)))
+                     for name in ("uninterrupted", "killed"))
+    assert first == second, run
+
+
+# -- 4. non-finite inputs to the losses (`check_finite=True`) -----------------------------------
+
+
+def _views():
+  z1 = jax.random.normal(jax.random.key(0), (6, 4))
+  return z1, z1 + 0.1 * jax.random.normal(jax.random.key(1), (6, 4))
+
+
+LABELS = jnp.array([0, 0, 1, 1, 2, 2])
+CALLS = {
+    "info_nce": lambda a, b, **kw: losses.info_nce(a, b, **kw),
+    "info_nce_all": lambda a, b, **kw: losses.info_nce(a, b, negatives="all", **kw),
+    "sigmoid_loss": lambda a, b, **kw: losses.sigmoid_loss(a, b, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+@pytest.mark.parametrize("bad", ["z1", "z2"])
+def test_check_finite_names_the_view_eagerly_and_under_checkify_jit(name, bad):
+  z1, z2 = _views()
+  views = {"z1": z1, "z2": z2}
+  views[bad] = views[bad].at[4, 2].set(jnp.nan if bad == "z1" else -jnp.inf)
+  loss = CALLS[name]
+  with pytest.raises(ValueError, match=f"^{bad} must be finite .* the first in row 4"):
+    loss(views["z1"], views["z2"], check_finite=True)
+  checked = checkify.checkify(jax.jit(lambda a, b: loss(a, b, check_finite=True)))
+  error, _ = checked(views["z1"], views["z2"])
+  assert error.get() is not None and error.get().startswith(f"{bad} must be finite")
+  error, value = checked(z1, z2)
+  assert error.get() is None
+  # The default (no check) gives the same values and lets a NaN through.
+  assert value == jax.jit(loss)(z1, z2)
+  assert loss(z1, z2, check_finite=True) == loss(z1, z2)
+  assert np.isnan(loss(views["z1"], views["z2"]))
+
+
+def test_check_finite_of_the_supervised_loss_names_z():
+  z, _ = _views()
+  bad = z.at[1, 0].set(jnp.inf)
+  for form in ("ntxent", "supcon"):
+    with pytest.raises(ValueError, match="^z must be finite .* the first in row 1"):
+      losses.supervised_info_nce(bad, LABELS, form=form, check_finite=True)
+    def loss(z, labels, form=form, **kw):
+      return losses.supervised_info_nce(z, labels, form=form, **kw)
+
+    checked = checkify.checkify(jax.jit(lambda z, labels: loss(z, labels, check_finite=True)))
+    assert checked(bad, LABELS)[0].get().startswith("z must be finite")
+    error, value = checked(z, LABELS)
+    assert error.get() is None and value == jax.jit(loss)(z, LABELS)
+    assert loss(z, LABELS, check_finite=True) == loss(z, LABELS)
