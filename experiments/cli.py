@@ -12,6 +12,11 @@ from collections.abc import Callable
 
 from experiments import runner, tables
 from experiments.runner import ConfigError  # noqa: F401  (what `user_errors` usually names)
+from tfcl_jax.training import loop
+
+#: Exit status of a command stopped by SIGTERM after saving its checkpoint (128 + SIGTERM, as a
+#: shell reports a terminated job; batch schedulers requeue on it).
+PREEMPTED_STATUS = 143
 
 
 def run_main(
@@ -34,8 +39,11 @@ def run_main(
     user_errors: exception types that are the user's mistake: printed as one line, exit 2
       (`runner.ConfigError` always is).
 
-  A full disk (`ENOSPC`, `EDQUOT`) stops the command with one line naming the file, exit 1;
-  the workdir's lock (`runner.acquire`) is released on every way out, Ctrl-C included.
+  How a command ends, each with one line on stderr: a user's mistake, exit 2; a full disk
+  (`ENOSPC`, `EDQUOT`) naming the file, or a non-finite loss naming the step and the run, exit
+  1; Ctrl-C after the checkpoint of the current step, exit 130; SIGTERM (preemption) likewise,
+  exit `PREEMPTED_STATUS` (143). The workdir's lock (`runner.acquire`) is released on every way
+  out. Rerunning the same command resumes.
   """
   from absl import app, flags, logging
   from ml_collections import config_flags
@@ -76,6 +84,15 @@ def run_main(
     except (runner.ConfigError, *user_errors) as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
+    except loop.Preempted as error:  # SIGTERM: the checkpoint of error.step is on disk
+      runner.release()
+      print(f"stopped: {error}", file=sys.stderr)
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(PREEMPTED_STATUS)  # as for Ctrl-C: no interpreter shutdown mid-prefetch
+    except FloatingPointError as error:  # a non-finite loss or gradient, step and run named
+      print(f"error: {error}", file=sys.stderr)
+      sys.exit(1)
     except OSError as error:
       if error.errno not in tables.DISK_FULL:
         raise

@@ -74,7 +74,7 @@ def test_unknown_field_is_one_line_and_exit_2(tmp_path):
   assert not os.listdir(tmp_path)
 
 
-def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
+def test_ctrl_c_stops_cleanly_the_same_command_resumes_and_sigterm_stops_it_with_143(tmp_path):
   proc, log = _simclr(tmp_path, "--config.epochs=400", "--config.log_every=1")
   metrics = tmp_path / "runs" / "free" / "batch_size_256" / "seed0" / "metrics.csv"
   deadline = time.monotonic() + WAIT_S
@@ -92,6 +92,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
   with open(metrics) as f:
     stopped_at = int(list(csv.DictReader(f))[-1]["step"])
   assert stopped_at < 2000
+  assert (metrics.parent / "checkpoints" / str(stopped_at)).is_dir()  # saved where it stopped
   # The same command continues from the last checkpoint (step numbers go on, not from 1).
   resumed, log = _simclr(tmp_path, "--config.epochs=400", "--config.log_every=1")
   deadline = time.monotonic() + WAIT_S
@@ -101,9 +102,18 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(tmp_path):
     if steps and steps[-1] > stopped_at + 2:
       break
     time.sleep(0.5)
-  resumed.send_signal(signal.SIGINT)
-  _finish(resumed, log)
+  # SIGTERM (a preempted job): the step's checkpoint is saved, one line, exit 143.
+  resumed.send_signal(signal.SIGTERM)
+  err = _finish(resumed, log)
+  assert resumed.returncode == cli.PREEMPTED_STATUS, err[-2000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("stopped: preempted (SIGTERM): checkpoint saved at step ") and (
+      "Traceback" not in err)
+  with open(metrics) as f:
+    steps = [int(row["step"]) for row in csv.DictReader(f)]
   assert steps == list(range(1, len(steps) + 1)), "one row per step, no restart from step 1"
+  saved = int(last.split("at step ")[1].split()[0])
+  assert saved == steps[-1] and (metrics.parent / "checkpoints" / str(saved)).is_dir()
 
 
 def test_summary_prints_the_table_and_the_files(tmp_path):

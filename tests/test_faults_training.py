@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import functools
 import glob
+import json
 import os
 import signal
 
@@ -300,3 +301,24 @@ def test_non_finite_gradient_with_a_finite_loss_stops_the_run(tmp_path):
                key=jax.random.key(0), mesh=mesh, batch_sharded=False, progress=False)
   np.testing.assert_array_equal(loop.read_csv(str(tmp_path / loop.METRICS_FILE))["loss"],
                                 [np.sqrt(np.float32(2.0)), 0.0])
+
+
+def test_config_json_is_written_whole_and_a_cut_one_is_written_again(tmp_path, monkeypatch):
+  loop.prepare_workdir(str(tmp_path), {"lr": 0.1}, resume=False)
+  path = tmp_path / loop.CONFIG_FILE
+  before = _text(path)
+
+  def dump_half(obj, f, **kwargs):  # a write cut short by a kill or a full disk
+    f.write("{")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(json, "dump", dump_half)
+  with pytest.raises(OSError):
+    loop.prepare_workdir(str(tmp_path), {"lr": 0.1}, resume=True)
+  monkeypatch.undo()
+  assert _text(path) == before  # the recorded config is intact, nothing else left
+  assert sorted(os.listdir(tmp_path)) == [loop.CONFIG_FILE]
+  path.write_text('{"lr": 0.')  # as an older, non-atomic write could leave it
+  with pytest.warns(UserWarning, match="cannot be read; it is written again"):
+    loop.prepare_workdir(str(tmp_path), {"lr": 0.1}, resume=True)
+  assert json.loads(_text(path)) == {"lr": 0.1}

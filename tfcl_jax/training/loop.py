@@ -105,9 +105,15 @@ def prepare_workdir(workdir: str, config: dict[str, Any], *, resume: bool) -> No
     raise ValueError(
         f"workdir {workdir!r} already holds a run ({', '.join(existing)}); pass "
         f"--config.resume=True to continue it, or choose a new workdir. Nothing was overwritten.")
+  recorded = None
   if resume and os.path.exists(config_path):
-    with open(config_path) as f:
-      recorded = json.load(f)
+    try:
+      with open(config_path) as f:
+        recorded = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError):  # cut short (an older, non-atomic write)
+      warnings.warn(f"{config_path} cannot be read; it is written again from this run's config.",
+                    stacklevel=2)
+  if recorded is not None:
     if recorded != config:
       keys = sorted(set(recorded) | set(config))
       diff = [f"{k}: recorded {recorded.get(k)!r}, now {config.get(k)!r}"
@@ -115,9 +121,15 @@ def prepare_workdir(workdir: str, config: dict[str, Any], *, resume: bool) -> No
       raise ValueError(
           f"cannot resume: the config differs from the run in {workdir!r}: {'; '.join(diff)}. "
           f"Use the recorded config or a new workdir.")
-  if jax.process_index() == 0:
-    with open(config_path, "w") as f:
-      json.dump(config, f, indent=2, sort_keys=True)
+  if jax.process_index() == 0:  # whole or not at all: a temporary file, then one rename
+    partial = f"{config_path}.{os.getpid()}.tmp"
+    try:
+      with open(partial, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+      os.replace(partial, config_path)
+    finally:
+      if os.path.exists(partial):
+        os.remove(partial)
 
 
 def read_csv(path: str) -> dict[str, np.ndarray]:
