@@ -20,7 +20,7 @@ import numpy as np
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402
 
-from experiments import cli, tables  # noqa: E402
+from experiments import cli, runner, tables  # noqa: E402
 from tfcl_jax.analysis import figures  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "gradient_scales_paper.py")
@@ -53,6 +53,14 @@ def _save(figure: figures.Figure, path: str) -> None:
 
 def run(config, workdir: str) -> dict:
   """Computes every figure, writes PNGs, `gradient_scales.csv`, `results.csv`, `results.md`."""
+  try:
+    low_high = tuple(config.figure3_tau_range)
+  except TypeError:  # not a sequence
+    low_high = ()
+  if len(low_high) != 2 or not all(isinstance(t, (int, float)) for t in low_high) or not (
+      0 < low_high[0] < low_high[1]):
+    raise runner.ConfigError(f"config.figure3_tau_range must be two temperatures 0 < low < high, "
+                             f"got {config.figure3_tau_range!r}.")
   os.makedirs(workdir, exist_ok=True)
   rows, summary = [], []
   with jax.enable_x64(config.x64):

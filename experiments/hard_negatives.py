@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import cli, studies_common, tables
+from experiments import cli, runner, studies_common, tables
 from tfcl_jax import langevin, losses, mappings
 
 
@@ -159,7 +159,18 @@ COLUMNS = ("mapping", "hard_fraction", "positive_pull", "hard_share", "separated
            "final_positive", "final_max_negative", "final_margin", "final_tau")
 
 
+#: The most embedding values one seed's instances may hold (`instances × (negatives + 2) ×
+#: dim`): 2^31 float32 values are 8 GiB, past what this study needs by orders of magnitude.
+MAX_VALUES = 2**31
+
+
 def run(config, workdir: str) -> list[dict]:
+  values = config.instances * (config.negatives + 2) * config.dim
+  if values > MAX_VALUES:
+    raise runner.ConfigError(
+        f"config.dim={config.dim} with config.instances={config.instances} and "
+        f"config.negatives={config.negatives} makes {values:.3g} embedding values per seed; at "
+        f"most {MAX_VALUES:.3g} (lower dim, instances or negatives).")
   os.makedirs(workdir, exist_ok=True)
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   rows = []
