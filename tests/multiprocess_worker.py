@@ -129,6 +129,7 @@ def host_batches(shard_index: int, shard_count: int, start: int):
 def train_task(process_id: int, num_processes: int, out_dir: str, steps: int,
                sigterm_at: int | None = None) -> None:
   import signal  # noqa: PLC0415
+  import time  # noqa: PLC0415
 
   import numpy as np  # noqa: PLC0415
 
@@ -142,6 +143,9 @@ def train_task(process_id: int, num_processes: int, out_dir: str, steps: int,
     for index, batch in enumerate(host_batches(process_id, num_processes, start), start):
       if index == sigterm_at and process_id == 0:
         os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler preempting one host
+        # Its peer waits for this process in the step's collectives meanwhile; the pause lets
+        # the notice reach the coordination service on a loaded machine before step 3 ends.
+        time.sleep(2.0)
       seen.append(batch["image"])
       yield batch
 
