@@ -47,12 +47,20 @@ def test_help_lists_every_field_with_its_default():
 WAIT_S = 600
 
 
+# `python -m experiments.simclr` with Python's own Ctrl-C handler, as a terminal starts it: a
+# shell without job control starts its background commands (and so this test's process) with
+# SIGINT ignored, which a child inherits.
+AS_IF_FROM_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('experiments.simclr', run_name='__main__', alter_sys=True)")
+
+
 def _simclr(workdir, *extra):
   """Starts the SimCLR digits experiment; returns the process and the file its stderr goes to
   (a file, not a pipe: a progress bar filling an unread pipe would block the child)."""
   log = open(f"{workdir}.{time.monotonic_ns()}.err", "w+")  # noqa: SIM115
   proc = subprocess.Popen(
-      [sys.executable, "-m", "experiments.simclr", f"--config={SIMCLR}", f"--workdir={workdir}",
+      [sys.executable, "-c", AS_IF_FROM_A_TERMINAL, f"--config={SIMCLR}", f"--workdir={workdir}",
        "--config.losses=free", "--config.seeds=1", "--config.width=4",
        "--config.probe_epochs=0", "--config.eval_every_epochs=0",
        "--config.checkpoint_every_steps=5", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
