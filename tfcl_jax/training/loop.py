@@ -344,8 +344,8 @@ class _Preemption:
   one step for all of them, so that they save the same checkpoint.
 
   Ctrl-C (SIGINT, one process, where Python's own handler is in place) is held to the next step
-  boundary the same way, so that it never lands inside a checkpoint write (orbax runs asyncio
-  loops that would take it as a cancellation and go on); a second Ctrl-C interrupts at once.
+  boundary the same way, so that it never lands inside a checkpoint write and the step it
+  stops at is saved; a second Ctrl-C interrupts at once.
   """
 
   def __init__(self):
