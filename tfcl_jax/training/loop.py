@@ -389,7 +389,7 @@ class _Preemption:
     except RuntimeError:  # the preemption service is off (jax_enable_preemption_service)
       return False
 
-  def stop(self, step_number: int, workdir: str) -> Exception:
+  def stop(self, step_number: int, workdir: str) -> BaseException:
     """What to raise after the checkpoint of `step_number`: Ctrl-C, else `Preempted`."""
     if self.interrupted and not self.requested:
       return KeyboardInterrupt(f"checkpoint saved at step {step_number} in {workdir}")
