@@ -293,6 +293,28 @@ results_markdown = tables.sweep_markdown(table6, example="tau=0.8,free")
 plot = tables.sweep_plot(write_plot, example="tau=0.8,free")
 
 
+def check_config(config) -> None:
+  """Every check of `config` that needs no data: the loss specs, each field's type and range.
+
+  Raises:
+    ConfigError: (a `ValueError`) naming the first bad field.
+  """
+  runner.check_fields(
+      config, positive=("epochs", "batch_size", "max_length", "num_negatives", "top_k",
+                        "hidden_size", "inner_size", "num_layers", "num_heads", "num_devices",
+                        "log_every"),
+      non_negative=("seed_offset", "min_user_interactions"),
+      positive_numbers=("learning_rate",), non_negative_numbers=("cl_weight", "kl_weight"),
+      fractions=("hidden_dropout", "attention_dropout", "graph_dropout", "weight_mean"))
+  if config.hidden_size % config.num_heads:
+    raise ConfigError(f"config.hidden_size={config.hidden_size} must be a multiple of "
+                      f"config.num_heads={config.num_heads}.")
+  if config.min_rating is not None and not isinstance(config.min_rating, (int, float)):
+    raise runner.ConfigTypeError(f"config.min_rating must be None or a number, got "
+                                 f"{config.min_rating!r}.")
+  plan_runs(config)
+
+
 def plan_runs(config) -> list[Run]:
   """The (spec, seed) runs, seed-major (an interrupted sweep has as many seeds per spec).
 
@@ -314,6 +336,7 @@ def run(config, workdir: str, *, command: str | None = None, progress: bool = Tr
       training examples than one batch, more negatives or co-interaction neighbours (`top_k`)
       than the catalogue allows, or a workdir made with another config: before any training.
   """
+  check_config(config)
   runs = plan_runs(config)
   data = load_data(config)
   if len(data.train) < config.batch_size:

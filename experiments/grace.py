@@ -234,6 +234,31 @@ def plan_runs(config) -> list[Run]:
                      positive_ints=("epochs",))
 
 
+def check_config(config) -> None:
+  """Every check of `config` that needs no data: the loss specs, each field's type and range.
+
+  Raises:
+    ConfigError: (a `ValueError`) naming the first bad field.
+  """
+  runner.check_fields(
+      config, positive=("epochs", "num_layers", "hidden_dim", "projection_dim", "num_devices",
+                        "checkpoint_every", "eval_epochs", "eval_interval", "log_every"),
+      non_negative=("seed_offset",), positive_numbers=("learning_rate", "eval_learning_rate"),
+      fractions=("edge_rate", "feature_rate"))
+  if str(config.dataset).lower() not in planetoid.DATASETS:
+    raise ConfigError(f"config.dataset must be one of {', '.join(sorted(planetoid.DATASETS))}, "
+                      f"got {config.dataset!r}.")
+  if config.block_size is not None:
+    runner.check_fields(config, positive=("block_size",))
+  for field in ("train_ratio", "val_ratio"):
+    if not 0 < config[field] < 1:
+      raise ConfigError(f"config.{field} must be in (0, 1), got {config[field]!r}.")
+  if config.train_ratio + config.val_ratio >= 1:
+    raise ConfigError(f"config.train_ratio + config.val_ratio must be < 1 (the rest is the test "
+                      f"split), got {config.train_ratio} + {config.val_ratio}.")
+  plan_runs(config)
+
+
 def run(config, workdir: str, *, command: str | None = None, progress: bool = True
         ) -> list[dict]:
   """Trains every (spec, seed) run not yet finished in `workdir`; rewrites the tables.
@@ -243,6 +268,7 @@ def run(config, workdir: str, *, command: str | None = None, progress: bool = Tr
       below 1, a data folder without the Planetoid files, or a workdir made with another
       config: before any training.
   """
+  check_config(config)
   runs = plan_runs(config)
   try:
     graph, batch = load_graph(config)

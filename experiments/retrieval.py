@@ -423,6 +423,28 @@ def plan_runs(config) -> list[Run]:
                                     "min_word_count"))
 
 
+def check_config(config) -> None:
+  """Every check of `config` that needs no data: the objectives, the features, each field's
+  type and range.
+
+  Raises:
+    ConfigError: (a `ValueError`) naming the first bad field.
+  """
+  runner.check_fields(
+      config, positive=("epochs", "batch_size", "dim", "num_devices", "log_every",
+                        "min_word_count"),
+      non_negative=("seed_offset", "split_seed"), positive_numbers=("learning_rate",),
+      non_negative_numbers=("weight_decay",),
+      choices={"split": SPLITS, "reduction": ("sum", "mean"),
+               "optimizer": tuple(training.optim.OPTIMIZERS)})
+  if not 0 < config.train_fraction < 1:
+    raise ConfigError(f"config.train_fraction must be in (0, 1), got {config.train_fraction!r}.")
+  _features(config, "query_features", movielens_features.QUERY_FEATURES)
+  _features(config, "candidate_features", movielens_features.CANDIDATE_FEATURES)
+  _hidden(config)
+  plan_runs(config)
+
+
 def run(config, workdir: str, *, command: str | None = None, progress: bool = True
         ) -> list[dict]:
   """Trains every (objective, seed) run not yet finished in `workdir`; rewrites the tables.
@@ -432,13 +454,8 @@ def run(config, workdir: str, *, command: str | None = None, progress: bool = Tr
       features, a batch larger than the training set, or a workdir made with another config:
       before any training.
   """
+  check_config(config)
   runs = plan_runs(config)
-  _hidden(config)
-  if config.reduction not in ("sum", "mean"):
-    raise ConfigError(f"config.reduction must be 'sum' or 'mean', got {config.reduction!r}.")
-  if config.optimizer not in training.optim.OPTIMIZERS:
-    raise ConfigError(f"config.optimizer must be one of {', '.join(training.optim.OPTIMIZERS)}"
-                      f", got {config.optimizer!r}.")
   data = load_data(config)
   command = tables.command_line() if command is None else command
   write_tables = tables.sweep_writer(workdir, config, columns=result_fields(config),

@@ -138,6 +138,59 @@ def check_positive_ints(config, *fields: str) -> None:
       raise ConfigError(f"config.{field} must be an int >= 1, got {value!r}.")
 
 
+def check_fields(config, *, positive: Sequence[str] = (), non_negative: Sequence[str] = (),
+                 positive_numbers: Sequence[str] = (), non_negative_numbers: Sequence[str] = (),
+                 fractions: Sequence[str] = (), choices: Mapping[str, Sequence] | None = None
+                 ) -> None:
+  """Checks the types and ranges of a config's fields, without reading data or a workdir.
+
+  Every experiment calls this first (`check_config`), so a bad field is named whatever the
+  environment holds: before its data is opened, its workdir created or a device touched.
+
+  Args:
+    config: the ConfigDict.
+    positive: ints >= 1 (counts, sizes, periods).
+    non_negative: ints >= 0 (offsets, minimums where 0 means none).
+    positive_numbers: finite numbers > 0 (learning rates, ratios).
+    non_negative_numbers: finite numbers >= 0 (loss weights, weight decay).
+    fractions: numbers in [0, 1) (dropout and masking rates).
+    choices: field -> the values it may take.
+
+  Raises:
+    ConfigTypeError: a field of the wrong type, naming it.
+    ConfigError: a value out of its range or not among its choices, naming the field.
+
+  Examples:
+    >>> import ml_collections
+    >>> from experiments import runner
+    >>> config = ml_collections.ConfigDict({"epochs": 0, "dropout": 0.1})
+    >>> runner.check_fields(config, positive=("epochs",), fractions=("dropout",))
+    Traceback (most recent call last):
+    ...
+    experiments.runner.ConfigError: config.epochs must be an int >= 1, got 0.
+  """
+  check_positive_ints(config, *positive)
+  for field in non_negative:
+    value = config[field]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+      raise ConfigTypeError(f"config.{field} must be an int >= 0, got {value!r}.")
+    if value < 0:
+      raise ConfigError(f"config.{field} must be an int >= 0, got {value!r}.")
+  ranges = ([(field, "> 0", lambda v: v > 0) for field in positive_numbers]
+            + [(field, ">= 0", lambda v: v >= 0) for field in non_negative_numbers]
+            + [(field, "in [0, 1)", lambda v: 0 <= v < 1) for field in fractions])
+  for field, text, ok in ranges:
+    value = config[field]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      raise ConfigTypeError(f"config.{field} must be a number {text}, got {value!r}.")
+    if not (math.isfinite(value) and ok(value)):
+      raise ConfigError(f"config.{field} must be a number {text}, got {value!r}.")
+  for field, allowed in (choices or {}).items():
+    if config[field] not in allowed:
+      raise ConfigError(f"config.{field} must be one of {', '.join(map(repr, allowed))}, got "
+                        f"{config[field]!r}.")
+
+
 def renamed(config, field: str, old: str):
   """`config.<field>`, or `config.<old>` where a command still sets the field's former name
   (with a one-line notice on stderr)."""

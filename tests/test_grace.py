@@ -257,6 +257,8 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
 ])
 def test_config_errors_name_the_field_before_training(tmp_path, field, value, message):
   config = grace_citeseer.get_config()
+  if field != "data_dir":  # named whether the data is there or not
+    config.data_dir = str(tmp_path / "absent")
   config[field] = value
   with pytest.raises(grace.ConfigError, match=message):
     grace.run(config, str(tmp_path / "out"), progress=False)
