@@ -212,6 +212,7 @@ def _real_ml100k():
     return None
 
 
+@pytest.mark.movielens
 @pytest.mark.skipif(_real_ml100k() is None, reason="set TFCL_JAX_MOVIELENS to ML-100K")
 def test_real_movielens_100k():
   ratings = _real_ml100k()

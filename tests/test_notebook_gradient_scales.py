@@ -6,11 +6,14 @@ import os
 
 import nbclient
 import nbformat
+import pytest
 
 from notebooks import nbtools
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+pytestmark = pytest.mark.notebook  # .ci/run runs these again to keep their outputs
 
 def test_gradient_scales_notebook_runs(tmp_path, monkeypatch):
   notebook = nbformat.read(os.path.join(ROOT, "notebooks", "gradient_scales.ipynb"), as_version=4)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from notebooks import nbtools
+
+pytestmark = pytest.mark.notebook  # .ci/run runs these again to keep their outputs
 
 
 def test_temperature_hardness_notebook_runs(tmp_path):

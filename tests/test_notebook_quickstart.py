@@ -15,6 +15,8 @@ from tests import xla_flags
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 
 
+pytestmark = pytest.mark.notebook  # .ci/run runs these again to keep their outputs
+
 def test_quickstart_notebook_runs(monkeypatch):
   pytest.importorskip("ipykernel")
   root = str(NOTEBOOK.parents[1])

@@ -340,6 +340,7 @@ def _real_ml100k():
     return None
 
 
+@pytest.mark.movielens
 @pytest.mark.skipif(_real_ml100k() is None, reason="set TFCL_JAX_MOVIELENS to ML-100K")
 def test_one_epoch_on_real_movielens_100k(tmp_path):
   config = retrieval_ml100k.get_config("features")
