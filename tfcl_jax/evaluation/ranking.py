@@ -9,12 +9,15 @@ Recall@k equals the hit ratio HR@k (the paper's name):
     HR@k   = mean over examples of [rank < k]
     NDCG@k = mean over examples of [rank < k] / log2(rank + 2)
 
-Counting ties against the target keeps a model that scores everything alike at HR@k = 0
-instead of 1.
+Counting ties against the target (the default, `ties="against"`) keeps a model that scores
+everything alike at HR@k = 0 instead of 1. `ties="for"` counts only the negatives scoring
+strictly higher, `#{negatives scoring > the target}`: TensorFlow Recommenders' rule, whose
+`FactorizedTopK` puts the target's score beside the top-k scores and asks `tf.math.in_top_k`,
+which counts a target tied at the k-th place as a hit.
 
 Two-tower retrieval ranks each target against every item instead (`rank_all`, exact, not
-sampled): HR@k is then TensorFlow Recommenders' top-k categorical accuracy (`FactorizedTopK`),
-and Recall@k for one relevant item per example.
+sampled): HR@k is then TensorFlow Recommenders' top-k categorical accuracy (`FactorizedTopK`:
+the same number with `ties="for"` and no `seen`), and Recall@k for one relevant item per example.
 """
 
 from __future__ import annotations
@@ -28,32 +31,47 @@ import numpy as np
 from tfcl_jax import _checks
 from tfcl_jax.evaluation.chunks import map_chunks
 
+_TIES = ("against", "for")
 
-def target_rank(target_scores, negative_scores):
-  """`[M] int32` the number of negatives scoring at least as high as each target.
+
+def _outranks(ties: str):
+  """`(scores, target_score) -> bool`: whether a score is counted above the target's."""
+  _checks.one_of(ties, _TIES, name="ties")
+  return jnp.greater_equal if ties == "against" else jnp.greater
+
+
+def target_rank(target_scores, negative_scores, *, ties: str = "against"):
+  """`[M] int32` the number of negatives scoring at least as high as each target
+  (`ties="for"`: strictly higher).
 
   Examples:
     >>> import jax.numpy as jnp
     >>> from tfcl_jax.evaluation import ranking
     >>> ranking.target_rank(jnp.array([0.9, 0.2]), jnp.array([[0.1, 0.5], [0.3, 0.2]])).tolist()
     [0, 2]
+    >>> ranking.target_rank(jnp.array([0.9, 0.2]), jnp.array([[0.1, 0.5], [0.3, 0.2]]),
+    ...                     ties="for").tolist()
+    [0, 1]
 
   Args:
     target_scores: `[M]` the score of each example's target.
     negative_scores: `[M, K]` the scores of its K negatives.
+    ties: `"against"` (a negative scoring as high as the target ranks above it) or `"for"`
+      (it does not: TensorFlow Recommenders' `FactorizedTopK`).
   """
+  outranks = _outranks(ties)
   target_scores, negative_scores = jnp.asarray(target_scores), jnp.asarray(negative_scores)
   if target_scores.ndim != 1 or negative_scores.ndim != 2 or (
       negative_scores.shape[0] != target_scores.shape[0]):
     raise ValueError(f"target_scores must be [M] and negative_scores [M, K]; got "
                      f"{target_scores.shape} and {negative_scores.shape}.")
-  return jnp.sum(negative_scores >= target_scores[:, None], axis=1).astype(jnp.int32)
+  return jnp.sum(outranks(negative_scores, target_scores[:, None]), axis=1).astype(jnp.int32)
 
 
 def rank_all(query_embeddings, item_embeddings, queries, targets, *, seen=None,
-             chunk_size: int = 1024) -> jax.Array:
+             ties: str = "against", chunk_size: int = 1024) -> jax.Array:
   """`[M] int32`: per example, the items other than its target that score at least as high,
-  against the whole catalogue (exact; ties count against the target).
+  against the whole catalogue (exact; ties count against the target unless `ties="for"`).
 
   Example `m` scores `query_embeddings[queries[m]] . item_embeddings[j]` for every item `j`;
   items with `seen[queries[m], j]` are left out (a user's training items), the target never.
@@ -69,6 +87,11 @@ def rank_all(query_embeddings, item_embeddings, queries, targets, *, seen=None,
     >>> seen = jnp.array([[True, False, False], [False, False, True]])
     >>> ranking.rank_all(users, items, jnp.array([0, 1]), jnp.array([2, 1]), seen=seen).tolist()
     [1, 0]
+    >>> tied = jnp.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])   # items 0 and 1 score alike
+    >>> ranking.rank_all(users, tied, jnp.array([0, 0]), jnp.array([0, 1])).tolist()
+    [1, 1]
+    >>> ranking.rank_all(users, tied, jnp.array([0, 0]), jnp.array([0, 1]), ties="for").tolist()
+    [0, 0]
 
   Args:
     query_embeddings: `[U, D]` one row per query (user).
@@ -76,8 +99,12 @@ def rank_all(query_embeddings, item_embeddings, queries, targets, *, seen=None,
     queries: `[M] int` the query row of each example.
     targets: `[M] int` the item row of each example's target.
     seen: optional `[U, I] bool`, items excluded from each query's ranking.
+    ties: `"against"` (an item scoring as high as the target ranks above it) or `"for"`
+      (it does not: TensorFlow Recommenders' `FactorizedTopK`, where a target tied at the
+      k-th place is a hit at k).
     chunk_size: examples scored at a time.
   """
+  outranks = _outranks(ties)
   query_embeddings = jnp.asarray(query_embeddings)
   item_embeddings = jnp.asarray(item_embeddings)
   queries, targets = jnp.asarray(queries), jnp.asarray(targets)
@@ -102,7 +129,7 @@ def rank_all(query_embeddings, item_embeddings, queries, targets, *, seen=None,
     others = jnp.arange(num_items)[None, :] != target[:, None]
     if seen is not None:
       others &= ~seen[query]
-    return jnp.sum(others & (scores >= target_score), axis=1).astype(jnp.int32)
+    return jnp.sum(others & outranks(scores, target_score), axis=1).astype(jnp.int32)
 
   examples = jnp.stack([queries.astype(jnp.int32), targets.astype(jnp.int32)], axis=1)
   return map_chunks(chunk, examples, chunk_size=chunk_size)
