@@ -177,11 +177,15 @@ def info_nce(
     implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
       Pallas interpreter elsewhere, which is slow and meant for tests).
-    check_finite: check that every input embedding is finite: `ValueError` naming the
-      argument when called with concrete arrays; under `jit`, a `jax.experimental.checkify`
-      check, so wrap the caller: `err, loss = checkify.checkify(jax.jit(f))(...)`, then
-      `err.throw()` (without the wrapper JAX refuses to trace the check). Off by default:
-      it costs a reduction over the inputs.
+    check_finite: check that every input embedding is finite, and that the map's
+      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` > 0, a
+      learnable `t` finite): `ValueError` naming the argument or parameter when called with
+      concrete arrays; under `jit`, a `jax.experimental.checkify` check, so wrap the caller:
+      `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()` (without the
+      wrapper JAX refuses to trace the check). Off by default: it costs a reduction over the
+      inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
+      `tau = 0` gives a NaN loss, `tau < 0` a finite but meaningless one (a concrete
+      `tau <= 0` is refused by `mappings.temperature` itself).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or the per-row losses: `[N]` (`cross`) or
@@ -198,6 +202,8 @@ def info_nce(
     _layout.check_finite(z2, name="z2")
   _layout.check_mode(negatives, symmetric, reduction)
   mapping = _layout.check_mapping(mapping)
+  if check_finite:
+    _layout.check_parameters(mapping)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
   bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])

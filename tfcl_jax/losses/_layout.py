@@ -88,10 +88,35 @@ def check_block_size(block_size: int | None) -> int | None:
   return _checks.positive_int(block_size, name="block_size (or None: automatic)")
 
 
+def check_embeddings(z, *, name: str, rows: str = "N") -> jax.Array:
+  """Checks float embeddings `[rows, D]` with `D >= 1`: a cosine needs at least one feature.
+
+  Every loss's inputs go through here (and `check_pair`), so an empty feature axis fails
+  with its name instead of deep inside the tiles.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.losses import _layout
+    >>> _layout.check_embeddings(jnp.zeros((8, 0)), name="z1")
+    Traceback (most recent call last):
+    ...
+    ValueError: z1 must have D >= 1 features (shape [N, D]), got shape (8, 0).
+
+  Raises:
+    TypeError: `z` is not floating.
+    ValueError: `z` is not rank 2, or has no features.
+  """
+  z = _checks.float_matrix(z, name=name)
+  if z.shape[1] < 1:
+    raise ValueError(f"{name} must have D >= 1 features (shape [{rows}, D]), got shape "
+                     f"{z.shape}.")
+  return z
+
+
 def check_pair(z1, z2, *, local: bool = False) -> tuple[jax.Array, jax.Array]:
-  """Checks two views `[N, D]` of the same shape (`local`: a device's share, N >= 1)."""
-  z1 = _checks.float_matrix(z1, name="z1")
-  z2 = _checks.float_matrix(z2, name="z2")
+  """Checks two views `[N, D]`, `D >= 1`, of the same shape (`local`: a device's share, N >= 1)."""
+  z1 = check_embeddings(z1, name="z1")
+  z2 = check_embeddings(z2, name="z2")
   if z1.shape != z2.shape:
     raise ValueError(f"z1 and z2 must have the same shape [N, D], got {z1.shape} and {z2.shape}.")
   if not local and z1.shape[0] < 2:
@@ -118,6 +143,29 @@ def check_finite(x: jax.Array, *, name: str) -> None:
     return
   checkify.check(jnp.all(jnp.isfinite(x)), f"{name} must be finite (check_finite=True), got "
                  "NaN/inf value(s).")
+
+
+def check_parameters(mapping: mappings_lib.Mapping) -> None:
+  """`check_finite=True` of the losses: the map's parameters meet its declared conditions.
+
+  `Mapping.parameter_checks`: a traced `tau` finite and > 0, a learnable `t` finite, ...
+  A concrete condition raises at once; a traced one adds a `jax.experimental.checkify` check,
+  as `check_finite` does. Without it a traced `tau = 0` gives a non-finite loss and `tau < 0`
+  a finite but meaningless one.
+
+  Raises:
+    ValueError: a concrete parameter fails its condition; names the parameter and the map.
+  """
+  for check in mapping.parameter_checks():
+    # `{}` is checkify's slot for the traced value; braces of the names are escaped.
+    condition = f"{check.name} must be {check.requirement} (check_finite=True)"
+    message = (condition.replace("{", "{{").replace("}", "}}") + ", got {} (mapping "
+               + repr(mapping.spec).replace("{", "{{").replace("}", "}}") + ").")
+    if _checks.is_concrete(check.valid):
+      if not bool(check.valid):
+        raise ValueError(message.format(np.asarray(check.value)))
+    else:
+      checkify.check(check.valid, message, check.value)
 
 
 def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:

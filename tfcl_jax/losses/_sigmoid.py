@@ -2,6 +2,7 @@ r"""The sigmoid contrastive loss (SigLIP) with any similarity-to-logit map, on t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -21,6 +22,7 @@ from tfcl_jax.losses._devices import (
 )
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._tiles import SigmoidSum
+from tfcl_jax.mappings._base import finite_check
 
 BIAS_INITS = ("siglip", "prior")
 
@@ -60,23 +62,36 @@ def _check_bias(bias, name: str = "bias"):
   return bias
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: the inner map may hold a tracer
+class _Biased:
+  """`f(c) + b`, or `f(c) - f(r)` (`relative`), with `f`'s params and `b` (or `r`) in params."""
+
+  inner: mappings_lib.LogitFn
+  relative: bool
+
+  def __call__(self, cos, params, step):
+    bias = jnp.asarray(params["bias"], cos.dtype)
+    logits = self.inner(cos, params["mapping"], step)
+    if self.relative:
+      return logits - self.inner(bias, params["mapping"], step)
+    return logits + bias
+
+  def parameter_checks(self, params, step) -> tuple[mappings_lib.ParameterCheck, ...]:
+    # The inner map's own checks, then the bias's: a NaN or infinite bias gives a non-finite loss.
+    declare = getattr(self.inner, "parameter_checks", None)
+    inner = () if declare is None else tuple(declare(params["mapping"], step))
+    name = "relative_bias" if self.relative else "bias"
+    return (*inner, finite_check(name, params["bias"]))
+
+
 def _biased(mapping: mappings_lib.Mapping, bias, relative_bias) -> mappings_lib.Mapping:
   """`mapping` with the bias folded in: `f(c) + b`, or `f(c) - f(r)` for a relative bias `r`."""
   if relative_bias is None and isinstance(bias, float) and bias == 0.0:
     return mapping  # keeps the map's closed forms (Eq. 11: sigmoid(f) = (1 + c) / 2)
-  inner = mapping.fn
-
-  if relative_bias is None:
-    def fn(cos, params, step):
-      return inner(cos, params["mapping"], step) + jnp.asarray(params["bias"], cos.dtype)
-    value = bias
-  else:
-    def fn(cos, params, step):
-      reference = jnp.asarray(params["bias"], cos.dtype)
-      return inner(cos, params["mapping"], step) - inner(reference, params["mapping"], step)
-    value = relative_bias
-  return mappings_lib.Mapping(mapping.spec, fn, {"mapping": mapping.params, "bias": value},
-                              mapping.scheduled, mapping.step)
+  value = bias if relative_bias is None else relative_bias
+  return mappings_lib.Mapping(mapping.spec, _Biased(mapping.fn, relative_bias is not None),
+                              {"mapping": mapping.params, "bias": value}, mapping.scheduled,
+                              mapping.step)
 
 
 def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, local=False):
@@ -154,11 +169,16 @@ def sigmoid_loss(
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row sums).
     where: optional `[N]` bool mask of valid pairs (padded batches).
     block_size: the largest tile side, or None (automatic).
-    check_finite: check that every input embedding is finite: `ValueError` naming the
-      argument when called with concrete arrays; under `jit`, a `jax.experimental.checkify`
-      check, so wrap the caller: `err, loss = checkify.checkify(jax.jit(f))(...)`, then
-      `err.throw()` (without the wrapper JAX refuses to trace the check). Off by default:
-      it costs a reduction over the inputs.
+    check_finite: check that every input embedding is finite, and that the map's
+      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` > 0, a
+      learnable `t` finite), and `bias` (or `relative_bias`) finite: `ValueError` naming the
+      argument or parameter when called with concrete arrays; under `jit`, a
+      `jax.experimental.checkify` check, so wrap the caller:
+      `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()` (without the
+      wrapper JAX refuses to trace the check). Off by default: it costs a reduction over the
+      inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
+      `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a finite but meaningless one
+      (a concrete `tau <= 0` is refused by `mappings.temperature` itself).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or `[N]` (`cross`) / `[2N]` (`all`)
@@ -172,6 +192,7 @@ def sigmoid_loss(
   if check_finite:
     _layout.check_finite(z1, name="z1")
     _layout.check_finite(z2, name="z2")
+    _layout.check_parameters(mapping)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)

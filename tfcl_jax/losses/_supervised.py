@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tfcl_jax import _checks
 from tfcl_jax import mappings as mappings_lib
@@ -115,11 +116,15 @@ def supervised_info_nce(
       default `mappings.temperature_free()`.
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
-    check_finite: check that every input embedding is finite: `ValueError` naming the
-      argument when called with concrete arrays; under `jit`, a `jax.experimental.checkify`
-      check, so wrap the caller: `err, loss = checkify.checkify(jax.jit(f))(...)`, then
-      `err.throw()` (without the wrapper JAX refuses to trace the check). Off by default:
-      it costs a reduction over the inputs.
+    check_finite: check that every input embedding is finite, and that the map's
+      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` > 0, a
+      learnable `t` finite): `ValueError` naming the argument or parameter when called with
+      concrete arrays; under `jit`, a `jax.experimental.checkify` check, so wrap the caller:
+      `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()` (without the
+      wrapper JAX refuses to trace the check). Off by default: it costs a reduction over the
+      inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
+      `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a finite but meaningless one
+      (a concrete `tau <= 0` is refused by `mappings.temperature` itself).
 
   Returns:
     A float32 scalar (0 if there is no positive pair under `jit`; concrete labels with no
@@ -129,7 +134,7 @@ def supervised_info_nce(
     Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2; Kim & Kim,
     arXiv 2501.17683, Eq. 1 and 11.
   """
-  z = _checks.float_matrix(z, name="z")
+  z = _layout.check_embeddings(z, name="z", rows="B")
   if check_finite:
     _layout.check_finite(z, name="z")
   labels = jnp.asarray(labels)
@@ -140,9 +145,13 @@ def supervised_info_nce(
   _checks.one_of(form, FORMS, name="form")
   block_size = _layout.check_block_size(block_size)
   mapping = _layout.check_mapping(mapping)
+  if check_finite:
+    _layout.check_parameters(mapping)
   if _checks.is_concrete(labels):
-    same = labels[:, None] == labels[None, :]
-    if not bool(jnp.any(same & ~jnp.eye(z.shape[0], dtype=bool))):
+    # NumPy: under `jit` jnp would trace even concrete labels (closed over) and not convert.
+    values = np.asarray(labels)
+    same = values[:, None] == values[None, :]
+    if not np.any(same & ~np.eye(z.shape[0], dtype=bool)):
       raise ValueError("labels must contain at least one positive pair (two equal labels).")
 
   u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))

@@ -21,6 +21,7 @@ from tfcl_jax.mappings._base import (
     LogSigmoidForm,
     Mapping,
     MappingLike,
+    ParameterCheck,
     as_mapping,
 )
 from tfcl_jax.mappings._dynamic import dynamic_tau, dynamic_temperature
@@ -40,6 +41,7 @@ __all__ = [
     "LogitFn",
     "Mapping",
     "MappingLike",
+    "ParameterCheck",
     "annealed_temperature",
     "as_mapping",
     "dynamic_tau",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Mapping as MappingType
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -132,11 +132,74 @@ class Mapping:
     """
     return self._declared("log_sigmoid_form", dtype)
 
+  def parameter_checks(self) -> tuple[ParameterCheck, ...]:
+    """The conditions the map's parameters must meet, at its `params` and bound `step`.
+
+    A map built from traced values (`temperature(tau)` inside `jit`, a learnable `t`, a
+    scheduled `tau` at a traced step) cannot check them when it is built: `cos / 0` gives
+    infinite logits and a non-finite loss, and `tau < 0` finite logits of the wrong sign,
+    hence a finite but meaningless loss. The map's `fn` declares its checks
+    (`fn.parameter_checks(params, step)`, as it declares `exp_form`); the losses run them under
+    `check_finite=True` (a `jax.experimental.checkify` check under `jit`). Maps whose
+    parameters are concrete and checked when built (free, fixed `tau`, DySTreSS) and plain
+    callables declare none: `()`.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from tfcl_jax import mappings
+      >>> def valid(tau):
+      ...   return [check.valid for check in mappings.temperature(tau).parameter_checks()]
+      >>> [bool(ok) for ok in jax.jit(valid)(0.0)], [bool(ok) for ok in jax.jit(valid)(0.5)]
+      ([False], [True])
+      >>> m = mappings.learnable_temperature(tau=0.5).bind(params={"t": jnp.nan})
+      >>> [(check.name, check.requirement, bool(check.valid)) for check in m.parameter_checks()]
+      [('t', 'finite', False)]
+      >>> mappings.temperature_free().parameter_checks()
+      ()
+
+    Returns:
+      One `ParameterCheck` per condition; `valid` is a traced bool scalar where the
+      parameter is traced.
+    """
+    declare = getattr(self.fn, "parameter_checks", None)
+    if declare is None:
+      return ()
+    return tuple(declare(self.params, self.bound_step()))
+
   def _declared(self, name: str, dtype):
     declare = getattr(self.fn, name, None)
     if declare is None or self.params:
       return None
     return declare(jnp.dtype(dtype))
+
+
+class ParameterCheck(NamedTuple):
+  """One condition on a map's parameter, as `Mapping.parameter_checks` returns it.
+
+  Attributes:
+    name: the parameter (`"tau"`, `"t"`, `"tau = schedule(step)"`), as errors name it.
+    value: its value, traced where the parameter is.
+    valid: bool scalar, whether `value` meets the condition; traced where `value` is.
+    requirement: what the value must be (`"finite and > 0"`, `"finite"`).
+  """
+
+  name: str
+  value: jax.Array
+  valid: jax.Array
+  requirement: str
+
+
+def positive_check(name: str, value: jax.typing.ArrayLike) -> ParameterCheck:
+  """The check of a temperature: every entry of `value` finite and > 0."""
+  value = jnp.asarray(value)
+  return ParameterCheck(name, value, jnp.all(jnp.isfinite(value) & (value > 0)),
+                        "finite and > 0")
+
+
+def finite_check(name: str, value: jax.typing.ArrayLike) -> ParameterCheck:
+  """The check of a log-scale or a bias: every entry of `value` finite."""
+  value = jnp.asarray(value)
+  return ParameterCheck(name, value, jnp.all(jnp.isfinite(value)), "finite")
 
 
 @dataclasses.dataclass(frozen=True)

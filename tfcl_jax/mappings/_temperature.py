@@ -10,7 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, schedules
-from tfcl_jax.mappings._base import FIXED_SHIFT_RANGE, ExpForm, Mapping, format_number
+from tfcl_jax.mappings._base import (
+    FIXED_SHIFT_RANGE,
+    ExpForm,
+    Mapping,
+    ParameterCheck,
+    finite_check,
+    format_number,
+    positive_check,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,20 +41,48 @@ class _Temperature:
     return ExpForm(inverse, weight, lambda cos: weight(cos) * inverse)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, as a tracer must be
+class _TracedTemperature:
+  """`cos / tau` with a traced `tau`, known only when the program runs."""
+
+  tau: jax.Array
+
+  def __call__(self, cos, params, step):
+    return cos / jnp.asarray(self.tau, cos.dtype)
+
+  def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
+    return (positive_check("tau", self.tau),)
+
+
 def temperature(tau: jax.typing.ArrayLike) -> Mapping:
   r"""Division by temperature, `cos / tau` (Eq. 1; SimCLR's NT-Xent).
 
   Logits lie in `[-1/tau, 1/tau]`, an interval of finite length `2/tau`: the
   representational limit of Example 3.1.
 
+  A traced `tau` (inside `jit`) is not known when the map is built: the losses check it
+  under `check_finite=True` (`Mapping.parameter_checks`, a `checkify` check). Without that
+  check a traced `tau = 0` gives infinite logits (NaN at `cos = 0`) and a non-finite loss
+  (NaN for `losses.info_nce`), and `tau < 0` logits of the wrong sign: a finite but
+  meaningless loss.
+
   Examples:
-    >>> from tfcl_jax import mappings
+    >>> import jax
+    >>> from jax.experimental import checkify
+    >>> from tfcl_jax import losses, mappings
     >>> mappings.temperature(0.5)(0.25).item()
     0.5
+    >>> z = jax.random.normal(jax.random.key(0), (4, 8))
+    >>> loss = jax.jit(lambda tau: losses.info_nce(z, z, mapping=mappings.temperature(tau),
+    ...                                            check_finite=True))
+    >>> error, _ = checkify.checkify(loss)(0.0)
+    >>> print(error.get())  # doctest: +ELLIPSIS
+    tau must be finite and > 0 (check_finite=True), got 0.0 (mapping 'tau=<traced>')...
 
   Args:
     tau: temperature, > 0. May be a traced array (e.g. `schedule(step)`); a
-      concrete value <= 0 raises `ValueError`.
+      concrete value <= 0 raises `ValueError`, a traced one is checked by the losses'
+      `check_finite=True`.
 
   Returns:
     A `Mapping`.
@@ -54,7 +90,7 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
   _checks.positive_scalar(tau, name="tau")
   if _checks.is_concrete(tau):
     return Mapping(f"tau={format_number(tau)}", _Temperature(float(np.asarray(tau))))
-  return Mapping("tau=<traced>", lambda cos, params, step: cos / jnp.asarray(tau, cos.dtype))
+  return Mapping("tau=<traced>", _TracedTemperature(jnp.asarray(tau)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +104,10 @@ class _Learnable:
     if self.max_scale is not None:
       scale = jnp.minimum(scale, self.max_scale)
     return scale * cos
+
+  def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
+    # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.
+    return (finite_check("t", params["t"]),)
 
 
 def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
@@ -175,9 +215,16 @@ class _Annealed:
   def __call__(self, cos, params, step):
     return cos / self.schedule(step).astype(cos.dtype)
 
+  def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
+    return (positive_check("tau = schedule(step)", self.schedule(step)),)
+
 
 def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") -> Mapping:
   """Division by a scheduled temperature, `cos / schedule(step)`.
+
+  The schedule's `tau` at the bound step is checked (finite, > 0) by the losses'
+  `check_finite=True`, like a traced `temperature(tau)`; the schedules of
+  `tfcl_jax.schedules` stay above 0 by construction.
 
   Examples:
     >>> from tfcl_jax import mappings, schedules
