@@ -12,7 +12,7 @@ gloo collectives, so the mesh spans 4 x NUM_PROCESSES devices. Tasks:
   from `OUT_DIR/run` when it holds a checkpoint; every process writes the final parameters and
   the batches it read to `OUT_DIR/train_<PROCESS_ID>.npz`.
 * `preempt`: `train` to STEPS, process 0 sending itself SIGTERM as it draws the batch of step
-  2; every process writes the step `training.loop.Preempted` reports to
+  2; every process writes the step `training.preemption.Preempted` reports to
   `OUT_DIR/preempted_<PROCESS_ID>.txt`.
 * `crash`: process 1 dies after the first collective; process 0 keeps calling collectives
   and must fail, not hang.
@@ -154,7 +154,7 @@ def train_task(process_id: int, num_processes: int, out_dir: str, steps: int,
         state, train_step=training.make_train_step(loss_fn, mesh=mesh), batches=batches,
         num_steps=steps, workdir=os.path.join(out_dir, "run"), key=jax.random.key(1),
         mesh=mesh, resume=True, checkpoint_every=2, progress=False, log_every=1)
-  except training.loop.Preempted as preempted:
+  except training.preemption.Preempted as preempted:
     with open(os.path.join(out_dir, f"preempted_{process_id}.txt"), "w") as f:
       f.write(str(preempted.step))
     return

@@ -108,7 +108,7 @@ def test_training_across_two_processes_equals_one_process_and_resumes_after_sigt
     own = np.stack([b["image"] for b in shards[i][stop:]])
     np.testing.assert_array_equal(got["seen"], own)
   # One writer: metrics and checkpoints once, from process 0.
-  with open(tmp_path / "run" / training.loop.METRICS_FILE) as f:
+  with open(tmp_path / "run" / training.outputs.METRICS_FILE) as f:
     steps = [line.split(",")[0] for line in f.read().splitlines()[1:]]
   assert steps == ["1", "2", "3", "4"]
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == sorted({str(stop), "4"})

@@ -16,7 +16,7 @@ import pytest
 
 from tfcl_jax import mappings, models
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, sharding, state, step
+from tfcl_jax.training import loop, optim, outputs, sharding, state, step
 
 BATCH = 16
 
@@ -183,7 +183,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
   reference = _run(tmp_path / "a")
   with pytest.raises(_Interrupted):
     _run(tmp_path / "b", stop_after=5)
-  rows_before = loop.read_csv(str(tmp_path / "b" / loop.METRICS_FILE))
+  rows_before = outputs.read_csv(str(tmp_path / "b" / outputs.METRICS_FILE))
   assert rows_before["step"].max() == 4  # logged every 2 steps; steps 5 was never fetched
   resumed = _run(tmp_path / "b", resume=True)
   assert int(resumed.step) == 8
@@ -191,11 +191,10 @@ def test_resume_equals_uninterrupted_run(tmp_path):
                               atol=1e-6, rtol=1e-6)
   chex.assert_trees_all_close(jax.device_get(resumed.model_state),
                               jax.device_get(reference.model_state), atol=1e-6, rtol=1e-6)
-  rows = loop.read_csv(str(tmp_path / "b" / loop.METRICS_FILE))
+  rows = outputs.read_csv(str(tmp_path / "b" / outputs.METRICS_FILE))
   np.testing.assert_array_equal(rows["step"], np.arange(1, 9))  # no duplicated or lost rows
-  np.testing.assert_allclose(rows["loss"], loop.read_csv(str(tmp_path / "a" /
-                                                             loop.METRICS_FILE))["loss"],
-                             rtol=1e-5)
+  uninterrupted = outputs.read_csv(str(tmp_path / "a" / outputs.METRICS_FILE))
+  np.testing.assert_allclose(rows["loss"], uninterrupted["loss"], rtol=1e-5)
 
 
 def test_existing_run_is_not_overwritten_and_resume_checks_config(tmp_path):
@@ -241,8 +240,8 @@ def test_non_finite_loss_stops_the_run(tmp_path):
 
 def test_read_csv_reads_an_empty_cell_as_nan(tmp_path):
   # A run resumed by a version that no longer logs a column leaves that cell empty.
-  path = tmp_path / loop.METRICS_FILE
+  path = tmp_path / outputs.METRICS_FILE
   path.write_text("step,loss,examples_per_sec\n1,0.5,100\n2,0.25,\n")
-  columns = loop.read_csv(str(path))
+  columns = outputs.read_csv(str(path))
   np.testing.assert_array_equal(columns["loss"], [0.5, 0.25])
   np.testing.assert_array_equal(columns["examples_per_sec"], [100.0, np.nan])

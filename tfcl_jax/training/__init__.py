@@ -3,7 +3,18 @@
 The same pieces train SimCLR on images (`experiments/simclr.py`) and GRACE on a graph.
 """
 
-from tfcl_jax.training import checkpoint, loop, lowering, optim, sharding, state, step
+from tfcl_jax.training import (
+    checkpoint,
+    files,
+    loop,
+    lowering,
+    optim,
+    outputs,
+    preemption,
+    sharding,
+    state,
+    step,
+)
 from tfcl_jax.training.loop import train
 from tfcl_jax.training.optim import make_optimizer
 from tfcl_jax.training.sharding import make_mesh
@@ -14,12 +25,15 @@ __all__ = [
     "TrainState",
     "checkpoint",
     "create_train_state",
+    "files",
     "loop",
     "lowering",
     "make_mesh",
     "make_optimizer",
     "make_train_step",
     "optim",
+    "outputs",
+    "preemption",
     "sharding",
     "state",
     "step",

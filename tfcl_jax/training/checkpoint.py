@@ -10,6 +10,7 @@ import contextlib
 import gc
 import logging
 import os
+import sys
 import warnings
 
 import jax
@@ -58,18 +59,61 @@ def _shapes(tree) -> list[tuple]:
   return sorted(tuple(np.shape(leaf)) for leaf in jax.tree.leaves(tree))
 
 
+class _DropLateLoopCallbacks:
+  """An unraisable-exception hook that drops one report and passes every other to `hook`: a
+  callback that reached an asyncio event loop after the loop closed ("Event loop is closed").
+
+  Orbax restores a checkpoint in an event loop of its own; when one read fails, it closes the
+  loop while tensorstore still runs the other reads, and each of those reports the closed loop
+  from a tensorstore thread when it ends or is collected, at any later time. The failure itself
+  is reported once, as a warning, so these reports are only noise.
+  """
+
+  def __init__(self, hook):
+    self.hook = hook
+
+  def __call__(self, unraisable):
+    if not _is_late_loop_callback(unraisable):
+      self.hook(unraisable)
+
+
+def _is_late_loop_callback(unraisable) -> bool:
+  if unraisable.exc_type is not RuntimeError or str(unraisable.exc_value) != "Event loop is closed":
+    return False
+  frames, trace = [], unraisable.exc_traceback
+  while trace is not None:
+    frames.append(trace.tb_frame.f_code.co_name)
+    trace = trace.tb_next
+  return "call_soon_threadsafe" in frames
+
+
 @contextlib.contextmanager
-def _quiet_asyncio():
-  """Drops asyncio's 'exception never retrieved' tracebacks of orbax's reads of a damaged
-  checkpoint (the failure is reported once, as a warning)."""
+def _quiet_failed_reads():
+  """Silences what orbax's reads of a damaged checkpoint leave behind besides their error:
+  asyncio's "exception never retrieved" records, "coroutine ... was never awaited" warnings and
+  tensorstore's late "Event loop is closed" reports (`_DropLateLoopCallbacks`).
+
+  Yields a list; a caller appends to it when a read failed. The late reports may come after the
+  block, so the hook stays in place after a failure and is taken out otherwise.
+  """
   logger = logging.getLogger("asyncio")
-  level = logger.level
+  level, hook, failures = logger.level, sys.unraisablehook, []
+  ours = None if isinstance(hook, _DropLateLoopCallbacks) else _DropLateLoopCallbacks(hook)
+  if ours is not None:
+    sys.unraisablehook = ours
   logger.setLevel(logging.CRITICAL)
   try:
-    yield
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
+      try:
+        yield failures
+      finally:
+        if failures:  # the failed reads' tasks are reported when collected: collect them here
+          gc.collect()
   finally:
-    gc.collect()  # the failed reads' tasks are reported when collected: collect them here
     logger.setLevel(level)
+    if ours is not None and not failures and sys.unraisablehook is ours:
+      sys.unraisablehook = hook
 
 
 def _fits(manager: ocp.CheckpointManager, step: int, template: TrainState) -> bool | None:
@@ -87,7 +131,9 @@ def restore_latest_good(manager: ocp.CheckpointManager,
 
   A step whose files are missing, truncated or unreadable is passed over for the one before it:
   a job killed while writing, or a disk that lost a file, costs the steps since the previous
-  checkpoint, not the run. Returns `(None, bad_steps)` when no checkpoint restores.
+  checkpoint, not the run. Returns `(None, bad_steps)` when no checkpoint restores. The reads
+  that orbax abandons when one read fails leave no tracebacks or warnings behind: the caller
+  reports the damage once.
 
   Raises:
     ValueError: when the newest readable checkpoint's arrays do not fit `template` (a different
@@ -107,20 +153,22 @@ def restore_latest_good(manager: ocp.CheckpointManager,
   """
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(template))
   bad = []
-  for step in sorted(manager.all_steps(), reverse=True):
-    with _quiet_asyncio():
+  with _quiet_failed_reads() as failures:
+    for step in sorted(manager.all_steps(), reverse=True):
       fits = _fits(manager, step, template)
-    if fits is False:
-      raise ValueError(
-          f"checkpoint at step {step} in {manager.directory} does not match this model/optimiser "
-          f"(its arrays' shapes differ from the state's).")
-    try:
-      with _quiet_asyncio():
+      if fits is None:
+        failures.append(step)
+      if fits is False:
+        raise ValueError(
+            f"checkpoint at step {step} in {manager.directory} does not match this "
+            f"model/optimiser (its arrays' shapes differ from the state's).")
+      try:
         arrays = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    except Exception:  # noqa: BLE001  # orbax and tensorstore raise many types for a bad file
-      bad.append(step)
-      continue
-    return template.replace(**arrays), bad
+      except Exception:  # noqa: BLE001  # orbax and tensorstore raise many types for a bad file
+        bad.append(step)
+        failures.append(step)
+        continue
+      return template.replace(**arrays), bad
   return None, bad
 
 
