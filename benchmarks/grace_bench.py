@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from experiments import grace
 from experiments.configs import grace_citeseer
+from experiments.grace import train as grace
 from tfcl_jax import losses, mappings, training
 from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.models import gcn
@@ -56,7 +56,7 @@ def main():
                     projection_dim=config.projection_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
-            "mapping": dict(mapping.params)}
+            "loss": dict(mapping.params)}
   def step_fn(block):
     loss_fn = grace_objective.make_grace_loss(model, mapping, edge_rate=config.edge_rate,
                                  feature_rate=config.feature_rate, block_size=block)
@@ -66,7 +66,7 @@ def main():
   mesh = training.make_mesh(jax.devices()[:1])
   state = training.create_train_state(model_params=params["model"],
                                       tx=optax.adam(config.learning_rate),
-                                      mapping_params=params["mapping"])
+                                      loss_params=params["loss"])
   placed = training.sharding.shard_batch(batch, mesh, sharded=False)
   # Placed as the loop's states are (a fresh state would be copied to the mesh every call).
   state = jax.device_put(state, training.sharding.replicated(mesh))

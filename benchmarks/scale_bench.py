@@ -57,26 +57,26 @@ def _views(n, d, dtype):
   return z1.astype(dtype), z2.astype(dtype)
 
 
-def _loss_fn(method, mapping, negatives, block_size, loss_name="info_nce"):
+def _loss_fn(method, map_name, negatives, block_size, loss_name="info_nce"):
   from tfcl_jax import losses, mappings
   if method == "optax":
     import jax.numpy as jnp
     import optax
-    tau = float(MAPPINGS[mapping].split("=")[1])
+    tau = float(MAPPINGS[map_name].split("=")[1])
 
     def optax_loss(z1, z2):
       labels = jnp.tile(jnp.arange(z1.shape[0]), 2)
       return optax.losses.ntxent(jnp.concatenate([z1, z2]), labels, temperature=tau)
 
     return optax_loss
-  spec = mappings.from_spec(MAPPINGS[mapping])
+  mapping = mappings.from_spec(MAPPINGS[map_name])
 
   def loss(z1, z2):
     rows = z1.shape[0] * (2 if negatives == "all" else 1)
     size = block_size if method == "tiled" else rows
     if loss_name == "sigmoid":
-      return losses.sigmoid_loss(z1, z2, mapping=spec, negatives=negatives, block_size=size)
-    return losses.info_nce(z1, z2, mapping=spec, negatives=negatives, block_size=size)
+      return losses.sigmoid_loss(z1, z2, mapping=mapping, negatives=negatives, block_size=size)
+    return losses.info_nce(z1, z2, mapping=mapping, negatives=negatives, block_size=size)
 
   return loss
 

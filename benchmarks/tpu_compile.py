@@ -64,15 +64,15 @@ def loss_case(mesh, spec: str, mode: str, implementation: str, n: int, d: int, d
 
 def step_cases(devices):
   """Each experiment's step, built as it builds it, on the topology's devices."""
-  from experiments import lowering as experiment_steps  # noqa: PLC0415
   from experiments.configs import (  # noqa: PLC0415
-      dcrec_ml100k,
-      grace_citeseer,
-      msc_cifar10,
-      retrieval_ml100k,
-      simclr_cifar10,
-      simclr_imagenette,
+    dcrec_ml100k,
+    grace_citeseer,
+    msc_cifar10,
+    retrieval_ml100k,
+    simclr_cifar10,
+    simclr_imagenette,
   )
+  from experiments.framework import lowering as experiment_steps  # noqa: PLC0415
 
   mesh = sharding.make_mesh(devices)
   yield "SimCLR ResNet-18 32x32, batch 256", mesh, experiment_steps.simclr(

@@ -101,15 +101,15 @@ def knn_accuracy(s):
                       num_classes=10)
 
 def train(spec, seed=0):
-  mapping = mappings.from_spec(spec)
+  loss = losses.from_spec(spec)
   variables = init(jax.random.key(seed))
   tx = optim.make_optimizer(name="sgd", learning_rate=0.06, weight_decay=5e-4,
                             total_steps=EPOCHS * steps_per_epoch)
   s = state.create_train_state(model_params=variables["params"], tx=tx,
                                model_state={"batch_stats": variables["batch_stats"]},
-                               mapping_params=mapping.params)
+                               loss_params=loss.params)
   train_step = step.make_train_step(
-      simclr.make_simclr_loss(model, loss=mapping, augment=two_views), mesh=mesh)
+      simclr.make_simclr_loss(model, loss=loss, augment=two_views), mesh=mesh)
   loader = data.make_loader("digits", info.pretrain_split, batch_size=BATCH_SIZE, seed=seed,
                             num_epochs=EPOCHS)
   history = {"grad_norm": [], "loss": [], "knn": []}
@@ -135,7 +135,7 @@ plt.tight_layout()
 plt.show()"""),
     ("md", r"""With `tau = 1` the logits live in `[-1, 1]` (Example 3.1's representational limit) and the
 gradient shrinks as training goes; the temperature-free map needs no `tau` and keeps a gradient
-until positives align (Eq. 13). For the full sweep (5 mappings x 3 seeds, tables and plots):
+until positives align (Eq. 13). For the full sweep (5 losses x 3 seeds, tables and plots):
 
 ```
 python -m experiments.simclr --config=experiments/configs/simclr_digits.py --workdir=/tmp/digits

@@ -255,7 +255,7 @@ class BadInputTest(chex.TestCase):
       analysis.eq10(0.5, np.inf)
     with pytest.raises(TypeError, match="mapping must be a callable"):
       analysis.gradient_scale(0.1, 0.5, 2)
-    with pytest.raises(ValueError, match="Invalid mapping spec 'fre'"):
+    with pytest.raises(ValueError, match="Invalid map spec 'fre'"):
       analysis.gradient_scale("fre", 0.5, 2)
     with pytest.raises(ValueError, match="cos_negatives must have a last axis"):
       analysis.negative_weights(free, 0.5, 0.2)

@@ -1,4 +1,5 @@
-"""`losses.from_spec`: parsing, the bias inits, and the call against the losses it names."""
+"""`losses.from_spec`: parsing every form of the grammar (docs/specs.md), the bias inits, and the
+call against the losses it names."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from tfcl_jax import losses, mappings
 
 
-@pytest.mark.parametrize("text, loss, mapping, bias, learn", [
+@pytest.mark.parametrize("text, family, mapping, bias, learn", [
     ("free", "info_nce", "free", 0.0, False),
     (" tau = 0.5 ", "info_nce", "tau=0.5", 0.0, False),
     ("sigmoid/free", "sigmoid", "free", 0.0, False),
@@ -21,9 +22,9 @@ from tfcl_jax import losses, mappings
     ("sigmoid/learnable=0.1/learn_b=siglip", "sigmoid", "learnable=0.1", -10.0, True),
     ("sigmoid/tau=0.1/learn_b=prior", "sigmoid", "tau=0.1", math.log(1 / 99), True),
 ])
-def test_parse(text, loss, mapping, bias, learn):
+def test_parse(text, family, mapping, bias, learn):
   spec = losses.from_spec(text, num_candidates=100)
-  assert (spec.loss, spec.mapping.spec, spec.learn_bias) == (loss, mapping, learn)
+  assert (spec.family, spec.mapping.spec, spec.learn_bias) == (family, mapping, learn)
   np.testing.assert_allclose(spec.bias, bias, rtol=1e-12)
   again = losses.from_spec(spec.spec, num_candidates=100)  # the canonical spec round-trips
   assert (again.spec, again.mapping.spec, again.bias, again.learn_bias) == (
@@ -55,12 +56,12 @@ def test_call_is_the_named_loss():
 
 @pytest.mark.parametrize("text, message", [
     ("tau=0.1/b=1", "only a sigmoid loss"),
-    ("sigmoid", "expected sigmoid/<mapping>"),
+    ("sigmoid", "expected sigmoid/<map>"),
     ("sigmoid/free/c=1", "not b=<init> or learn_b=<init>"),
     ("sigmoid/free/b=x", "not a number"),
     ("sigmoid/tau=0.1/learn_b=prior", "needs num_candidates"),
     ("sigmoid/tau=-1", "tau"),
-    ("sigmoid/free/b=1/c", "expected sigmoid/<mapping>"),
+    ("sigmoid/free/b=1/c", "expected sigmoid/<map>"),
 ])
 def test_bad_specs_name_the_problem(text, message):
   with pytest.raises(ValueError, match=message):
@@ -70,3 +71,123 @@ def test_bad_specs_name_the_problem(text, message):
 def test_not_a_string():
   with pytest.raises(TypeError, match="loss spec must be a str"):
     losses.from_spec(0.1)
+
+
+# The canonical specs that committed result tables are keyed by, and spellings of them.
+CANONICAL = [
+    ("free", "free"),
+    (" tau = 0.50 ", "tau=0.5"),
+    ("learnable", "learnable=0.07"),
+    ("learnable=0.070:100", "learnable=0.07:100"),
+    ("dynamic=0.10:0.2", "dynamic=0.1:0.2"),
+    ("anneal=cosine:0.50:0.1:1000", "anneal=cosine:0.5:0.1:1000"),
+    ("sigmoid/learnable=0.1/learn_b=siglip", "sigmoid/learnable=0.1/learn_b=siglip"),
+    ("sigmoid/free/learn_b=prior", "sigmoid/free/learn_b=prior"),
+    ("clip:learnable=0.07:100", "clip:learnable=0.07:100"),
+    ("clip: free", "clip:free"),
+    ("dot", "dot"),
+    ("dot + logq", "dot+logq"),
+    ("free+logq", "free+logq"),
+    ("tau=0.10+logq", "tau=0.1+logq"),
+]
+
+
+@pytest.mark.parametrize("text, canonical", CANONICAL)
+def test_canonical_spec_is_the_built_spec(text, canonical):
+  assert losses.canonical_spec(text) == canonical
+  loss = losses.from_spec(text, num_candidates=8)
+  assert loss.spec == canonical
+  assert losses.from_spec(loss.spec, num_candidates=8).spec == canonical  # round trip
+  if loss.mapping is not None:  # the map part of the spec is the map's own spec
+    assert loss.mapping.spec in canonical
+
+
+def test_canonical_spec_builds_no_map(monkeypatch):
+  def refuse(*args, **kwargs):
+    raise AssertionError("canonical_spec built a Mapping")
+
+  monkeypatch.setattr(mappings.Mapping, "__init__", refuse)
+  assert [losses.canonical_spec(text) for text, _ in CANONICAL] == [c for _, c in CANONICAL]
+
+
+@pytest.mark.parametrize("text, family, symmetric, logq, params", [
+    ("clip:learnable=0.07:100", "info_nce", True, False, ["t"]),
+    ("tau=0.1+logq", "info_nce", False, True, []),
+    ("dot", "dot", False, False, []),
+    ("dot+logq", "dot", False, True, []),
+])
+def test_parse_retrieval_forms(text, family, symmetric, logq, params):
+  loss = losses.from_spec(text)
+  assert (loss.family, loss.symmetric, loss.logq, sorted(loss.params)) == (
+      family, symmetric, logq, params)
+  assert loss.scores_cosines == (family != "dot")
+  assert (loss.mapping is None) == (family == "dot")
+
+
+def _unit(z):
+  z = np.asarray(z, np.float64)
+  return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+
+def _cross_entropy(logits):
+  """Per-row `-log softmax(logits)[i, i]`, in NumPy."""
+  top = logits.max(axis=1, keepdims=True)
+  lse = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+  return lse - np.diagonal(logits)
+
+
+def test_call_of_the_retrieval_forms():
+  z1 = jax.random.normal(jax.random.key(0), (6, 5))
+  z2 = z1 + 0.5 * jax.random.normal(jax.random.key(1), (6, 5))
+  log_q = np.log(np.linspace(0.05, 0.3, 6))
+  cosines = _unit(z1) @ _unit(z2).T
+  clip = losses.from_spec("clip:tau=0.5")
+  both = (_cross_entropy(cosines / 0.5).mean() + _cross_entropy(cosines.T / 0.5).mean()) / 2
+  np.testing.assert_allclose(clip(z1, z2), both, rtol=1e-5)
+  corrected = losses.from_spec("tau=0.5+logq")
+  np.testing.assert_allclose(corrected(z1, z2, log_q=log_q),
+                             _cross_entropy(cosines / 0.5 - log_q[None, :]).mean(), rtol=1e-5)
+  dots = np.asarray(z1, np.float64) @ np.asarray(z2, np.float64).T
+  np.testing.assert_allclose(losses.from_spec("dot")(z1, z2, reduction="sum"),
+                             _cross_entropy(dots).sum(), rtol=1e-5)
+  np.testing.assert_allclose(losses.from_spec("dot+logq")(z1, z2, log_q=log_q),
+                             _cross_entropy(dots - log_q[None, :]).mean(), rtol=1e-5)
+
+
+def test_call_checks_log_q_and_negatives():
+  z = jax.random.normal(jax.random.key(0), (4, 3))
+  with pytest.raises(ValueError, match="needs log_q"):
+    losses.from_spec("free+logq")(z, z)
+  with pytest.raises(ValueError, match="has none"):
+    losses.from_spec("free")(z, z, log_q=jnp.zeros(4))
+  with pytest.raises(ValueError, match="negatives must be 'cross'"):
+    losses.from_spec("dot")(z, z, negatives="all")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("clip:sigmoid/free", "clip: takes a map spec"),
+    ("clip:free+logq", "scores both directions"),
+    ("sigmoid/free+logq", "scores both directions"),
+    ("clip:dot", "'dot' is not a map spec"),
+    ("tua=1", "Accepted forms"),
+    ("tua=1", "where <map> is a map spec"),
+])
+def test_bad_retrieval_forms_name_the_problem(text, message):
+  with pytest.raises(ValueError, match=message):
+    losses.canonical_spec(text)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"family": "softmax", "mapping": mappings.temperature_free()}, "family must be one of"),
+    ({"family": "dot", "mapping": mappings.temperature_free()}, "mapping must be None"),
+    ({"family": "info_nce", "mapping": None}, "mapping must be None"),
+    ({"family": "info_nce", "mapping": mappings.temperature_free(), "bias": 1.0},
+     "bias and learn_bias belong to the sigmoid family"),
+    ({"family": "sigmoid", "mapping": mappings.temperature_free(), "symmetric": True},
+     "symmetric is InfoNCE's"),
+    ({"family": "info_nce", "mapping": mappings.temperature_free(), "symmetric": True,
+      "logq": True}, "logq corrects"),
+])
+def test_loss_spec_fields_are_checked(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    losses.LossSpec("x", **kwargs)

@@ -197,9 +197,9 @@ def test_every_loss_takes_a_spec_string_as_its_mapping(spec):
 
 def test_a_mapping_that_is_no_spec_and_no_callable_is_refused_by_name():
   z1, z2 = random_pair(4, 3)
-  with pytest.raises(ValueError, match="Invalid mapping spec 'fre'"):
+  with pytest.raises(ValueError, match="Invalid map spec 'fre'"):
     losses.info_nce(z1, z2, mapping="fre")
-  with pytest.raises(TypeError, match="mapping must be .* a spec string"):
+  with pytest.raises(TypeError, match="mapping must be .* a map spec string"):
     losses.info_nce(z1, z2, mapping=0.1)
 
 
@@ -488,3 +488,24 @@ class BadInputTest(parameterized.TestCase):
       losses.supervised_info_nce(self.z, np.zeros(3, int))
     with pytest.raises(ValueError, match="positive pair"):
       losses.supervised_info_nce(self.z, np.arange(4))
+
+
+def test_dot_product_softmax_is_optax_cross_entropy():
+  rng = np.random.default_rng(0)
+  q, c = rng.normal(size=(6, 4)), rng.normal(size=(6, 4))
+  want = optax.softmax_cross_entropy(q @ c.T, np.eye(6))
+  np.testing.assert_allclose(losses.dot_product_softmax(q, c, reduction="none"), want, rtol=1e-6)
+  np.testing.assert_allclose(losses.dot_product_softmax(q, c, reduction="sum"), want.sum(),
+                             rtol=1e-6)
+  where = np.array([1, 1, 0, 1, 1, 1], bool)
+  keep = np.flatnonzero(where)
+  want = optax.softmax_cross_entropy(q[keep] @ c[keep].T, np.eye(5)).mean()
+  np.testing.assert_allclose(losses.dot_product_softmax(q, c, where=where), want, rtol=1e-6)
+  bias = rng.normal(size=6)
+  want = optax.softmax_cross_entropy(q @ c.T + bias[None, :], np.eye(6)).mean()
+  np.testing.assert_allclose(losses.dot_product_softmax(q, c, candidate_bias=bias), want,
+                             rtol=1e-6)
+  with pytest.raises(ValueError, match=r"candidate_bias must have shape \(6,\)"):
+    losses.dot_product_softmax(q, c, candidate_bias=bias[:3])
+  with pytest.raises(ValueError, match="q and c must have the same shape"):
+    losses.dot_product_softmax(q, c[:, :3])

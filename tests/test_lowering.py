@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from experiments import lowering as experiment_steps
+from experiments.framework import lowering as experiment_steps
 from tfcl_jax import losses, mappings
 from tfcl_jax.training import lowering, sharding
 
@@ -25,6 +25,8 @@ MAPPINGS = {
     "clip": mappings.learnable_temperature(tau=0.07, max_scale=100.0),
     "dynamic": mappings.dynamic_temperature(0.1, 0.2),
     "annealed": mappings.from_spec("anneal=cosine:0.5:0.1:1000").bind(step=jnp.int32(10)),
+    "learnable_free": mappings.learnable_free(max_scale=100.0),
+    "free_n": mappings.n_aware_free(num_candidates=1999),
 }
 MODES = {
     "all": dict(negatives="all"),

@@ -55,7 +55,7 @@ def _setup(mapping_spec="learnable=0.2", total_steps=8):
   def fresh_state():
     return state.create_train_state(
         model_params=variables["params"], model_state={"batch_stats": variables["batch_stats"]},
-        mapping_params=mapping.params, tx=tx)
+        loss_params=mapping.params, tx=tx)
 
   loss_fn = simclr.make_simclr_loss(model, loss=mapping, augment=_noise_views)
   return fresh_state, loss_fn
@@ -101,12 +101,12 @@ def test_replicated_batch_step_matches_plain_optax():
   tx = optax.adam(0.01)
   s = state.create_train_state(model_params={"w": jnp.zeros(3)}, tx=tx)
   train_step = step.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
-  w, opt_state = np.zeros(3, np.float32), tx.init({"model": {"w": jnp.zeros(3)}, "mapping": {}})
+  w, opt_state = np.zeros(3, np.float32), tx.init({"model": {"w": jnp.zeros(3)}, "loss": {}})
   for _ in range(3):
     s, metrics = train_step(s, sharding.shard_batch({"x": x, "y": y}, mesh, sharded=False),
                             jax.random.key(0))
     grad = 2 * x.T @ (x @ w - y) / len(y)  # NumPy gradient of the mean squared error
-    updates, opt_state = tx.update({"model": {"w": grad}, "mapping": {}}, opt_state)
+    updates, opt_state = tx.update({"model": {"w": grad}, "loss": {}}, opt_state)
     w = w + np.asarray(updates["model"]["w"])
   np.testing.assert_allclose(s.params["model"]["w"], w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(metrics["grad_norm"], np.linalg.norm(grad), rtol=1e-5)
@@ -116,12 +116,12 @@ def test_learnable_temperature_receives_gradient_and_changes():
   fresh_state, _ = _setup()
   s = fresh_state()
   mesh, train_step = _train_step(1)
-  t_before = float(s.params["mapping"]["t"])
+  t_before = float(s.params["loss"]["t"])
   batch = sharding.shard_batch({"image": _images()}, mesh)  # placed as in the sharded test
   s, metrics = train_step(s, batch, jax.random.key(0))
   # First SGD step, no weight decay on t: t moves by -lr * dL/dt (lr = 0.1 at step 0).
-  assert abs(float(s.params["mapping"]["t"]) - t_before) > 1e-6
-  assert float(metrics["mapping/t"]) == pytest.approx(t_before)
+  assert abs(float(s.params["loss"]["t"]) - t_before) > 1e-6
+  assert float(metrics["loss/t"]) == pytest.approx(t_before)
   # The fresh (unplaced) state above and the step's own output share one compiled program.
   compiled = train_step.jitted._cache_size()
   train_step(s, batch, jax.random.key(0))
@@ -129,27 +129,27 @@ def test_learnable_temperature_receives_gradient_and_changes():
 
 
 @pytest.mark.parametrize("name,expected_w_update", [("sgd", -0.5), ("adam", -1.0)])
-def test_weight_decay_spares_the_mapping_parameters(name, expected_w_update):
+def test_weight_decay_spares_the_loss_parameters(name, expected_w_update):
   """L2 decay 0.5 * w with zero loss gradient: SGD moves w by -lr * 0.5, Adam's first step by
   -lr (its normalised step); a learnable temperature `t` gets no decay and does not move."""
   tx = optim.make_optimizer(name=name, learning_rate=1.0, total_steps=1, momentum=0.0,
                             weight_decay=0.5, schedule="constant")
-  params = {"model": {"w": jnp.ones(())}, "mapping": {"t": jnp.ones(())}}
+  params = {"model": {"w": jnp.ones(())}, "loss": {"t": jnp.ones(())}}
   zero = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zero, tx.init(params), params)
   assert float(updates["model"]["w"]) == pytest.approx(expected_w_update, rel=1e-4)
-  assert float(updates["mapping"]["t"]) == 0.0
+  assert float(updates["loss"]["t"]) == 0.0
 
 
 def test_adagrad_is_keras_adagrad():
   """Two steps against Keras's update: `acc = 0.1 + sum g^2`, `w -= lr g / sqrt(acc + 1e-7)`."""
   tx = optim.make_optimizer(name="adagrad", learning_rate=0.1, total_steps=2,
                             schedule="constant")
-  params = {"model": {"w": jnp.array([1.0, -2.0])}, "mapping": {}}
+  params = {"model": {"w": jnp.array([1.0, -2.0])}, "loss": {}}
   opt_state = tx.init(params)
   w, acc = np.array([1.0, -2.0]), np.full(2, 0.1)
   for grad in (np.array([0.5, -3.0]), np.array([2.0, 0.25])):
-    updates, opt_state = tx.update({"model": {"w": jnp.asarray(grad)}, "mapping": {}},
+    updates, opt_state = tx.update({"model": {"w": jnp.asarray(grad)}, "loss": {}},
                                    opt_state, params)
     params = optax.apply_updates(params, updates)
     acc = acc + grad ** 2
@@ -175,7 +175,7 @@ def _run(workdir, *, resume=False, stop_after=None, num_steps=8):
   return loop.train(
       fresh_state(), train_step=train_step, batches=batches,
       num_steps=num_steps, workdir=str(workdir), key=jax.random.key(11), mesh=mesh,
-      config={"mapping": "learnable=0.2", "steps": num_steps}, resume=resume,
+      config={"loss": "learnable=0.2", "steps": num_steps}, resume=resume,
       checkpoint_every=3, log_every=2, progress=False)
 
 

@@ -5,13 +5,12 @@ Kim & Kim, "Temperature-Free Loss Function for Contrastive Learning" (arXiv 2501
 
 from tfcl_jax import analysis, losses, mappings, schedules
 from tfcl_jax.losses import info_nce, supervised_info_nce
-from tfcl_jax.mappings import from_spec, temperature, temperature_free
+from tfcl_jax.mappings import temperature, temperature_free
 
 __version__ = "0.1.0"
 
 __all__ = [
     "analysis",
-    "from_spec",
     "info_nce",
     "losses",
     "mappings",

@@ -11,6 +11,8 @@ from tfcl_jax.analysis.closed_forms import (
     eq10,
     eq12,
     eq13,
+    learnable_free_t_gradient_scale,
+    scaled_free_gradient_scale,
     softmax_ceiling,
 )
 from tfcl_jax.analysis.geometry import alignment, tolerance, uniformity
@@ -37,11 +39,13 @@ __all__ = [
     "geometry",
     "gradient_scale",
     "gradients",
+    "learnable_free_t_gradient_scale",
     "negative_gradients",
     "negative_weights",
     "optimum_probability",
     "pattern",
     "pattern_embeddings",
+    "scaled_free_gradient_scale",
     "softmax_ceiling",
     "temperature_gradient_scale",
     "tolerance",

@@ -1,5 +1,6 @@
 r"""Closed forms of Section 3-4's examples: losses (Eq. 3, 6, 9, 12) and gradient scales (Eq. 4, 7,
-10, 13) at the cosine pattern [C, -C, ..., -C], plus Example 3.1's softmax ceiling.
+10, 13, and Eq. 10 and 13 for a scaled free map) at the cosine pattern [C, -C, ..., -C], plus
+Example 3.1's softmax ceiling.
 
 All functions broadcast over their array arguments (C, tau, N, t) like NumPy ufuncs.
 """
@@ -237,6 +238,82 @@ def eq13(C: jax.typing.ArrayLike, N: jax.typing.ArrayLike) -> jax.Array:
   C, N = _cast(_checks.cosine(C, low_open=True), _checks.count(N))
   denominator = (1.0 + C) * (jnp.square(1.0 + C) + (N - 1.0) * jnp.square(1.0 - C))
   return 4.0 * (N - 1.0) * (1.0 - C) / denominator
+
+
+def scaled_free_gradient_scale(C: jax.typing.ArrayLike, N: jax.typing.ArrayLike,
+                               s: jax.typing.ArrayLike) -> jax.Array:
+  r"""Gradient scale `|dL_i/dC|` of InfoNCE under `s 2 artanh(c)` (Eq. 13 with a scale `s`).
+
+  .. math:: \left|\frac{\partial L_i}{\partial C}\right|
+            = \frac{4 s}{1 - C^2} \frac{(N - 1) r^{2s}}{1 + (N - 1) r^{2s}},
+            \qquad r = \frac{1 - C}{1 + C}
+
+  The loss at `[C, -C, ..., -C]` is `log(1 + (N - 1) r^{2s})` (Eq. 12 with the scale). It
+  generalises Eq. 13 (`s = 1`) to `mappings.n_aware_free` (`s = free_scale(N)`) and to
+  `mappings.learnable_free` at a given `t` (`s = exp(t)`). Computed as
+  `4 s / (1 - C^2) * sigmoid(log(N - 1) - 4 s artanh C)`: no overflow of `r^{2s}`.
+
+  Examples:
+    >>> from tfcl_jax import analysis
+    >>> [round(analysis.scaled_free_gradient_scale(c, 2, 1.0).item(), 4) for c in (0.0, 0.5)]
+    [2.0, 0.5333]
+    >>> # s(10) = 2: free's probability at N = 2 (n_aware_free), twice its gradient
+    >>> round(analysis.scaled_free_gradient_scale(0.5, 10, 2.0).item(), 4)
+    1.0667
+
+  Args:
+    C: cosine half-distance in `(-1, 1)`.
+    N: number of candidates (integer `>= 2`).
+    s: the map's scale, finite and > 0.
+
+  Returns:
+    The broadcast gradient scale.
+
+  References:
+    Kim & Kim, arXiv 2501.17683, Example 4.1, Eq. 12-13.
+  """
+  C, N, s = _cast(_checks.cosine(C, low_open=True, high_open=True), _checks.count(N),
+                  _checks.temperature(s, name="s"))
+  odds = jnp.log(N - 1.0) - 4.0 * s * _artanh(C)
+  return 4.0 * s / ((1.0 - C) * (1.0 + C)) * jax.nn.sigmoid(odds)
+
+
+def learnable_free_t_gradient_scale(C: jax.typing.ArrayLike, N: jax.typing.ArrayLike,
+                                    t: jax.typing.ArrayLike) -> jax.Array:
+  r"""Gradient scale `|dL_i/dt|` of InfoNCE under `exp(t) 2 artanh(c)` (Eq. 10 for free).
+
+  .. math:: \left|\frac{\partial L_i}{\partial t}\right|
+            = 4 s \left|\operatorname{artanh} C\right|
+              \frac{(N - 1) r^{2s}}{1 + (N - 1) r^{2s}},
+            \qquad s = e^t, \; r = \frac{1 - C}{1 + C}
+
+  The gradient of `mappings.learnable_free`'s `t` at `[C, -C, ..., -C]`. It generalises
+  Eq. 10 (CLIP's `exp(t) cos` at `N = 2`) to the free map: zero at `C = 0` for every `t`, so
+  `t` is left where it starts, at the free map (`t = 0`), until the positive moves away from
+  its negatives.
+
+  Examples:
+    >>> from tfcl_jax import analysis
+    >>> [round(analysis.learnable_free_t_gradient_scale(c, 2, 0.0).item(), 4)
+    ...  for c in (0.0, 0.5)]
+    [0.0, 0.2197]
+
+  Args:
+    C: cosine half-distance in `(-1, 1)`.
+    N: number of candidates (integer `>= 2`).
+    t: log-scale, finite.
+
+  Returns:
+    The broadcast gradient scale.
+
+  References:
+    Kim & Kim, arXiv 2501.17683, Example 3.4 and 4.1, Eq. 10 and 12.
+  """
+  C, N, t = _cast(_checks.cosine(C, low_open=True, high_open=True), _checks.count(N),
+                  _checks.log_scale(t))
+  s = jnp.exp(t)
+  artanh = _artanh(C)
+  return 4.0 * s * jnp.abs(artanh) * jax.nn.sigmoid(jnp.log(N - 1.0) - 4.0 * s * artanh)
 
 
 def softmax_ceiling(tau: jax.typing.ArrayLike) -> jax.Array:

@@ -11,15 +11,16 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, losses, mappings
-from tfcl_jax.analysis.pattern import MappingFn, check_mapping, paper_pattern, pattern_embeddings
+from tfcl_jax.analysis.pattern import paper_pattern, pattern_embeddings
 
 
-def _row0_loss(cosines: jax.Array, mapping: MappingFn) -> jax.Array:
+def _row0_loss(cosines: jax.Array, mapping: mappings.Mapping) -> jax.Array:
   z1, z2 = pattern_embeddings(cosines)
   return losses.info_nce(z1, z2, mapping=mapping, reduction="none")[0]
 
 
-def gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int) -> jax.Array:
+def gradient_scale(mapping: mappings.MappingLike, C: jax.typing.ArrayLike, N: int
+                   ) -> jax.Array:
   r"""`|dL_i/dC|` at the pattern `[C, -C, ..., -C]` by autodiff through `info_nce`.
 
   Row 0's per-row loss (`reduction="none"`) of `losses.info_nce` on
@@ -45,7 +46,7 @@ def gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int) -> jax.A
     [2.0, 0.5333]
 
   Args:
-    mapping: callable `cos -> logits` (a `tfcl_jax.mappings.Mapping`).
+    mapping: a `tfcl_jax.mappings.Mapping`, a map spec or a callable `cos -> logits`.
     C: float or floating array of cosines in the open interval `(-1, 1)`.
     N: number of candidates, a Python int `>= 2` (static: it sets shapes).
 
@@ -55,7 +56,7 @@ def gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int) -> jax.A
   References:
     Kim & Kim, arXiv 2501.17683, Eq. 4, 7 and 13.
   """
-  mapping = check_mapping(mapping)
+  mapping = mappings.as_mapping(mapping)
   C = _checks.cosine(C, low_open=True, high_open=True)
   n = _checks.static_count(N)
   C = C.astype(_checks.float_dtype(C))
@@ -98,7 +99,7 @@ def temperature_gradient_scale(C: jax.typing.ArrayLike, t: jax.typing.ArrayLike)
   return jnp.abs(flat).reshape(C.shape)
 
 
-def optimum_probability(mapping: MappingFn, *, N: int = 2) -> jax.Array:
+def optimum_probability(mapping: mappings.MappingLike, *, N: int = 2) -> jax.Array:
   r"""The positive's softmax probability at the optimum `[1, -1, ..., -1]` (Example 3.1).
 
   `softmax(f([1, -1, ..., -1]))[0]` for the mapping `f`. With
@@ -116,13 +117,13 @@ def optimum_probability(mapping: MappingFn, *, N: int = 2) -> jax.Array:
     1.0
 
   Args:
-    mapping: callable `cos -> logits`.
+    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
     N: number of candidates, a Python int `>= 2` (keyword-only).
 
   Returns:
     A float32 scalar (float64 under x64).
   """
-  mapping = check_mapping(mapping)
+  mapping = mappings.as_mapping(mapping)
   n = _checks.static_count(N)
   cosines = jnp.concatenate([jnp.ones((1,)), -jnp.ones((n - 1,))])
   return jax.nn.softmax(mapping(cosines))[0]
@@ -142,7 +143,8 @@ def _hardness_inputs(cos_positive, cos_negatives):
 
 
 def negative_weights(
-    mapping: MappingFn, cos_positive: jax.typing.ArrayLike, cos_negatives: jax.typing.ArrayLike
+    mapping: mappings.MappingLike, cos_positive: jax.typing.ArrayLike,
+    cos_negatives: jax.typing.ArrayLike
 ) -> jax.Array:
   r"""Softmax weight of each negative: the hardness-aware weighting (Wang & Liu 2021).
 
@@ -161,7 +163,7 @@ def negative_weights(
     [0.1223, 0.2721]
 
   Args:
-    mapping: callable `cos -> logits`.
+    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
     cos_positive: `[...]` cosine of the positive pair, in `[-1, 1]`.
     cos_negatives: `[..., K]` cosines of the `K` negatives, in `[-1, 1]`.
 
@@ -171,14 +173,15 @@ def negative_weights(
   References:
     Wang & Liu, Understanding the Behaviour of Contrastive Loss, CVPR 2021.
   """
-  mapping = check_mapping(mapping)
+  mapping = mappings.as_mapping(mapping)
   cos_positive, cos_negatives = _hardness_inputs(cos_positive, cos_negatives)
   logits = mapping(jnp.concatenate([cos_positive[..., None], cos_negatives], axis=-1))
   return jax.nn.softmax(logits, axis=-1)[..., 1:]
 
 
 def negative_gradients(
-    mapping: MappingFn, cos_positive: jax.typing.ArrayLike, cos_negatives: jax.typing.ArrayLike
+    mapping: mappings.MappingLike, cos_positive: jax.typing.ArrayLike,
+    cos_negatives: jax.typing.ArrayLike
 ) -> jax.Array:
   r"""`dL_i/ds_k`: the push each negative's cosine receives, by autodiff through `info_nce`.
 
@@ -197,7 +200,7 @@ def negative_gradients(
     [0.2445, 0.5442]
 
   Args:
-    mapping: callable `cos -> logits`.
+    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
     cos_positive: `[...]` cosine of the positive pair, in `(-1, 1)`.
     cos_negatives: `[..., K]` cosines of the negatives, in `(-1, 1)`.
 
@@ -207,7 +210,7 @@ def negative_gradients(
   References:
     Wang & Liu, CVPR 2021.
   """
-  mapping = check_mapping(mapping)
+  mapping = mappings.as_mapping(mapping)
   _checks.cosine(cos_positive, name="cos_positive", low_open=True, high_open=True)
   _checks.cosine(cos_negatives, name="cos_negatives", low_open=True, high_open=True)
   cos_positive, cos_negatives = _hardness_inputs(cos_positive, cos_negatives)

@@ -3,28 +3,8 @@ gradient analyses (`gradients`, `sigmoid`) differentiate through the losses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import cast
-
 import jax
 import jax.numpy as jnp
-
-from tfcl_jax import mappings
-
-#: A similarity-to-logit map as a plain callable `cos -> logits`, elementwise.
-MappingFn = Callable[[jax.Array], jax.Array]
-
-
-def check_mapping(mapping) -> MappingFn:
-  """`mapping` if it is a callable `cos -> logits`, a spec string as its `Mapping`; a
-  `TypeError` naming `mapping` if neither."""
-  if isinstance(mapping, str):
-    return mappings.from_spec(mapping)
-  if not callable(mapping):
-    raise TypeError(f"mapping must be a callable cos -> logits or a spec string (see "
-                    f"tfcl_jax.mappings), got "
-                    f"{type(mapping).__name__}.")
-  return cast(MappingFn, mapping)  # callable() checks only that it can be called
 
 
 def paper_pattern(C: jax.Array, n: int) -> jax.Array:

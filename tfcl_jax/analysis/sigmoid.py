@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, losses, mappings
-from tfcl_jax.analysis.pattern import MappingFn, check_mapping, paper_pattern, pattern_embeddings
+from tfcl_jax.analysis.pattern import paper_pattern, pattern_embeddings
 
 
 def _cast(*arrays):
@@ -166,8 +166,8 @@ def _row0_sigmoid(cosines, mapping, bias):
   return losses.sigmoid_loss(z1, z2, mapping=mapping, bias=bias, reduction="none")[0]
 
 
-def sigmoid_gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int, *,
-                           bias=0.0) -> jax.Array:
+def sigmoid_gradient_scale(mapping: mappings.MappingLike, C: jax.typing.ArrayLike, N: int,
+                           *, bias=0.0) -> jax.Array:
   r"""`|dL/dC|` of the sigmoid loss at `[C, -C, ..., -C]` by autodiff through `sigmoid_loss`.
 
   Row 0's loss (`reduction="none"`) of `losses.sigmoid_loss` on
@@ -184,7 +184,7 @@ def sigmoid_gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int, 
     [4.0, 2.6667]
 
   Args:
-    mapping: callable `cos -> logits`.
+    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
     C: cosines in the open interval `(-1, 1)`.
     N: candidates, a Python int `>= 2`.
     bias: the loss's bias `b`, a float.
@@ -192,7 +192,7 @@ def sigmoid_gradient_scale(mapping: MappingFn, C: jax.typing.ArrayLike, N: int, 
   Returns:
     `|dL/dC|`, with the shape of `C`.
   """
-  mapping = check_mapping(mapping)
+  mapping = mappings.as_mapping(mapping)
   C = _checks.cosine(C, low_open=True, high_open=True)
   n = _checks.static_count(N)
   C = C.astype(_checks.float_dtype(C))

@@ -133,7 +133,7 @@ def msc_loss(
     z1: `[N, D]` float features of the first views (`N >= 2`).
     z2: `[N, D]` float features of the second views.
     center: `[D]` the center (`center(...)` of the normal training features).
-    mapping: a `Mapping`, a spec string or a callable `cos -> logits`; default
+    mapping: a `Mapping`, a map spec or a callable `cos -> logits`; default
       `mappings.temperature_free()`.
     angular: add the angular center term (MSC's `--angular`, used for its results).
 
@@ -164,7 +164,7 @@ def freeze(
     >>> import jax, jax.numpy as jnp, optax
     >>> from tfcl_jax.anomaly import msc
     >>> params = {"model": {"Conv_0": {"kernel": jnp.ones(2)}, "Conv_1": {"kernel": jnp.ones(2)}},
-    ...           "mapping": {}}
+    ...           "loss": {}}
     >>> tx = msc.freeze(optax.sgd(1.0), params, frozen=["Conv_0"])
     >>> grads = jax.tree.map(jnp.ones_like, params)
     >>> updates, _ = tx.update(grads, tx.init(params), params)
@@ -173,7 +173,7 @@ def freeze(
 
   Args:
     tx: the optimiser of the trained parameters.
-    params: `TrainState.params`, `{"model": encoder params, "mapping": ...}`.
+    params: `TrainState.params`, `{"model": encoder params, "loss": ...}`.
     frozen: names of top-level modules of `params["model"]`.
 
   Returns:
@@ -192,6 +192,6 @@ def freeze(
   labels = {
       "model": {name: jax.tree.map(lambda _, f=(name in frozen): "frozen" if f else "trained", sub)
                 for name, sub in params["model"].items()},
-      "mapping": jax.tree.map(lambda _: "trained", params["mapping"]),
+      "loss": jax.tree.map(lambda _: "trained", params["loss"]),
   }
   return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)

@@ -2,13 +2,15 @@
 
 InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the default
 temperature-free map), with extra negatives from a queue; SigLIP's sigmoid loss; the same
-losses across devices; the supervised contrastive loss; `from_spec` names one of them in a
-config. Every call runs the tiled engine: dense logits are its one-tile case, chosen
+losses across devices; the supervised contrastive loss; the softmax over raw dot products.
+`from_spec` reads a loss spec (docs/specs.md) into a `LossSpec`, a loss with its map and its
+parameters. Every cosine loss runs the tiled engine: dense logits are its one-tile case, chosen
 automatically where they are faster.
 """
 
 from tfcl_jax.losses import queue
 from tfcl_jax.losses._devices import STRATEGIES
+from tfcl_jax.losses._dot import dot_product_softmax
 from tfcl_jax.losses._engine import auto_block_size, balanced_tile
 from tfcl_jax.losses._info_nce import info_nce
 from tfcl_jax.losses._layout import check_block_size, l2_normalize, norm_floor
@@ -30,6 +32,7 @@ __all__ = [
     "balanced_tile",
     "canonical_spec",
     "check_block_size",
+    "dot_product_softmax",
     "from_spec",
     "info_nce",
     "info_nce_on_mesh",

@@ -138,10 +138,6 @@ def _get(blocks, index):
   return jax.tree.map(lambda x: x[index], blocks)
 
 
-def _add(stacked, index, value):
-  return jax.tree.map(lambda s, v: s.at[index].add(v), stacked, value)
-
-
 def _set(stacked, index, value):
   return jax.tree.map(lambda s, v: s.at[index].set(v), stacked, value)
 

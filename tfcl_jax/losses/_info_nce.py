@@ -60,12 +60,7 @@ def check_candidate_bias(candidate_bias, n: int, *, negatives: str, symmetric: b
   """Checks `candidate_bias`: None, or `[N]` floats for the one-directional `cross` loss."""
   if candidate_bias is None:
     return None
-  bias = jnp.asarray(candidate_bias)
-  if not jnp.issubdtype(bias.dtype, jnp.floating):
-    raise TypeError(f"candidate_bias must be a float array, got dtype {bias.dtype}.")
-  if bias.shape != (n,):
-    raise ValueError(f"candidate_bias must have shape ({n},) (one per row of z2), got "
-                     f"{bias.shape}.")
+  bias = _layout.check_bias_row(candidate_bias, n, rows="z2")
   if negatives != "cross" or symmetric:
     raise ValueError("candidate_bias corrects the candidates of the z1 -> z2 direction: it needs "
                      "negatives='cross' and symmetric=False.")
@@ -159,7 +154,7 @@ def info_nce(
   Args:
     z1: `[N, D]` float embeddings of the first view.
     z2: `[N, D]` float embeddings of the second view; row `i` is the positive of `z1[i]`.
-    mapping: a `tfcl_jax.mappings.Mapping`, a spec string (`"free"`, `"tau=0.1"`:
+    mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`"free"`, `"tau=0.1"`:
       `mappings.from_spec`) or any callable `cos -> logits`, applied elementwise; default
       `mappings.temperature_free()`.
     negatives: `"cross"` or `"all"` (see above).
@@ -201,7 +196,7 @@ def info_nce(
     _layout.check_finite(z1, name="z1")
     _layout.check_finite(z2, name="z2")
   _layout.check_mode(negatives, symmetric, reduction)
-  mapping = _layout.check_mapping(mapping)
+  mapping = mappings_lib.as_mapping(mapping)
   if check_finite:
     _layout.check_parameters(mapping)
   valid = _layout.check_where(where, z1.shape[0])

@@ -59,9 +59,19 @@ def unit_rows(z: jax.Array, dtype) -> jax.Array:
   return l2_normalize(z.astype(dtype), eps=norm_floor(z.dtype))
 
 
-def check_mapping(mapping) -> mappings_lib.Mapping:
-  """The default map (Eq. 11) for None; any callable `cos -> logits` as a `Mapping`."""
-  return mappings_lib.temperature_free() if mapping is None else mappings_lib.as_mapping(mapping)
+def check_bias_row(bias, n: int, *, rows: str) -> jax.Array:
+  """`bias` as `[n]` floats, one per row of `rows` (a candidate's logit bias).
+
+  Raises:
+    TypeError: not floats; ValueError: another shape (both name `candidate_bias`).
+  """
+  bias = jnp.asarray(bias)
+  if not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise TypeError(f"candidate_bias must be a float array, got dtype {bias.dtype}.")
+  if bias.shape != (n,):
+    raise ValueError(f"candidate_bias must have shape ({n},) (one per row of {rows}), got "
+                     f"{bias.shape}.")
+  return bias
 
 
 def check_where(where, n: int, *, name: str = "where") -> jax.Array | None:
@@ -113,14 +123,19 @@ def check_embeddings(z, *, name: str, rows: str = "N") -> jax.Array:
   return z
 
 
-def check_pair(z1, z2, *, local: bool = False) -> tuple[jax.Array, jax.Array]:
-  """Checks two views `[N, D]`, `D >= 1`, of the same shape (`local`: a device's share, N >= 1)."""
-  z1 = check_embeddings(z1, name="z1")
-  z2 = check_embeddings(z2, name="z2")
+def check_pair(z1, z2, *, local: bool = False, names: tuple[str, str] = ("z1", "z2")
+               ) -> tuple[jax.Array, jax.Array]:
+  """Checks two views `[N, D]`, `D >= 1`, of the same shape (`local`: a device's share, N >= 1);
+  errors call them `names`."""
+  first, second = names
+  z1 = check_embeddings(z1, name=first)
+  z2 = check_embeddings(z2, name=second)
   if z1.shape != z2.shape:
-    raise ValueError(f"z1 and z2 must have the same shape [N, D], got {z1.shape} and {z2.shape}.")
+    raise ValueError(f"{first} and {second} must have the same shape [N, D], got {z1.shape} and "
+                     f"{z2.shape}.")
   if not local and z1.shape[0] < 2:
-    raise ValueError(f"z1 and z2 need N >= 2 pairs to have a negative, got N = {z1.shape[0]}.")
+    raise ValueError(f"{first} and {second} need N >= 2 pairs to have a negative, got "
+                     f"N = {z1.shape[0]}.")
   return z1, z2
 
 

@@ -91,7 +91,7 @@ def sharded_info_nce(
   _layout.check_mode(negatives, symmetric, reduction)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
   block_size = _layout.check_block_size(block_size)
-  mapping = _layout.check_mapping(mapping)
+  mapping = mappings_lib.as_mapping(mapping)
   n = z1.shape[0]
   if n * size < 2:
     raise ValueError(f"the global batch needs N >= 2 pairs to have a negative, got N = {n * size}.")

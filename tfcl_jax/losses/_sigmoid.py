@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -64,40 +65,54 @@ def _check_bias(bias, name: str = "bias"):
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: the inner map may hold a tracer
 class _Biased:
-  """`f(c) + b`, or `f(c) - f(r)` (`relative`), with `f`'s params and `b` (or `r`) in params."""
+  """`f(c) + b`, or `f(c) - f(r)` (`relative`): the params are `f`'s and `"bias"` (`b`), or
+  `"relative_bias"` (`r`), beside them."""
 
-  inner: mappings_lib.LogitFn
+  inner: Callable[..., jax.Array]
   relative: bool
 
+  @property
+  def key(self) -> str:
+    """The bias's entry in the params."""
+    return "relative_bias" if self.relative else "bias"
+
+  def split(self, params) -> tuple[dict, jax.Array]:
+    """`(f's params, the bias)`."""
+    return {name: value for name, value in params.items() if name != self.key}, params[self.key]
+
   def __call__(self, cos, params, step):
-    bias = jnp.asarray(params["bias"], cos.dtype)
-    logits = self.inner(cos, params["mapping"], step)
+    inner, bias = self.split(params)
+    bias = jnp.asarray(bias, cos.dtype)
+    logits = self.inner(cos, inner, step)
     if self.relative:
-      return logits - self.inner(bias, params["mapping"], step)
+      return logits - self.inner(bias, inner, step)
     return logits + bias
 
   def parameter_checks(self, params, step) -> tuple[mappings_lib.ParameterCheck, ...]:
     # The inner map's own checks, then the bias's: a NaN or infinite bias gives a non-finite loss.
+    inner, bias = self.split(params)
     declare = getattr(self.inner, "parameter_checks", None)
-    inner = () if declare is None else tuple(declare(params["mapping"], step))
-    name = "relative_bias" if self.relative else "bias"
-    return (*inner, finite_check(name, params["bias"]))
+    checks = () if declare is None else tuple(declare(inner, step))
+    return (*checks, finite_check(self.key, bias))
 
 
 def _biased(mapping: mappings_lib.Mapping, bias, relative_bias) -> mappings_lib.Mapping:
   """`mapping` with the bias folded in: `f(c) + b`, or `f(c) - f(r)` for a relative bias `r`."""
   if relative_bias is None and isinstance(bias, float) and bias == 0.0:
     return mapping  # keeps the map's closed forms (Eq. 11: sigmoid(f) = (1 + c) / 2)
+  fn = _Biased(mapping.fn, relative_bias is not None)
+  if fn.key in mapping.params:
+    raise ValueError(f"mapping {mapping.spec!r} has a parameter named {fn.key!r}, the name of "
+                     "the sigmoid loss's bias.")
   value = bias if relative_bias is None else relative_bias
-  return mappings_lib.Mapping(mapping.spec, _Biased(mapping.fn, relative_bias is not None),
-                              {"mapping": mapping.params, "bias": value}, mapping.scheduled,
-                              mapping.step)
+  return mappings_lib.Mapping(mapping.spec, fn, {**mapping.params, fn.key: value},
+                              mapping.scheduled, mapping.step)
 
 
 def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, local=False):
   z1, z2 = _layout.check_pair(z1, z2, local=local)
   _layout.check_mode(negatives, False, reduction)
-  mapping = _layout.check_mapping(mapping)
+  mapping = mappings_lib.as_mapping(mapping)
   bias = _check_bias(bias)
   if relative_bias is not None:
     relative_bias = _check_bias(relative_bias, "relative_bias")
@@ -159,9 +174,8 @@ def sigmoid_loss(
   Args:
     z1: `[N, D]` float embeddings of the first view (images).
     z2: `[N, D]` float embeddings of the second view (texts); row `i` pairs with `z1[i]`.
-    mapping: a `tfcl_jax.mappings.Mapping`, a spec string (`mappings.from_spec`) or a
-      callable `cos -> logits`; default
-      `mappings.temperature_free()`.
+    mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`mappings.from_spec`) or a
+      callable `cos -> logits`; default `mappings.temperature_free()`.
     bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
       state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).
     relative_bias: `r` of the relative form instead of `bias`; a float or scalar array.

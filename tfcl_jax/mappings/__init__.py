@@ -8,25 +8,27 @@ Every map is a `Mapping` (a pytree: learnable scalars are its leaves):
 - `temperature(tau)`: `cos / tau` (Eq. 1);
 - `temperature_free()`: `2 artanh(cos)` (Eq. 11), the default of every loss;
 - `learnable_temperature(tau=...)`: CLIP's `exp(t) cos` (Eq. 8);
+- `learnable_free()`: `exp(t) 2 artanh(cos)`, free (Eq. 11) at the start `t = 0`;
+- `n_aware_free(num_candidates=N)`: `s(N) 2 artanh(cos)`, `s(N) = 1 + log(N - 1) / log 9`;
 - `dynamic_temperature(tau_min, tau_max)`: DySTreSS's per-pair `cos / tau(cos)`;
 - `annealed_temperature(schedule)`: `cos / schedule(step)`;
-- `from_spec("tau=0.25")`: any of them from a config string (`SPEC_FORMS`); the losses also
-  take the string itself (`mapping="free"`);
-- `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature map.
+- `from_spec("tau=0.25")`: any of them from its map spec (the grammar: docs/specs.md); the
+  losses also take the spec itself (`mapping="free"`);
+- `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature map,
+  `s` of a scaled free map.
 """
 
 from tfcl_jax.mappings._base import (
     ExpForm,
-    LogitFn,
     LogSigmoidForm,
     Mapping,
     MappingLike,
     ParameterCheck,
-    as_mapping,
 )
 from tfcl_jax.mappings._dynamic import dynamic_tau, dynamic_temperature
 from tfcl_jax.mappings._free import max_free_logit, temperature_free
-from tfcl_jax.mappings._spec import SPEC_FORMS, from_spec
+from tfcl_jax.mappings._scaled_free import free_scale, learnable_free, n_aware_free
+from tfcl_jax.mappings._spec import SPEC_FORMS, as_mapping, from_spec
 from tfcl_jax.mappings._temperature import (
     annealed_temperature,
     learnable_temperature,
@@ -38,7 +40,6 @@ __all__ = [
     "SPEC_FORMS",
     "ExpForm",
     "LogSigmoidForm",
-    "LogitFn",
     "Mapping",
     "MappingLike",
     "ParameterCheck",
@@ -46,10 +47,13 @@ __all__ = [
     "as_mapping",
     "dynamic_tau",
     "dynamic_temperature",
+    "free_scale",
     "from_spec",
+    "learnable_free",
     "learnable_temperature",
     "logit_scale",
     "max_free_logit",
+    "n_aware_free",
     "temperature",
     "temperature_free",
 ]

@@ -12,9 +12,6 @@ import jax.numpy as jnp
 
 from tfcl_jax import _checks
 
-#: `fn(cos, params, step) -> logits` of a `Mapping`: elementwise in `cos`.
-LogitFn = Callable[[jax.Array, MappingType[str, jax.Array], jax.Array], jax.Array]
-
 # Largest spread of logits, in nats, that a fixed shift may cover: `exp(f(c) - shift)` then
 # stays above exp(-60) ~ 1e-26, far from float32's smallest normal (1e-38).
 FIXED_SHIFT_RANGE = {4: 60.0, 8: 600.0}
@@ -47,7 +44,7 @@ class Mapping:
     (0.5, 'Mapping')
 
   Attributes:
-    spec: canonical spec string (`from_spec(mapping.spec)` rebuilds it).
+    spec: its canonical map spec (`from_spec(mapping.spec)` rebuilds it; docs/specs.md).
     fn: `fn(cos, params, step) -> logits`, the pure map.
     params: trainable scalars, `{}` for non-learnable maps.
     scheduled: whether the map depends on `step`.
@@ -55,12 +52,13 @@ class Mapping:
   """
 
   spec: str
-  fn: LogitFn = dataclasses.field(repr=False)
+  fn: Callable[..., jax.Array] = dataclasses.field(repr=False)
   params: dict[str, Any] = dataclasses.field(default_factory=dict)
   scheduled: bool = False
   step: Any = dataclasses.field(default=None, repr=False)
 
-  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any], tuple[str, LogitFn, bool]]:
+  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any],
+                                  tuple[str, Callable[..., jax.Array], bool]]:
     return (self.params, self.step), (self.spec, self.fn, self.scheduled)
 
   @classmethod
@@ -224,39 +222,10 @@ class LogSigmoidForm:
 
 
 MappingLike = Mapping | str | Callable[[jax.Array], jax.Array]
-"""What the losses accept as `mapping`: a `Mapping`, a spec string (`from_spec`), or a
-callable `cos -> logits`."""
-
-
-def as_mapping(mapping: MappingLike) -> Mapping:
-  """`mapping` as a `Mapping`: a `Mapping` as is, a spec string through `from_spec`, a plain
-  callable `cos -> logits` wrapped.
-
-  Examples:
-    >>> from tfcl_jax import mappings
-    >>> mappings.as_mapping(lambda cos: 3.0 * cos)(0.5).item()
-    1.5
-    >>> mappings.as_mapping("tau=0.25").spec      # the same as mappings.from_spec("tau=0.25")
-    'tau=0.25'
-
-  Raises:
-    TypeError: `mapping` is neither a `Mapping`, a str nor a callable.
-    ValueError: a str that is not a spec (the message lists `SPEC_FORMS`).
-  """
-  if isinstance(mapping, Mapping):
-    return mapping
-  if isinstance(mapping, str):
-    from tfcl_jax.mappings._spec import from_spec  # _spec builds on this module
-
-    return from_spec(mapping)
-  if not callable(mapping):
-    raise TypeError(
-        f"mapping must be a tfcl_jax.mappings.Mapping, a spec string such as 'free' or "
-        f"'tau=0.1' (mappings.from_spec), or a callable cos -> logits; got "
-        f"{type(mapping).__name__}.")
-  return Mapping("callable", lambda cos, params, step: mapping(cos))
+"""What the losses and the analysis accept as `mapping`: a `Mapping`, a map spec
+(`from_spec`), or a callable `cos -> logits` (`as_mapping` turns each into a `Mapping`)."""
 
 
 def format_number(x) -> str:
-  """A number as it appears in a spec string (`0.25`, `1`, `1e-05`)."""
+  """A number as it appears in a spec (`0.25`, `1`, `1e-05`)."""
   return f"{float(x):g}"

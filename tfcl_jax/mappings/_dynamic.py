@@ -80,6 +80,14 @@ def _sin_half_pi(s: jax.Array, terms: int) -> jax.Array:
   return s * series
 
 
+def check_range(tau_min: float, tau_max: float) -> None:
+  """Checks DySTreSS's temperatures: `0 < tau_min <= tau_max`, each argument named."""
+  _checks.positive_scalar(tau_min, name="tau_min")
+  _checks.positive_scalar(tau_max, name="tau_max")
+  if tau_max < tau_min:
+    raise ValueError(f"tau_max must be >= tau_min, got tau_min={tau_min}, tau_max={tau_max}.")
+
+
 def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
   r"""DySTreSS dynamic temperature: `s / stop_gradient(tau(s))`.
 
@@ -108,9 +116,6 @@ def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
     Manna et al., DySTreSS: Dynamically Scaled Temperature in Self-Supervised
     Contrastive Learning, arXiv 2308.01140.
   """
-  _checks.positive_scalar(tau_min, name="tau_min")
-  _checks.positive_scalar(tau_max, name="tau_max")
-  if tau_max < tau_min:
-    raise ValueError(f"tau_max must be >= tau_min, got tau_min={tau_min}, tau_max={tau_max}.")
+  check_range(tau_min, tau_max)
   return Mapping(f"dynamic={format_number(tau_min)}:{format_number(tau_max)}",
                  _Dynamic(float(tau_min), float(tau_max)))

@@ -19,6 +19,7 @@ from tfcl_jax.mappings._base import (
     format_number,
     positive_check,
 )
+from tfcl_jax.mappings._scaled_free import _LearnableFree, _ScaledFree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,17 +150,24 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
   if max_scale is not None:
     _checks.positive_scalar(max_scale, name="max_scale")
     max_scale = float(max_scale)
+  initial = None  # the initial temperature the spec names: `tau` as given, else exp(-t)
   if t is None:
     tau = 0.07 if tau is None else tau
     _checks.positive_scalar(tau, name="tau")
-    t = jnp.log(1.0 / jnp.asarray(tau, float)) if _checks.is_concrete(tau) else -jnp.log(tau)
+    if _checks.is_concrete(tau):
+      initial = float(np.asarray(tau))
+      t = jnp.log(1.0 / jnp.asarray(tau, float))
+    else:
+      t = -jnp.log(tau)
   elif _checks.is_concrete(t):
     t_value = np.asarray(t)
     if t_value.ndim != 0 or not np.issubdtype(t_value.dtype, np.number) or not np.isfinite(
         t_value):
       raise ValueError(f"t must be a finite scalar, got {t!r}.")
   concrete = _checks.is_concrete(t)
-  spec = f"learnable={format_number(math.exp(-float(np.asarray(t))))}" if concrete else "learnable"
+  if concrete and initial is None:
+    initial = math.exp(-float(np.asarray(t)))
+  spec = "learnable" if initial is None else f"learnable={format_number(initial)}"
   if max_scale is not None and concrete:
     spec = f"{spec}:{format_number(max_scale)}"
   return Mapping(spec, _Learnable(max_scale),
@@ -169,10 +177,11 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
 def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
   r"""The factor a temperature map multiplies cosines by: `1 / tau`, or `min(exp(t), max_scale)`.
 
-  For a learnable map (Eq. 8) this is the effective logit scale, the cap included, at
-  `mapping.params` or at the `params` given (e.g. the mapping's entry of a train state's
-  params); CLIP logs it as `logit_scale`. Maps that are not a cosine times one factor (free,
-  DySTreSS, annealed, callables) have none.
+  A scaled free map (`learnable_free`, `n_aware_free`) has one too: the factor `s` of
+  `s 2 artanh(cos)`. For a learnable map (Eq. 8) this is the effective scale, the cap included, at
+  `mapping.params` or at the `params` given (e.g. a train state's `params["loss"]`, which
+  holds the map's `t`); CLIP logs it as `logit_scale`. Maps that are not one factor times the
+  cosine or times Eq. 11 (free, DySTreSS, annealed, callables) have none.
 
   Examples:
     >>> from tfcl_jax import mappings
@@ -183,9 +192,12 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
     100.0
     >>> float(mappings.logit_scale(mappings.temperature(0.5)))
     2.0
+    >>> float(mappings.logit_scale(mappings.n_aware_free(num_candidates=10)))   # s(10)
+    2.0
 
   Args:
-    mapping: a map from `temperature` or `learnable_temperature` (or their specs).
+    mapping: a map from `temperature`, `learnable_temperature`, `learnable_free` or
+      `n_aware_free`.
     params: the learnable map's `{"t": ...}` to read instead of `mapping.params`.
 
   Returns:
@@ -197,13 +209,16 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
   fn = mapping.fn if isinstance(mapping, Mapping) else None
   if isinstance(fn, _Temperature):
     return jnp.asarray(1.0 / fn.tau)
-  if isinstance(fn, _Learnable):
+  if isinstance(fn, _ScaledFree):
+    return jnp.asarray(fn.scale)
+  if isinstance(fn, (_Learnable, _LearnableFree)):
     params = mapping.params if params is None else params
     scale = jnp.exp(jnp.asarray(params["t"]))
     return scale if fn.max_scale is None else jnp.minimum(scale, fn.max_scale)
   spec = mapping.spec if isinstance(mapping, Mapping) else type(mapping).__name__
   raise TypeError(f"mapping must be a fixed or learnable temperature (cos / tau, "
-                  f"min(exp(t), max_scale) cos) to have a logit scale; got {spec!r}.")
+                  f"min(exp(t), max_scale) cos) or a scaled free map (s 2 artanh(cos)) to have "
+                  f"a logit scale; got {spec!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

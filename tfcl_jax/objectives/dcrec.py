@@ -11,7 +11,7 @@ For a batch of (user, input sequence, target) examples, with `v` each input's la
    ("foreign") neighbours, that mean with the mean of `v`'s removed ("civil") neighbours; at
    most 10 of each, drawn at random), min-max normalised over the batch and scaled to mean
    `weight_mean`; 0.5 where the input has one item;
-3. the cross-view contrastive term, Eq. 1 of Kim & Kim with the chosen mapping in place of
+3. the cross-view contrastive term, Eq. 1 of Kim & Kim with the loss's map in place of
    `cos / tau` (`info_nce(…, negatives="cross")`: the reference's `vanilla_loss`):
    `cl = cl_weight · mean(w · ℓ(s', g_a[v]) + (max w − w) · ℓ(g_a[v], g_c[v]))`;
 4. a KL term pulling the sorted weights towards sorted draws of N(weight_mean, 0.1):
@@ -136,7 +136,7 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.LossSpec | mappings.Mapping
   `inputs [B, L]`, `lengths [B]` and `targets [B]` (`SequenceSplit` rows).
 
   Defaults are the reference's ML-20M settings (`graphcl_coefficient` 0.1, `kl_weight` 0.01,
-  `weight_mean` 0.4); the mapping replaces its `cl_temp` (0.8). Metrics: `ce`, `cl`, `kl`.
+  `weight_mean` 0.4); the loss's map replaces its `cl_temp` (0.8). Metrics: `ce`, `cl`, `kl`.
 
   Examples:
     >>> import jax, numpy as np
@@ -155,7 +155,7 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.LossSpec | mappings.Mapping
     >>> batch = {"users": data.train.users[index], "inputs": data.train.inputs(index),
     ...          "lengths": data.train.lengths[index], "targets": data.train.targets[index]}
     >>> params = {"model": model.init(jax.random.key(0), batch["inputs"],
-    ...                               batch["lengths"])["params"], "mapping": {}}
+    ...                               batch["lengths"])["params"], "loss": {}}
     >>> loss_fn = dcrec_objective.make_dcrec_loss(model, mappings.temperature_free(), graphs)
     >>> loss, (_, metrics) = jax.jit(loss_fn)(params, {}, batch, jax.random.key(1), 0)
     >>> loss.shape, sorted(metrics)
@@ -180,7 +180,7 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.LossSpec | mappings.Mapping
     weights = jnp.where(lengths == 1, 0.5, weights)
     kl = kl_weight * weight_kl(keys[5], weights, weight_mean=weight_mean)
     anchor, co = transition_out[last_items], co_out[last_items]
-    contrast = lambda a, b: loss(a, b, params=params["mapping"], step=step,  # noqa: E731
+    contrast = lambda a, b: loss(a, b, params=params["loss"], step=step,  # noqa: E731
                                       negatives="cross", reduction="none")
     cl = cl_weight * jnp.mean(weights * contrast(second, anchor)
                               + (jnp.max(weights) - weights) * contrast(anchor, co))

@@ -45,7 +45,7 @@ def make_grace_loss(
   columns masked with `feature_rate`), their projections, and `loss` on them with
   intra- and inter-view negatives: `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`,
   Eq. 11 with `free`) for a `Mapping` or an InfoNCE `LossSpec`, the sigmoid loss for a sigmoid
-  `LossSpec` (`losses.from_spec`); the learnable values are `params["mapping"]`;
+  `LossSpec` (`losses.from_spec`); the learnable values are `params["loss"]`;
   `block_size` is the loss's tile side (None: automatic). No metrics.
 
   Examples:
@@ -58,7 +58,7 @@ def make_grace_loss(
     >>> model = gcn.GRACE(hidden_dims=(8,), projection_dim=8)
     >>> full = gcn.gcn_normalize(batch.edge_index, num_nodes=4)
     >>> params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
-    ...           "mapping": {}}
+    ...           "loss": {}}
     >>> loss_fn = grace.make_grace_loss(model, mappings.temperature_free(), edge_rate=0.3,
     ...                                 feature_rate=0.3)
     >>> loss, (_, metrics) = jax.jit(loss_fn)(params, {}, batch, jax.random.key(1), 0)
@@ -77,7 +77,7 @@ def make_grace_loss(
                                       edge_weight=view.edge_weight)
       projections.append(model.apply({"params": params["model"]}, view.features, propagation)[1])
 
-    value = loss(*projections, params=params["mapping"], step=step, negatives="all",
+    value = loss(*projections, params=params["loss"], step=step, negatives="all",
                  block_size=block_size)
     return value, (model_state, {})
 

@@ -26,7 +26,7 @@ AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 def make_msc_loss(
     encoder: nn.Module,
     *,
-    mapping: mappings_lib.Mapping,
+    loss: losses.LossSpec | mappings_lib.Mapping,
     augment: AugmentFn,
     angular: bool = True,
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
@@ -49,10 +49,10 @@ def make_msc_loss(
     >>> variables = jax.eval_shape(lambda: encoder.init(jax.random.key(0), images, train=False))
     >>> noise = lambda key, x: tuple(x + 0.1 * jax.random.normal(k, x.shape)
     ...                              for k in jax.random.split(key))
-    >>> loss_fn = msc_objective.make_msc_loss(encoder, mapping=mappings.temperature(0.25),
+    >>> loss_fn = msc_objective.make_msc_loss(encoder, loss=mappings.temperature(0.25),
     ...                                       augment=noise)
     >>> model_state = {"batch_stats": variables["batch_stats"], msc.CENTER_KEY: jnp.ones(16) / 4}
-    >>> params = {"model": variables["params"], "mapping": {}}
+    >>> params = {"model": variables["params"], "loss": {}}
     >>> loss, (new_state, metrics) = jax.eval_shape(  # traced, not compiled
     ...     loss_fn, params, model_state, {"image": images}, jax.random.key(1), 0)
     >>> sorted(metrics)
@@ -60,15 +60,15 @@ def make_msc_loss(
 
   Args:
     encoder: a backbone `x, train=... -> [B, D]` features (`models.make_backbone(...)`).
-    mapping: the similarity-to-logit map (`mappings.from_spec(...)`).
+    loss: a `losses.LossSpec` (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its
+      map), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it, MSC's own loss).
     augment: `augment(key, images) -> (view1, view2)`.
     angular: add the angular center term.
 
   Returns:
     The loss function.
   """
-  if not isinstance(mapping, mappings_lib.Mapping):
-    raise TypeError(f"mapping must be a tfcl_jax.mappings.Mapping, got {type(mapping).__name__}.")
+  loss = losses.as_loss(loss)
 
   def loss_fn(params, model_state, batch, key, step):
     center_vector = model_state[msc.CENTER_KEY]
@@ -76,14 +76,13 @@ def make_msc_loss(
     z1, z2, _ = views.encode_two_views(
         lambda x: (encoder.apply({"params": params["model"], **variables}, x, train=False), None),
         *augment(key, batch["image"]))
-    logits_map = mapping.bind(params=params["mapping"], step=step)
     s1, s2 = msc.mean_shift(z1, center_vector), msc.mean_shift(z2, center_vector)
-    contrastive = losses.info_nce(s1, s2, mapping=logits_map, negatives="all")
+    contrastive = loss(s1, s2, params=params["loss"], step=step, negatives="all")
     angular_term = jnp.mean(jnp.sum(s1 * s1, -1)) + jnp.mean(jnp.sum(s2 * s2, -1))
-    loss = contrastive + angular_term if angular else contrastive
+    value = contrastive + angular_term if angular else contrastive
     unit = losses.l2_normalize(jnp.concatenate([z1, z2]))
     metrics = {"contrastive": contrastive, "angular": angular_term,
                "center_cos": jnp.mean(unit @ center_vector), **views.cosine_diagnostics(s1, s2)}
-    return loss, (model_state, metrics)
+    return value, (model_state, metrics)
 
   return loss_fn

@@ -1,7 +1,7 @@
 """The SimCLR objective as a `loss_fn` for `training.make_train_step`: two views, InfoNCE.
 
 Section 5.1 of Kim & Kim (arXiv 2501.17683) trains SimCLR with NT-Xent (Eq. 1, `cos / tau`) or
-with the temperature-free map (Eq. 11); the mapping is the only difference. With labels, the
+with the temperature-free map (Eq. 11); the map is the only difference. With labels, the
 same two views train SupCon (Khosla et al. 2020): positives are the views of one class.
 """
 
@@ -35,14 +35,14 @@ def make_simclr_loss(
 
   Both views go through the model in one call (BatchNorm statistics over the 2B views, as in
   SimCLR); the value is `loss(z1, z2, negatives=negatives)` with its trainable scalars from
-  `params["mapping"]` at `step`: InfoNCE (Eq. 1 for `tau=...`, Eq. 11 for `free`) or the
-  sigmoid loss (SigCLR), as the `losses.LossSpec` names it.
+  `params["loss"]` at `step`: InfoNCE (Eq. 1 for `tau=...`, Eq. 11 for `free`) or the
+  sigmoid loss (SigCLR), as the loss (`losses.LossSpec`) names it.
   Metrics: `pos_cos`, `neg_cos` (`views.cosine_diagnostics` of the projections).
 
   With `supervised` (SupCon, Khosla et al. 2020), the positives of a view are every other view
   of its class: the value is `losses.supervised_info_nce` of the `2B` projections
-  `z = [z1; z2]` with labels `y = [batch["label"]; batch["label"]]`, under the loss's mapping
-  (bound to `params["mapping"]` at `step`) and `form=supervised`; the other view of the same
+  `z = [z1; z2]` with labels `y = [batch["label"]; batch["label"]]`, under the loss's map
+  (bound to `params["loss"]` at `step`) and `form=supervised`; the other view of the same
   image is one positive among those of its class.
 
   Examples:
@@ -56,7 +56,7 @@ def make_simclr_loss(
     ...                                   augment=noise)
     >>> images = jnp.zeros((4, 8, 8, 1))
     >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))
-    >>> params = {"model": variables["params"], "mapping": {}}
+    >>> params = {"model": variables["params"], "loss": {}}
     >>> loss, (model_state, metrics) = jax.eval_shape(  # shapes only; jit it to run it
     ...     loss_fn, params, {"batch_stats": variables["batch_stats"]}, {"image": images},
     ...     jax.random.key(1), 0)
@@ -73,7 +73,7 @@ def make_simclr_loss(
     model: returns `(features, projections)` given `(images, train=...)`
       (`models.ContrastiveModel`).
     loss: a `losses.LossSpec` (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its
-      mapping and bias), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it).
+      map and bias), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it).
     augment: `augment(key, images) -> (view1, view2)`, e.g.
       `functools.partial(tfcl_jax.augment.two_views, recipe="digits")`.
     negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`; `"all"` with `supervised`.
@@ -86,8 +86,8 @@ def make_simclr_loss(
     The loss function.
 
   Raises:
-    ValueError: an unknown `supervised` form, or `supervised` with a sigmoid loss or with
-      `negatives="cross"`.
+    ValueError: an unknown `supervised` form, or `supervised` with a loss other than InfoNCE
+      under a map (a map spec) or with `negatives="cross"`.
 
   References:
     Chen et al. 2020, "A Simple Framework for Contrastive Learning of Visual
@@ -98,8 +98,8 @@ def make_simclr_loss(
     if supervised not in SUPERVISED_FORMS:
       raise ValueError(f"supervised must be None or one of {SUPERVISED_FORMS}, got "
                        f"{supervised!r}.")
-    if loss.loss != "info_nce":
-      raise ValueError(f"supervised={supervised!r} takes an InfoNCE loss (a mapping), got "
+    if loss.family != "info_nce" or loss.symmetric or loss.logq:
+      raise ValueError(f"supervised={supervised!r} takes an InfoNCE loss (a map spec), got "
                        f"{loss.spec!r}.")
     if negatives != "all":
       raise ValueError(f"supervised={supervised!r} compares every view with every other "
@@ -114,12 +114,13 @@ def make_simclr_loss(
 
     z1, z2, new_model_state = views_lib.encode_two_views(apply, *augment(key, batch["image"]))
     if supervised is None:
-      value = loss(z1, z2, params=params["mapping"], step=step, negatives=negatives)
+      value = loss(z1, z2, params=params["loss"], step=step, negatives=negatives)
     else:
       labels = jnp.concatenate([batch["label"], batch["label"]])
+      assert loss.mapping is not None  # an InfoNCE loss, checked above
       value = losses.supervised_info_nce(
           jnp.concatenate([z1, z2]), labels, form=supervised,
-          mapping=loss.mapping.bind(params=params["mapping"], step=step))
+          mapping=loss.mapping.bind(params=params["loss"], step=step))
     return value, (new_model_state, views_lib.cosine_diagnostics(z1, z2))
 
   return loss_fn

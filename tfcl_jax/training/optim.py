@@ -1,6 +1,7 @@
 """optax optimisers by name: SGD + momentum (the paper's recipe), LARS, AdamW, Adam; cosine LR.
 
-Weight decay applies to the model's parameters only, never to a learnable temperature.
+Weight decay applies to the model's parameters only, never to the loss's (a learnable
+temperature, a sigmoid bias).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def make_optimizer(
     momentum: float = 0.9,
     weight_decay: float = 0.0,
 ) -> optax.GradientTransformation:
-  """An optax optimiser for `TrainState.params = {"model": ..., "mapping": ...}`.
+  """An optax optimiser for `TrainState.params = {"model": ..., "loss": ...}`.
 
   * `sgd`: SGD with (heavy-ball) momentum, L2 weight decay added to the
     gradient (as `torch.optim.SGD(weight_decay=...)`): the paper's recipe, Section 5.1.
@@ -75,7 +76,7 @@ def make_optimizer(
     >>> from tfcl_jax.training import optim
     >>> tx = optim.make_optimizer(name="sgd", learning_rate=0.06, total_steps=10,
     ...                           weight_decay=5e-4)
-    >>> params = {"model": {"w": jnp.ones(2)}, "mapping": {"t": jnp.zeros(())}}
+    >>> params = {"model": {"w": jnp.ones(2)}, "loss": {"t": jnp.zeros(())}}
     >>> _ = tx.init(params)
 
   Args:

@@ -1,7 +1,8 @@
-"""The train state: Flax Linen `TrainState` with the model's mutable state and the mapping's params.
+"""The train state: Flax Linen `TrainState` with the model's mutable state and the loss's params.
 
-`params = {"model": ..., "mapping": ...}` so one optimiser updates the network and a learnable
-temperature (`mappings.learnable_temperature`, `{"t": ...}`) together, as the loss sees them.
+`params = {"model": ..., "loss": ...}` so one optimiser updates the network and the loss's
+trainable scalars (`losses.LossSpec.params`: a learnable temperature's `t`, a sigmoid bias)
+together, as the loss sees them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class TrainState(train_state.TrainState):
 
   Attributes:
     step: int32 scalar, the number of updates applied.
-    params: `{"model": model params, "mapping": mapping params}` (the latter `{}` for fixed maps).
+    params: `{"model": model params, "loss": the loss's params}` (`{}` for a loss with none).
     model_state: non-trained model variables (BatchNorm statistics), `{}` when there are none.
     opt_state, tx, apply_fn: as in Flax.
   """
@@ -35,33 +36,34 @@ def create_train_state(
     tx: optax.GradientTransformation,
     apply_fn: Callable[..., Any] | None = None,
     model_state: Any = None,
-    mapping_params: dict[str, Any] | None = None,
+    loss_params: dict[str, Any] | None = None,
 ) -> TrainState:
-  """Builds a `TrainState` whose params hold the model's and the mapping's trainable values.
+  """Builds a `TrainState` whose params hold the model's and the loss's trainable values.
 
   Examples:
     >>> import jax.numpy as jnp, optax
-    >>> from tfcl_jax import mappings
+    >>> from tfcl_jax import losses
     >>> from tfcl_jax.training import state
-    >>> mapping = mappings.from_spec("learnable=0.1")
+    >>> loss = losses.from_spec("sigmoid/learnable=0.1/learn_b=siglip")
     >>> s = state.create_train_state(model_params={"w": jnp.ones(3)}, tx=optax.sgd(0.1),
-    ...                              mapping_params=mapping.params)
-    >>> sorted(s.params), round(float(s.params["mapping"]["t"]), 4)
-    (['mapping', 'model'], 2.3026)
+    ...                              loss_params=loss.params)
+    >>> sorted(s.params), round(float(s.params["loss"]["t"]), 4), float(s.params["loss"]["bias"])
+    (['loss', 'model'], 2.3026, -10.0)
 
   Args:
     model_params: the model's trainable variables (`variables["params"]` for Linen).
     tx: the optax optimiser (see `optim.make_optimizer`).
     apply_fn: the model's apply function (kept for convenience; the step never calls it).
     model_state: other model collections, e.g. `{"batch_stats": ...}`; default `{}`.
-    mapping_params: `mapping.params`; default `{}`.
+    loss_params: the loss's trainable scalars, `losses.LossSpec.params` (or a `Mapping`'s
+      `params`); default `{}`.
 
   Returns:
     A `TrainState` at step 0.
   """
-  params = {"model": model_params, "mapping": dict(mapping_params or {})}
+  params = {"model": model_params, "loss": dict(loss_params or {})}
   # Copies: the train step donates the state's buffers, which must not delete the caller's
-  # arrays (the `variables` from `model.init`, the `Mapping` object's params).
+  # arrays (the `variables` from `model.init`, the `LossSpec`'s params).
   params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
   model_state = jax.tree.map(lambda x: jnp.array(x, copy=True), model_state or {})
   return TrainState.create(

@@ -31,10 +31,10 @@ def make_train_step(
   """Compiles `step(state, batch, key) -> (new_state, metrics)` for `mesh`.
 
   `loss_fn(params, model_state, batch, key, step)` returns
-  `(loss, (new_model_state, metrics))`: `params` is `state.params` (`{"model", "mapping"}`),
+  `(loss, (new_model_state, metrics))`: `params` is `state.params` (`{"model", "loss"}`),
   `key` is `fold_in(key, state.step)` (a resumed run draws the same randomness), `metrics` a dict
   of scalars. The step adds `loss`, `grad_norm` (global L2 norm of the gradient of the *model*
-  parameters, ||dL/dW||) and the mapping's parameters (`mapping/t`).
+  parameters, ||dL/dW||) and the loss's parameters (`loss/t`, `loss/bias`).
 
   Placement: parameters, optimiser state and metrics are replicated; the batch's leading axis is
   split over `data` (`batch_sharded=True`) or the batch is replicated (a whole graph,
@@ -48,18 +48,18 @@ def make_train_step(
     >>> import jax, jax.numpy as jnp, optax
     >>> from tfcl_jax.training import sharding, state, step
     >>> def loss_fn(params, model_state, batch, key, step_index):
-    ...   prediction = batch["x"] @ params["model"]["w"] * params["mapping"]["scale"]
+    ...   prediction = batch["x"] @ params["model"]["w"] * params["loss"]["scale"]
     ...   loss = jnp.mean((prediction - batch["y"]) ** 2)
     ...   return loss, (model_state, {"mse": loss})
     >>> mesh = sharding.make_mesh(jax.devices()[:1])
     >>> s = state.create_train_state(model_params={"w": jnp.zeros(3)}, tx=optax.adam(0.1),
-    ...                              mapping_params={"scale": jnp.ones(())})
+    ...                              loss_params={"scale": jnp.ones(())})
     >>> train_step = step.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
     >>> batch = {"x": jnp.eye(3), "y": jnp.array([1.0, 2.0, 3.0])}
     >>> for _ in range(100):
     ...   s, metrics = train_step(s, batch, jax.random.key(0))
     >>> bool(metrics["mse"] < 0.05), sorted(metrics)
-    (True, ['grad_norm', 'loss', 'mapping/scale', 'mse'])
+    (True, ['grad_norm', 'loss', 'loss/scale', 'mse'])
 
   Args:
     loss_fn: see above; pure and traceable.
@@ -88,8 +88,8 @@ def make_train_step(
     metrics = dict(metrics)
     metrics["loss"] = loss
     metrics["grad_norm"] = optax.tree.norm(grads["model"])
-    for name, value in state.params["mapping"].items():
-      metrics[f"mapping/{name}"] = value
+    for name, value in state.params["loss"].items():
+      metrics[f"loss/{name}"] = value
     return new_state, metrics
 
   replicated = sharding.replicated(mesh)
