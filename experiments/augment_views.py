@@ -19,22 +19,35 @@ import matplotlib
 import numpy as np
 import tqdm.auto as tqdm
 
-from experiments import cli, runner, tables
+from experiments.framework import cli, plan, tables
 from tfcl_jax import augment, data
 
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402  (after choosing the Agg backend)
 
 
-def _settings(config):
-  """Everything checked before any work: dataset, split, recipe, sizes."""
-  info = data.get_info(config.dataset)
+def check_config(config) -> None:
+  """The dataset and recipe names and the sizes: everything checked before any work.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(config, positive=("num_images", "num_pairs", "stats_images"),
+                    non_negative=("view_size", "seed"))
+  with plan.config_errors():
+    info = data.get_info(config.dataset)
   recipe = config.recipe or info.recipe
   if recipe not in augment.RECIPES:
-    raise ValueError(f"config.recipe: unknown recipe {recipe!r}; known: {sorted(augment.RECIPES)}")
-  runner.check_positive_ints(config, "num_images", "num_pairs", "stats_images")
+    raise plan.ConfigError(f"config.recipe: unknown recipe {recipe!r}; known: "
+                           f"{sorted(augment.RECIPES)}")
   if config.num_images > config.stats_images:
-    raise ValueError("config.num_images must be at most config.stats_images.")
+    raise plan.ConfigError("config.num_images must be at most config.stats_images.")
+
+
+def _settings(config):
+  """The dataset's info, the split, the recipe and the view size of `config`."""
+  info = data.get_info(config.dataset)
+  recipe = config.recipe or info.recipe
   view_size = config.view_size or info.view_size or info.image_size
   return info, config.split or info.train_split, recipe, view_size
 
@@ -89,7 +102,9 @@ def _figure(pairs: list[tuple], center: jax.Array, recipe: str, num_images: int,
   plt.close(figure)
 
 
-def run(config, workdir: str) -> list[dict]:
+def train_and_evaluate(config, workdir: str) -> list[dict]:
+  """Draws the views of `config` (`check_config` passed); writes `views.png`, `results.csv`
+  and `results.md`. Nothing trains: the views are the experiment."""
   info, split, recipe, view_size = _settings(config)
   os.makedirs(workdir, exist_ok=True)
   loader = data.make_loader(
@@ -110,4 +125,5 @@ def run(config, workdir: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-  cli.run_main(run, usage="pass --config=experiments/configs/augment_views_digits.py --workdir=DIR")
+  cli.run_main(train_and_evaluate, check_config=check_config,
+               usage="pass --config=experiments/configs/augment_views_digits.py --workdir=DIR")

@@ -5,11 +5,11 @@ DCRec (Yang et al., WWW 2023) as in its reference code (`tfcl_jax.models.dcrec`,
 (`tfcl_jax.data.sequences`), the transition and co-interaction item graphs
 (`tfcl_jax.data.item_graphs`), Adam, batches of 512 training examples (a fresh permutation per
 epoch; the last partial batch of an epoch is dropped so that every step has one shape). The
-mapping replaces DCRec's `cos / cl_temp` (0.8) in its cross-view contrastive term.
+map replaces DCRec's `cos / cl_temp` (0.8) in its cross-view contrastive term.
 
 Evaluation as the reference (`pop100`, `tfcl_jax.evaluation.ranking`): each user's validation
 and test target is ranked against 100 items drawn by popularity among those the user never
-interacted with (one draw per seed, so every mapping of a seed meets the same negatives), and
+interacted with (one draw per seed, so every loss of a seed meets the same negatives), and
 HR@k, NDCG@k (k = 1, 5, 10) are computed. Both splits are scored after every epoch; a run
 reports the test metrics of the epoch with the best validation NDCG@10. The reference's
 benchmark files hold only a training and a test split and its early stopping watches the test
@@ -18,10 +18,10 @@ split; selecting on the validation split is the unbiased version of the same rul
 Run: python -m experiments.dcrec --config=experiments/configs/dcrec_ml100k.py --workdir=DIR
   [--config.losses=tau=0.8,free --config.seeds=10 --config.epochs=20]
 
-Writes DIR/results.csv (one row per (mapping, seed)), DIR/results.md (Table 6's metrics per
-mapping beside the paper's ML-20M numbers, and free minus each mapping paired by seed) and
+Writes DIR/results.csv (one row per (loss, seed)), DIR/results.md (Table 6's metrics per
+loss beside the paper's ML-20M numbers, and free minus each loss paired by seed) and
 DIR/ndcg.png, rewritten as each run ends. Rerunning the command continues the workdir
-(`experiments/runner.py`); more seeds or losses may be added, other fields are refused.
+(`experiments.framework`); more seeds or losses may be added, other fields are refused.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 import jax
 import numpy as np
 
-from experiments import cli, runner, tables
+from experiments.framework import cli, plan, sweep, tables
 from tfcl_jax import losses, training
 from tfcl_jax.data import movielens, sequences
 from tfcl_jax.evaluation import ranking
@@ -44,8 +44,8 @@ from tfcl_jax.objectives import dcrec as dcrec_objective
 KS = (1, 5, 10)
 METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg") for k in KS)
 SELECT_METRIC = "ndcg@10"  # validation metric of the model selection
-RESULT_FIELDS = ("dataset", "mapping", "seed", *METRICS, "best_epoch", "valid_ndcg@10",
-                 "final_loss", "epochs", "steps", "train_seconds", "seconds_per_epoch")
+COLUMNS = ("dataset", "loss", "seed", *METRICS, "best_epoch", "valid_ndcg@10",
+           "final_loss", "epochs", "steps", "train_seconds", "seconds_per_epoch")
 
 # Table 6 (DCRec on MovieLens-20M, 10 seeds): metric -> (mean, std), τ = 0.8 and free.
 PAPER_TABLE6 = {
@@ -56,14 +56,7 @@ PAPER_TABLE6 = {
              "ndcg@1": (0.1360, 0.0004), "ndcg@5": (0.2579, 0.0007),
              "ndcg@10": (0.3052, 0.0008)},
 }
-
-# Fields that only choose which runs exist: a workdir may be rerun with other values.
-PLAN_FIELDS = ("losses", "mappings", "seeds", "seed_offset")
-
-ConfigError = runner.ConfigError
-
-
-Run = runner.Run
+EXAMPLE = "tau=0.8,free"
 
 
 def load_data(config) -> sequences.SequenceData:
@@ -77,14 +70,15 @@ def load_data(config) -> sequences.SequenceData:
   try:
     ratings = movielens.read_ratings(path)
   except (movielens.RatingsNotFoundError, ValueError) as error:
-    raise ConfigError(f"config.data_dir: {error}") from error
+    raise plan.ConfigError(f"config.data_dir: {error}") from error
   try:
     return sequences.build_sequences(
         ratings, max_length=config.max_length,
         min_user_interactions=config.min_user_interactions or None,
         min_rating=None if config.min_rating is None else float(config.min_rating))
   except ValueError as error:
-    raise ConfigError(f"{error} (config.min_user_interactions, config.max_length)") from error
+    raise plan.ConfigError(f"{error} (config.min_user_interactions, config.max_length)"
+                           ) from error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,11 +163,11 @@ def initial_state(config, model: dcrec.DCRec, loss: losses.LossSpec, example: di
       model_params=model.init(key, example["inputs"], example["lengths"])["params"],
       tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
                                  total_steps=num_steps, schedule="constant"),
-      apply_fn=model.apply, mapping_params=loss.params)
+      apply_fn=model.apply, loss_params=loss.params)
 
 
-def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict, run: Run, *,
-            workdir: str, progress: bool = True) -> dict:
+def train_run(config, data: sequences.SequenceData, graphs: dict, evaluators: dict,
+              run: plan.Run, *, workdir: str) -> dict:
   """Trains DCRec for `run` (`tfcl_jax.training`), scores both splits after every epoch and
   returns the results row (test metrics at the best validation epoch).
 
@@ -191,7 +185,7 @@ def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict
   state = initial_state(config, model, loss, example, init_key, num_steps=num_steps)
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
   train_step = make_train_step(config, model, loss, graphs["train"], mesh)
-  # Negatives are drawn once per seed: every mapping of a seed meets the same candidates.
+  # Negatives are drawn once per seed: every loss of a seed meets the same candidates.
   splits = {name: evaluation_set(data, getattr(data, name), seed=run.seed,
                                  num_negatives=config.num_negatives)
             for name in ("valid", "test")}
@@ -201,23 +195,20 @@ def run_one(config, data: sequences.SequenceData, graphs: dict, evaluators: dict
             for metric, value in evaluators[name](params, splits[name], eval_key).items()}
 
   run_dir = run.directory(workdir)
-  record = {k: v for k, v in config.to_dict().items() if k not in PLAN_FIELDS}
   start = time.perf_counter()
   training.train(
       state, train_step=train_step,
       batches=lambda first: epoch_batches(data.train, batch_size=config.batch_size,
                                           seed=run.seed, start=first, num_steps=num_steps),
-      num_steps=num_steps, workdir=run_dir, key=train_key, mesh=mesh,
-      config={**run.record(), **record}, resume=True,
-      checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch, eval_fn=eval_fn,
-      log_every=config.log_every, examples_per_step=config.batch_size, progress=progress,
-      desc=run.label())
+      num_steps=num_steps, key=train_key, mesh=mesh, checkpoint_every=steps_per_epoch,
+      eval_every=steps_per_epoch, eval_fn=eval_fn, log_every=config.log_every,
+      examples_per_step=config.batch_size, **sweep.train_arguments(config, run, workdir))
   seconds = time.perf_counter() - start
-  history = training.loop.read_csv(os.path.join(run_dir, training.loop.METRICS_FILE))
-  evals = tables.read_csv(os.path.join(run_dir, training.loop.EVAL_FILE))
+  history = training.outputs.read_csv(os.path.join(run_dir, training.outputs.METRICS_FILE))
+  evals = tables.read_csv(os.path.join(run_dir, training.outputs.EVAL_FILE))
   best = best_epoch(evals, steps_per_epoch=steps_per_epoch)
   return {
-      "dataset": config.dataset, "mapping": run.spec, "seed": run.seed,
+      "dataset": config.dataset, "loss": run.spec, "seed": run.seed,
       **{metric: float(best[f"test_{metric}"]) for metric in METRICS},
       "best_epoch": best["epoch"], f"valid_{SELECT_METRIC}": float(best[f"valid_{SELECT_METRIC}"]),
       "final_loss": float(history["loss"][-1]), "epochs": config.epochs, "steps": num_steps,
@@ -233,9 +224,9 @@ def _cell(values) -> str:
 
 def table6(rows: list[dict], specs: list[str], *, dataset: str, command: str,
            epochs: int) -> str:
-  """Markdown: the six metrics per mapping beside the paper's Table 6 (ML-20M), and free minus
-  each mapping paired by seed (`tables.paired_differences`) for NDCG@10 and HR@10."""
-  present = [spec for spec in specs if any(r["mapping"] == spec for r in rows)]
+  """Markdown: the six metrics per loss beside the paper's Table 6 (ML-20M), and free minus
+  each loss paired by seed (`tables.paired_differences`) for NDCG@10 and HR@10."""
+  present = [spec for spec in specs if any(r["loss"] == spec for r in rows)]
   lines = [
       f"# DCRec on {dataset}: HR@k and NDCG@k, mean (std) over seeds",
       "",
@@ -250,33 +241,33 @@ def table6(rows: list[dict], specs: list[str], *, dataset: str, command: str,
       "|---|" + "---|" * (len(present) + 2),
   ]
   for metric in METRICS:
-    cells = [_cell([float(r[metric]) for r in rows if r["mapping"] == spec]) for spec in present]
+    cells = [_cell([float(r[metric]) for r in rows if r["loss"] == spec]) for spec in present]
     paper = [f"{PAPER_TABLE6[name][metric][0]:.4f} ({PAPER_TABLE6[name][metric][1]:.4f})"
              for name in ("tau=0.8", "free")]
     lines.append(f"| {metric.upper()} | " + " | ".join(cells + paper)
                  + " |")
-  runs = {spec: sum(r["mapping"] == spec for r in rows) for spec in present}
+  runs = {spec: sum(r["loss"] == spec for r in rows) for spec in present}
   lines += ["", "Runs: " + ", ".join(f"{spec} {count}" for spec, count in runs.items()) + "."]
   for metric in ("ndcg@10", "hr@10"):
     lines += tables.paired_markdown(
         tables.paired_differences(rows, specs, metric=metric, scale=1.0), digits=4,
-        caption=f"free minus each mapping, {metric.upper()}, paired by seed (same init, "
+        caption=f"free minus each loss, {metric.upper()}, paired by seed (same init, "
         "batches and negatives):")
   return "\n".join(lines) + "\n"
 
 
-def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -> None:
-  """Test NDCG@10 and HR@10 of every run per mapping, with mean and std."""
+def write_plot(file, rows: list[dict], specs: list[str], *, dataset: str) -> None:
+  """Test NDCG@10 and HR@10 of every run per loss, with mean and std."""
   import matplotlib  # noqa: PLC0415
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  present = [spec for spec in specs if any(r["mapping"] == spec for r in rows)]
+  present = [spec for spec in specs if any(r["loss"] == spec for r in rows)]
   fig, axes = plt.subplots(1, 2, figsize=(2.4 * len(present) + 2, 3.4))
   for ax, metric in zip(axes, ("ndcg@10", "hr@10"), strict=True):
     for i, spec in enumerate(present):
-      values = np.array([float(r[metric]) for r in rows if r["mapping"] == spec])
+      values = np.array([float(r[metric]) for r in rows if r["loss"] == spec])
       ax.scatter(np.full(values.size, i), values, s=12, alpha=0.6, color="C0")
       ax.errorbar(i, values.mean(), yerr=values.std(ddof=1) if values.size > 1 else 0,
                   fmt="o", color="C0", capsize=4)
@@ -284,13 +275,13 @@ def write_plot(path: str, rows: list[dict], specs: list[str], *, dataset: str) -
     ax.set_ylabel(f"test {metric.upper()}")
   fig.suptitle(f"DCRec on {dataset}")
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(file, dpi=120)
   plt.close(fig)
 
 
-# What the sweep writes, and what `experiments.regenerate` rebuilds from `results.csv`.
-results_markdown = tables.sweep_markdown(table6, example="tau=0.8,free")
-plot = tables.sweep_plot(write_plot, example="tau=0.8,free")
+# What the sweep writes, and what `experiments.framework.regenerate` rebuilds from `results.csv`.
+results_markdown = tables.sweep_markdown(table6, example=EXAMPLE)
+plot = tables.sweep_plot(write_plot, example=EXAMPLE)
 
 
 def check_config(config) -> None:
@@ -299,7 +290,7 @@ def check_config(config) -> None:
   Raises:
     ConfigError: (a `ValueError`) naming the first bad field.
   """
-  runner.check_fields(
+  plan.check_fields(
       config, positive=("epochs", "batch_size", "max_length", "num_negatives", "top_k",
                         "hidden_size", "inner_size", "num_layers", "num_heads", "num_devices",
                         "log_every"),
@@ -307,67 +298,63 @@ def check_config(config) -> None:
       positive_numbers=("learning_rate",), non_negative_numbers=("cl_weight", "kl_weight"),
       fractions=("hidden_dropout", "attention_dropout", "graph_dropout", "weight_mean"))
   if config.hidden_size % config.num_heads:
-    raise ConfigError(f"config.hidden_size={config.hidden_size} must be a multiple of "
-                      f"config.num_heads={config.num_heads}.")
+    raise plan.ConfigError(f"config.hidden_size={config.hidden_size} must be a multiple of "
+                           f"config.num_heads={config.num_heads}.")
   if config.min_rating is not None and not isinstance(config.min_rating, (int, float)):
-    raise runner.ConfigTypeError(f"config.min_rating must be None or a number, got "
-                                 f"{config.min_rating!r}.")
+    raise plan.ConfigTypeError(f"config.min_rating must be None or a number, got "
+                               f"{config.min_rating!r}.")
   plan_runs(config)
 
 
-def plan_runs(config) -> list[Run]:
+def plan_runs(config) -> list[plan.Run]:
   """The (spec, seed) runs, seed-major (an interrupted sweep has as many seeds per spec).
 
   Raises:
-    ConfigError: (a `ValueError`) for an empty or malformed `config.losses`, or a field that
-      must be a positive int and is not.
+    ConfigError: an empty or malformed `config.losses`, or seeds below 1.
   """
-  return runner.plan(config, order=("seed", "spec"), example="tau=0.8,free",
-                     positive_ints=("epochs", "batch_size", "max_length", "num_negatives",
-                                    "top_k", "hidden_size", "num_devices"))
+  return plan.plan(config, order=("seed", "spec"), example=EXAMPLE)
 
 
-def run(config, workdir: str, *, command: str | None = None, progress: bool = True
-        ) -> list[dict]:
-  """Trains every (spec, seed) run not yet finished in `workdir`; rewrites the tables.
+def train_and_evaluate(config, workdir: str, *, command: str | None = None) -> list[dict]:
+  """Trains every (spec, seed) run of `config` (`check_config` passed) not yet finished in
+  `workdir`; rewrites the tables (recording `command`, default the one running) as runs end.
 
   Raises:
-    ConfigError: (a `ValueError`) for a malformed config, missing or malformed data, fewer
-      training examples than one batch, more negatives or co-interaction neighbours (`top_k`)
-      than the catalogue allows, or a workdir made with another config: before any training.
+    ConfigError: missing or malformed data, fewer training examples than one batch, more
+      negatives or co-interaction neighbours (`top_k`) than the catalogue allows, or a
+      workdir made with another config: before any training.
   """
-  check_config(config)
   runs = plan_runs(config)
   data = load_data(config)
   if len(data.train) < config.batch_size:
-    raise ConfigError(f"config.batch_size={config.batch_size} but {config.data_dir} gives only "
-                      f"{len(data.train)} training examples.")
+    raise plan.ConfigError(f"config.batch_size={config.batch_size} but {config.data_dir} gives "
+                           f"only {len(data.train)} training examples.")
   free_items = data.num_items - max(np.unique(data.user_items(u)).size
                                     for u in range(data.num_users))
   if config.num_negatives > free_items:
-    raise ConfigError(f"config.num_negatives={config.num_negatives} but a user of "
-                      f"{config.data_dir} leaves only {free_items} of the {data.num_items} "
-                      "items to draw negatives from.")
+    raise plan.ConfigError(f"config.num_negatives={config.num_negatives} but a user of "
+                           f"{config.data_dir} leaves only {free_items} of the {data.num_items} "
+                           "items to draw negatives from.")
   try:
     graphs = {phase: dcrec_objective.make_graphs(data, k=config.top_k, phase=phase)
               for phase in ("train", "test")}
   except ValueError as error:
-    raise ConfigError(f"config.top_k={config.top_k}: {error}") from error
+    raise plan.ConfigError(f"config.top_k={config.top_k}: {error}") from error
   # Each split is scored on graphs built without its targets: validation on the training
   # graphs, test on the test graphs (the reference's test phase).
   model = make_model(config, data)
   evaluators = {"valid": make_evaluator(model, graphs["train"]),
                 "test": make_evaluator(model, graphs["test"])}
   command = tables.command_line() if command is None else command
-  write_tables = tables.sweep_writer(workdir, config, columns=RESULT_FIELDS,
+  write_tables = tables.sweep_writer(workdir, config, columns=COLUMNS,
                                      markdown=results_markdown, command=command,
                                      plots={"ndcg.png": plot})
-  train = functools.partial(run_one, config, data, graphs, evaluators, workdir=workdir,
-                            progress=progress)
-  return runner.sweep(config, workdir, runs=runs, plan_fields=PLAN_FIELDS, train_run=train,
-                      write_tables=write_tables, progress=progress)
+  return sweep.sweep(config, workdir, runs=runs,
+                     train_run=functools.partial(train_run, config, data, graphs, evaluators,
+                                                 workdir=workdir),
+                     write_tables=write_tables)
 
 
 if __name__ == "__main__":
-  cli.run_main(run, usage="pass --config=experiments/configs/dcrec_ml100k.py --workdir=DIR",
-               user_errors=(ConfigError,))
+  cli.run_main(train_and_evaluate, check_config=check_config,
+               usage="pass --config=experiments/configs/dcrec_ml100k.py --workdir=DIR")

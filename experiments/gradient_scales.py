@@ -4,8 +4,10 @@ and the same for the sigmoid (SigLIP) loss.
 Each figure (`tfcl_jax.analysis.figures`, shared with the notebooks) draws the closed form
 (`tfcl_jax.analysis.eq4/eq7/eq10/eq13`, `analysis.sigmoid`) as a line and the autodiff value
 through the library's loss (`analysis.gradient_scale`, `analysis.sigmoid.sigmoid_gradient_scale`)
-as points on top, and `gradient_scales.csv` lists both at every point. Command: see
-`configs/gradient_scales_paper.py`.
+as points on top, and `gradient_scales.csv` lists both at every point.
+
+Run: python -m experiments.gradient_scales --workdir=DIR
+  [--config=experiments/configs/gradient_scales_paper.py --config.figure4_tau=0.5]
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import numpy as np
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402
 
-from experiments import cli, runner, tables  # noqa: E402
+from experiments.framework import cli, plan, tables  # noqa: E402
 from tfcl_jax.analysis import figures  # noqa: E402
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "gradient_scales_paper.py")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                              "gradient_scales_paper.py")
 CSV_COLUMNS = ("figure", "curve", "x", "closed_form", "autodiff", "abs_diff")
 
 
@@ -51,16 +54,27 @@ def _save(figure: figures.Figure, path: str) -> None:
   plt.close(fig)
 
 
-def run(config, workdir: str) -> dict:
-  """Computes every figure, writes PNGs, `gradient_scales.csv`, `results.csv`, `results.md`."""
+def check_config(config) -> None:
+  """The grids' sizes and the temperature range of Figure 3.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(config, positive=("line_points", "autodiff_points", "sigmoid_n"),
+                    positive_numbers=("figure4_tau", "c_one_offset"))
   try:
     low_high = tuple(config.figure3_tau_range)
   except TypeError:  # not a sequence
     low_high = ()
   if len(low_high) != 2 or not all(isinstance(t, (int, float)) for t in low_high) or not (
       0 < low_high[0] < low_high[1]):
-    raise runner.ConfigError(f"config.figure3_tau_range must be two temperatures 0 < low < high, "
-                             f"got {config.figure3_tau_range!r}.")
+    raise plan.ConfigError(f"config.figure3_tau_range must be two temperatures 0 < low < high, "
+                           f"got {config.figure3_tau_range!r}.")
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Computes every figure (`check_config` passed), writes PNGs, `gradient_scales.csv`,
+  `results.csv`, `results.md`. Nothing trains: the figures are gradients at fixed points."""
   os.makedirs(workdir, exist_ok=True)
   rows, summary = [], []
   with jax.enable_x64(config.x64):
@@ -103,5 +117,5 @@ def _markdown(summary, config) -> str:
 
 
 if __name__ == "__main__":
-  cli.run_main(run, default_config=_DEFAULT_CONFIG, workdir_aliases=("out",),
-               usage="pass --out DIR (or --workdir DIR)")
+  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
+               usage="pass --workdir=DIR [--config=FILE]")

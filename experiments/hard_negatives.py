@@ -7,7 +7,8 @@ hard (cosine to the anchor in `[s_pos - hard_gap, s_pos]`), the rest easy
 gradient each cosine receives (positive pull |dL/ds_pos|, the share of the
 repulsion that goes to hard negatives); then all vectors are trained by
 Riemannian SGD and we count the steps until the anchor is separated: its
-positive cosine exceeds every negative's by `margin`.
+positive cosine exceeds every negative's by `margin`. Each map of `config.maps`
+(`tfcl_jax.mappings.from_spec`) is one row per fraction.
 
 Run: python -m experiments.hard_negatives --config=experiments/configs/hard_negatives.py \
   --workdir=DIR
@@ -22,8 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import cli, runner, studies_common, tables
+from experiments import studies
+from experiments.framework import cli, plan, tables
 from tfcl_jax import langevin, losses, mappings
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                              "hard_negatives.py")
 
 
 def rotated_towards(anchor, key, cos):
@@ -59,13 +64,13 @@ def cosines(anchor, positive, negatives) -> jax.Array:
 
 
 def instance_loss(cos, logits_fn) -> jax.Array:
-  """Mean InfoNCE (Eq. 1 with the mapping as logits) with the positive in column 0."""
+  """Mean InfoNCE (Eq. 1 with the map's logits) with the positive in column 0."""
   logits = logits_fn(cos)
   return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[:, 0])
 
 
 def make_runner(mapping: mappings.Mapping, *, config):
-  """A jitted `(keys [S], n_hard [H]) -> results [H, S]` for one mapping (one compilation)."""
+  """A jitted `(keys [S], n_hard [H]) -> results [H, S]` for one map (one compilation)."""
   n, k, d = config.instances, config.negatives, config.dim
 
   def run_one(key, n_hard):
@@ -93,7 +98,7 @@ def make_runner(mapping: mappings.Mapping, *, config):
         views = perturbed(views, jax.random.fold_in(augment_key, index))
         return instance_loss(cosines(*views), lambda x: mapping(x, params=params))
 
-      _, views, params, _ = studies_common.sphere_step(
+      _, views, params, _ = studies.sphere_step(
           loss_fn, views, params, lr=config.lr, t_lr=config.t_lr, scale=n)
       cos = cosines(*views)
       separated = cos[:, 0] - jnp.max(cos[:, 1:], axis=-1) >= config.margin
@@ -138,8 +143,8 @@ def _plot(workdir: str, rows: list[dict]) -> None:
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-  for spec in dict.fromkeys(r["mapping"] for r in rows):
-    mine = [r for r in rows if r["mapping"] == spec]
+  for spec in dict.fromkeys(r["map"] for r in rows):
+    mine = [r for r in rows if r["map"] == spec]
     h = [r["hard_fraction"] for r in mine]
     axes[0].plot(h, [r["positive_pull"] for r in mine], "o-", label=spec)
     axes[1].plot(h, [r["separated"] for r in mine], "o-", label=spec)
@@ -155,7 +160,7 @@ def _plot(workdir: str, rows: list[dict]) -> None:
   plt.close(fig)
 
 
-COLUMNS = ("mapping", "hard_fraction", "positive_pull", "hard_share", "separated", "median_steps",
+COLUMNS = ("map", "hard_fraction", "positive_pull", "hard_share", "separated", "median_steps",
            "final_positive", "final_max_negative", "final_margin", "final_tau")
 
 
@@ -164,22 +169,42 @@ COLUMNS = ("mapping", "hard_fraction", "positive_pull", "hard_share", "separated
 MAX_VALUES = 2**31
 
 
-def run(config, workdir: str) -> list[dict]:
+def check_config(config) -> None:
+  """Each field's type and range, the maps, and the size of one seed's instances.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(config, positive=("seeds", "instances", "negatives", "dim", "steps"),
+                    non_negative=("seed",), positive_numbers=("lr",),
+                    non_negative_numbers=("t_lr", "augment", "hard_gap", "easy_spread",
+                                          "margin"))
   values = config.instances * (config.negatives + 2) * config.dim
   if values > MAX_VALUES:
-    raise runner.ConfigError(
+    raise plan.ConfigError(
         f"config.dim={config.dim} with config.instances={config.instances} and "
         f"config.negatives={config.negatives} makes {values:.3g} embedding values per seed; at "
         f"most {MAX_VALUES:.3g} (lower dim, instances or negatives).")
+  if not all(isinstance(h, (int, float)) and 0 <= h <= 1 for h in config.hard_fractions):
+    raise plan.ConfigError(f"config.hard_fractions must be numbers in [0, 1], got "
+                           f"{config.hard_fractions!r}.")
+  with plan.config_errors("config.maps: "):
+    for spec in config.maps:
+      mappings.from_spec(spec)
+
+
+def train_and_evaluate(config, workdir: str) -> list[dict]:
+  """Trains every map's instances at every hard fraction (`check_config` passed); writes
+  `results.csv`, `results.md` and `hard_negatives.png`."""
   os.makedirs(workdir, exist_ok=True)
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   rows = []
   n_hard = jnp.asarray([round(h * config.negatives) for h in config.hard_fractions])
-  for spec in tqdm.tqdm(config.mappings, desc="hard negatives"):
+  for spec in tqdm.tqdm(config.maps, desc="hard negatives"):
     mapping = mappings.from_spec(spec)
     results = make_runner(mapping, config=config)(keys, n_hard)
     for i, h in enumerate(config.hard_fractions):
-      row = dict(mapping=mapping.spec, hard_fraction=h, seeds=config.seeds,
+      row = dict(map=mapping.spec, hard_fraction=h, seeds=config.seeds,
                  instances=config.instances, negatives=config.negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)
@@ -214,5 +239,5 @@ the cosines reported (and the separation) are those of the unperturbed vectors."
 
 
 if __name__ == "__main__":
-  cli.run_main(run, default_config="experiments/configs/hard_negatives.py", quiet_logs=False,
-               usage="pass --workdir=DIR [--config=FILE]")
+  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
+               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")

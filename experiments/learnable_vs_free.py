@@ -23,8 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import cli, studies_common, tables
+from experiments import studies
+from experiments.framework import cli, plan, tables
 from tfcl_jax import langevin, losses, mappings
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                              "learnable_vs_free.py")
+DTYPES = ("float32", "bfloat16")
 
 
 def orthogonal_pairs(m: int, d: int) -> tuple[jax.Array, jax.Array]:
@@ -51,11 +56,11 @@ def stuck_t_runner(mapping: mappings.Mapping, *, steps: int, lr: float, t_lr: fl
   """
 
   def loss_fn(views, params):
-    return studies_common.mean_loss(*views, lambda cos: mapping(cos, params=params), "cross")
+    return studies.mean_loss(*views, lambda cos: mapping(cos, params=params), "cross")
 
   def step(carry, _):
     views, params = carry
-    loss, new_views, new_params, (_, param_grads) = studies_common.sphere_step(
+    loss, new_views, new_params, (_, param_grads) = studies.sphere_step(
         loss_fn, views, params, lr=lr, t_lr=t_lr, scale=views[0].shape[0])
     record = dict(
         t=params.get("t", jnp.nan),
@@ -81,7 +86,7 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
   starts = {"orthogonal": orthogonal_pairs(m, d),
             "random C=0.5": correlated_pairs(jax.random.key(config.seed), m, d, cos=0.5)}
   z1s, z2s = (jnp.stack(views) for views in zip(*starts.values(), strict=True))
-  for spec in tqdm.tqdm(config.stuck.mappings, desc="stuck t"):
+  for spec in tqdm.tqdm(config.stuck.maps, desc="stuck t"):
     mapping = mappings.from_spec(spec)
     runner = stuck_t_runner(mapping, steps=config.stuck.steps, lr=config.stuck.lr,
                             t_lr=config.stuck.t_lr)
@@ -97,7 +102,7 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
 
 def _stuck_row(records, spec: str, start: str, config) -> dict:
   t0 = records["t"][0]
-  row = dict(part="stuck_t", start=start, mapping=spec, C0=float(records["C"][0]),
+  row = dict(part="stuck_t", start=start, map=spec, C0=float(records["C"][0]),
              t0=float(t0), dLdt_step0=float(records["dt"][0]))
   for k in config.stuck.report_steps:
     row[f"t@{k}"] = float(records["t"][k])
@@ -145,11 +150,11 @@ def precision_run(spec: str, dtype, *, key, config):
   z2 = langevin.random_sphere(key2, (p.m, p.d), dtype=dtype)
 
   def loss_fn(views, params):
-    return studies_common.mean_loss(*views, mapping, "cross")
+    return studies.mean_loss(*views, mapping, "cross")
 
   def block(views, _):
     def step(views, _):
-      _, views, _, grads = studies_common.sphere_step(
+      _, views, _, grads = studies.sphere_step(
           loss_fn, views, {}, lr=p.lr, t_lr=0.0, scale=p.m)
       return views, None
 
@@ -169,7 +174,7 @@ def precision_study(config) -> tuple[list[dict], dict]:
   rows, curves = [], {}
   # 1 - c where the free map's clamp starts (its gradient is 0 beyond): 2 / (1 + e^max_logit).
   clamp_gap = 2.0 / (1.0 + math.exp(mappings.max_free_logit("float32")))
-  jobs = [(spec, dtype) for spec in p.mappings for dtype in p.dtypes]
+  jobs = [(spec, dtype) for spec in p.maps for dtype in p.dtypes]
   for spec, dtype_name in tqdm.tqdm(jobs, desc="precision"):
     snaps = precision_run(spec, jnp.dtype(dtype_name), key=jax.random.key(config.seed),
                           config=config)
@@ -187,7 +192,7 @@ def precision_study(config) -> tuple[list[dict], dict]:
     curves[(spec, dtype_name)] = dict(gap=gaps, rel_error=rel_errors, loss=snaps["loss"],
                                       grad_norm=snaps["grad_norm"])
     rows.append(dict(
-        part="precision", mapping=spec, dtype=dtype_name,
+        part="precision", map=spec, dtype=dtype_name,
         final_one_minus_C=float(gaps[-1]),
         final_loss=float(snaps["loss"][-1]),
         final_reference_loss=final_reference,
@@ -243,7 +248,45 @@ def _plot(workdir: str, stuck_curves: dict, precision_curves: dict, config) -> N
   plt.close(fig)
 
 
-def run(config, workdir: str) -> list[dict]:
+def check_config(config) -> None:
+  """Each part's sizes, steps and rates, its maps, and that the orthogonal start fits.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(
+      config, non_negative=("seed",),
+      positive=("stuck.m", "stuck.d", "stuck.steps", "precision.m", "precision.d",
+                "precision.steps", "precision.every"),
+      positive_numbers=("stuck.lr", "precision.lr"), non_negative_numbers=("stuck.t_lr",))
+  if config.stuck.d < 2 * config.stuck.m:
+    raise plan.ConfigError(f"config.stuck.d must be >= 2 * config.stuck.m (orthogonal pairs), "
+                           f"got m={config.stuck.m}, d={config.stuck.d}.")
+  if not all(isinstance(k, int) and 0 <= k < config.stuck.steps
+             for k in config.stuck.report_steps):
+    raise plan.ConfigError(f"config.stuck.report_steps must be steps in [0, "
+                           f"{config.stuck.steps}), got {config.stuck.report_steps!r}.")
+  if config.precision.steps % config.precision.every:
+    raise plan.ConfigError(f"config.precision.steps ({config.precision.steps}) must be a "
+                           f"multiple of config.precision.every ({config.precision.every}).")
+  unknown = [dtype for dtype in config.precision.dtypes if dtype not in DTYPES]
+  if unknown:
+    raise plan.ConfigError(f"config.precision.dtypes: unknown {unknown}; expected names from "
+                           f"{', '.join(DTYPES)}.")
+  for field in ("stuck.maps", "precision.maps"):
+    with plan.config_errors(f"config.{field}: "):
+      for spec in config[field]:
+        mappings.from_spec(spec)
+  not_referenced = [spec for spec in config.precision.maps
+                    if spec != "free" and not spec.startswith("tau=")]
+  if not_referenced:
+    raise plan.ConfigError(f"config.precision.maps: the float64 reference computes free and "
+                           f"tau=<value> only, got {not_referenced}.")
+
+
+def train_and_evaluate(config, workdir: str) -> list[dict]:
+  """Runs both parts (`check_config` passed); writes `results.csv`, `results.md`,
+  `stuck_t.png` and `precision.png`."""
   os.makedirs(workdir, exist_ok=True)
   stuck_rows, stuck_curves = stuck_t_study(config)
   precision_rows, precision_curves = precision_study(config)
@@ -276,7 +319,7 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
 
 # The precision part's columns in the order its rows are built (the CSV puts the stuck part's
 # columns first).
-PRECISION_COLUMNS = ("part", "mapping", "dtype", "final_one_minus_C", "final_loss")
+PRECISION_COLUMNS = ("part", "map", "dtype", "final_one_minus_C", "final_loss")
 
 
 NOTES = """\
@@ -290,5 +333,5 @@ positive pairs with 1 - cos below the free map's float32 clamp (4.8e-7: zero gra
 
 
 if __name__ == "__main__":
-  cli.run_main(run, default_config="experiments/configs/learnable_vs_free.py", quiet_logs=False,
-               usage="pass --workdir=DIR [--config=FILE]")
+  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
+               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")

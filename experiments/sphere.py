@@ -1,12 +1,13 @@
 r"""Annealing on the sphere: InfoNCE over free embeddings on S^(d-1), by SGD and Langevin dynamics.
 
 M instances with two views each are free unit vectors (no network). Each
-mapping (fixed, annealed, learnable, dynamic temperature, temperature-free) is
-trained from random starts over many seeds, jitted and vmapped over seeds.
+map of `config.maps` (fixed, annealed, learnable, dynamic temperature,
+temperature-free) is trained from random starts over many seeds, jitted and
+vmapped over seeds.
 
 Known optimum: for M <= d + 1, the regular simplex (pairwise cosine
 -1/(M-1)) with both views equal. `L*` is the loss of that configuration under
-the mapping as it stands at the end (final step, final learnable t),
+the map as it stands at the end (final step, final learnable t),
 evaluated numerically with `tfcl_jax.losses.info_nce`; a run "reaches" the
 optimum when every positive cosine is >= 1 - tol and every cross-view negative
 cosine <= -1/(M-1) + tol.
@@ -23,9 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import cli, studies_common, tables
+from experiments import studies
+from experiments.framework import cli, plan, tables
 from tfcl_jax import langevin, losses, mappings
 from tfcl_jax.analysis import geometry
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "sphere.py")
+OPTIMIZERS = ("sgd", "langevin")
 
 
 def parse_setting(text: str) -> tuple[int, int, str]:
@@ -62,7 +67,7 @@ def reached(z1, z2, *, tol: float) -> jax.Array:
 
 
 def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, config):
-  """A jitted `(keys [S], beta0) -> (final, curves)` over S seeds for one mapping and setting."""
+  """A jitted `(keys [S], beta0) -> (final, curves)` over S seeds for one map and setting."""
   steps, every = config.steps, config.eval_every
   if steps % every:
     raise ValueError(f"steps ({steps}) must be a multiple of eval_every ({every}).")
@@ -80,7 +85,7 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
 
   def loss_at(state, noise, params, step):
     z1, z2 = views_of(state, noise)
-    return studies_common.mean_loss(
+    return studies.mean_loss(
         z1, z2, lambda cos: mapping(cos, params=params, step=step), negatives)
 
   def at_optimum(state):
@@ -98,7 +103,7 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
       noise = draw_perturbations(perturbation_key)
     # The potential is the summed loss (m x the mean): each point's gradient is O(1) in m.
     # beta(t) = beta0 log(t + 2): logarithmic cooling (Theorem 1 of the annealing paper).
-    _, state, params, _ = studies_common.sphere_step(
+    _, state, params, _ = studies.sphere_step(
         lambda state, params: loss_at(state, noise, params, step), state, params, lr=config.lr,
         t_lr=config.t_lr, scale=m, key=noise_key, beta=beta0 * jnp.log(step + 2.0))
     first_hit = jnp.where((first_hit < 0) & at_optimum(state), step + 1, first_hit)
@@ -157,7 +162,7 @@ def summarise(final) -> dict:
   )
 
 
-COLUMNS = ("mapping", "optimizer", "loss_gap", "loss_gap_min", "alignment", "uniformity_gap",
+COLUMNS = ("map", "optimizer", "loss_gap", "loss_gap_min", "alignment", "uniformity_gap",
            "reached", "median_steps", "final_tau")
 
 
@@ -189,20 +194,45 @@ def _plot(workdir: str, setting: str, curves_by_run: dict, *, every: int) -> Non
   plt.close(fig)
 
 
-def run(config, workdir: str) -> list[dict]:
-  """Runs every (setting, mapping, optimizer) and writes results.csv, results.md and PNGs."""
+def check_config(config) -> None:
+  """Each field's type and range, the settings, the maps and the optimizers.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(config, positive=("seeds", "steps", "eval_every"), non_negative=("seed",),
+                    positive_numbers=("lr", "beta0", "tol"),
+                    non_negative_numbers=("t_lr", "augment"))
+  if config.steps % config.eval_every:
+    raise plan.ConfigError(f"config.steps ({config.steps}) must be a multiple of "
+                           f"config.eval_every ({config.eval_every}).")
+  unknown = [name for name in config.optimizers if name not in OPTIMIZERS]
+  if unknown or not config.optimizers:
+    raise plan.ConfigError(f"config.optimizers must name some of {', '.join(OPTIMIZERS)}, got "
+                           f"{config.optimizers!r}.")
+  with plan.config_errors("config.settings: "):
+    for setting in config.settings:
+      parse_setting(setting)
+  with plan.config_errors("config.maps: "):
+    for spec in config.maps:
+      mappings.from_spec(spec.format(steps=config.steps))
+
+
+def train_and_evaluate(config, workdir: str) -> list[dict]:
+  """Runs every (setting, map, optimizer) (`check_config` passed) and writes results.csv,
+  results.md and PNGs."""
   os.makedirs(workdir, exist_ok=True)
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   betas = {"sgd": float("inf"), "langevin": float(config.beta0)}
   rows, curves = [], {setting: {} for setting in config.settings}
-  jobs = [(s, spec) for s in config.settings for spec in config.mappings]
+  jobs = [(s, spec) for s in config.settings for spec in config.maps]
   for setting, spec_template in tqdm.tqdm(jobs, desc="sphere"):
     d, m, negatives = parse_setting(setting)
     mapping = mappings.from_spec(spec_template.format(steps=config.steps))
     runner = make_runner(mapping, d=d, m=m, negatives=negatives, config=config)
     for optimizer in config.optimizers:
       final, curves[setting][(mapping.spec, optimizer)] = runner(keys, betas[optimizer])
-      row = dict(setting=setting, d=d, M=m, negatives=negatives, mapping=mapping.spec,
+      row = dict(setting=setting, d=d, M=m, negatives=negatives, map=mapping.spec,
                  optimizer=optimizer, augment=config.augment, seeds=config.seeds,
                  steps=config.steps)
       row.update(summarise(final))
@@ -228,7 +258,7 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
 NOTES = """\
 Embeddings on S^(d-1), {seeds} seeds per row, {steps} steps, step size lr = {lr}; `langevin`
 adds noise sqrt(2 lr / beta(t)) with beta(t) = {beta0} log(t + 2), `sgd` none.
-Optimum: regular simplex with both views equal; L* = the loss there under the mapping as it
+Optimum: regular simplex with both views equal; L* = the loss there under the map as it
 stands at the end (final tau / learnable t). `loss_gap` = mean final loss - L*
 (`loss_gap_min` the smallest over seeds: >= 0 up to rounding means no run beat the simplex).
 `alignment` = E||z1 - z2||^2, `uniformity_gap` = uniformity(z1) - (-4M/(M-1)) (0 at the simplex).
@@ -246,5 +276,5 @@ the u_i at the simplex with that draw (a reference, not a proven optimum: it can
 
 
 if __name__ == "__main__":
-  cli.run_main(run, default_config="experiments/configs/sphere.py", quiet_logs=False,
-               usage="pass --workdir=DIR [--config=FILE]")
+  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
+               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")

@@ -1,4 +1,4 @@
-"""experiments.augment_views: files written, digits statistics sensible, bad configs refused."""
+"""`experiments.augment_views`: files written, digits statistics sensible, bad configs refused."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from experiments import augment_views
 from experiments.configs import augment_views_digits
+from experiments.framework import plan
 
 
 def _config(**overrides):
@@ -18,7 +19,8 @@ def _config(**overrides):
 
 
 def test_writes_results_and_figure(tmp_path):
-  augment_views.run(_config(), str(tmp_path))
+  augment_views.check_config(_config())
+  augment_views.train_and_evaluate(_config(), str(tmp_path))
   assert {"results.csv", "results.md", "views.png"} <= set(os.listdir(tmp_path))
   with open(tmp_path / "results.csv") as file:
     values = {row["what"]: float(row["value"]) for row in csv.DictReader(file)}
@@ -33,8 +35,8 @@ def test_writes_results_and_figure(tmp_path):
     ({"dataset": "mnist"}, "Unknown dataset"),
     ({"recipe": "byol"}, "config.recipe"),
     ({"num_pairs": 0}, "config.num_pairs"),
+    ({"num_images": 100}, "config.num_images must be at most config.stats_images"),
 ])
-def test_bad_config_fails_before_work(overrides, message, tmp_path):
-  with pytest.raises(ValueError, match=message):
-    augment_views.run(_config(**overrides), str(tmp_path / "out"))
-  assert not os.path.exists(tmp_path / "out")
+def test_bad_config_fails_before_work(overrides, message):
+  with pytest.raises(plan.ConfigError, match=message):
+    augment_views.check_config(_config(**overrides))

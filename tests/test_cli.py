@@ -1,4 +1,5 @@
-"""The shared command line (experiments/cli.py): config-field checks, --help, Ctrl-C, resume."""
+"""The shared command line (`experiments.framework.cli`): config-field checks, --help, Ctrl-C,
+resume."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from experiments import cli
+from experiments.framework import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIMCLR = os.path.join(ROOT, "experiments", "configs", "simclr_digits.py")
@@ -40,6 +41,16 @@ def test_help_lists_every_field_with_its_default():
   config = cli.load_config(SIMCLR)
   for name, value in config.items():
     assert f"  {name} = {value!r}" in text
+
+
+def test_help_names_the_command_as_it_is_typed():
+  """`python -m experiments.simclr` runs the package's `__main__`: the usage line (and the
+  command a table records, `tables.command_line`) names the package."""
+  result = subprocess.run([sys.executable, "-m", "experiments.simclr", f"--config={SIMCLR}",
+                           "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith("usage: python -m experiments.simclr --config=FILE"), (
+      result.stdout[:200])
 
 
 # Each wait ends as soon as its condition holds; the limit only has to outlast a machine whose

@@ -1,5 +1,5 @@
-"""Random bad command lines for every experiment on `experiments/cli.py`: each ends in one line
-on stderr naming the field or file, exit 2, no traceback, and no workdir a later run would
+"""Random bad command lines for every experiment on `experiments.framework.cli`: each ends in one
+line on stderr naming the field or file, exit 2, no traceback, and no workdir a later run would
 resume from (or, for a value that is valid after all, it starts to run, or stops at the data).
 
 The cases run as on a machine with nothing cached: `HOME` is an empty folder and no
@@ -23,11 +23,11 @@ import textwrap
 
 import pytest
 
-from experiments import cli
+from experiments.framework import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "experiments", "configs")
-# Every module that calls `cli.run_main`, with a config of it.
+# Every experiment (`python -m experiments.NAME` calls `cli.run_main`), with a config of it.
 EXPERIMENTS = {
     "simclr": "simclr_digits.py", "msc": "msc_digits.py", "grace": "grace_citeseer.py",
     "dcrec": "dcrec_ml100k.py", "retrieval": "retrieval_ml100k.py",

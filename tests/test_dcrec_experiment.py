@@ -1,4 +1,4 @@
-"""experiments/dcrec.py: a small MovieLens-format file through the runner, and its errors."""
+"""`experiments.dcrec`: a small MovieLens-format file through the framework, and its errors."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from experiments import dcrec as dcrec_experiment
 from experiments.configs import dcrec_ml100k
+from experiments.framework import plan
 from tests.movielens_files import write_u_data as _write_u_data
 from tfcl_jax.data import sequences
 
@@ -26,13 +27,20 @@ def tiny_config(tmp_path):
   config.num_layers = 1
   config.num_negatives = 10
   config.log_every = 1
+  config.progress = False
   return config
+
+
+def _run(config, workdir, **kwargs):
+  """What `python -m experiments.dcrec` does: `check_config`, then `train_and_evaluate`."""
+  dcrec_experiment.check_config(config)
+  return dcrec_experiment.train_and_evaluate(config, workdir, **kwargs)
 
 
 def test_run_writes_table6_and_a_rerun_trains_nothing(tiny_config, tmp_path, monkeypatch):
   workdir = str(tmp_path / "work")
-  rows = dcrec_experiment.run(tiny_config, workdir, command="cmd", progress=False)
-  assert [row["mapping"] for row in rows] == ["free"]
+  rows = _run(tiny_config, workdir, command="cmd")
+  assert [row["loss"] for row in rows] == ["free"]
   for row in rows:
     hr = [row[f"hr@{k}"] for k in (1, 5, 10)]
     ndcg = [row[f"ndcg@{k}"] for k in (1, 5, 10)]
@@ -44,13 +52,13 @@ def test_run_writes_table6_and_a_rerun_trains_nothing(tiny_config, tmp_path, mon
     markdown = f.read()
   assert "| HR@10 |" in markdown and "0.5191 (0.0008)" in markdown  # beside the paper's column
   # A finished sweep is read back, not retrained.
-  monkeypatch.setattr(dcrec_experiment, "run_one", lambda *a, **k: pytest.fail("retrained"))
-  again = dcrec_experiment.run(tiny_config, workdir, command="cmd", progress=False)
+  monkeypatch.setattr(dcrec_experiment, "train_run", lambda *a, **k: pytest.fail("retrained"))
+  again = _run(tiny_config, workdir, command="cmd")
   assert again == rows
 
 
-def test_table6_pairs_free_against_each_mapping_by_seed():
-  rows = [{"mapping": m, "seed": s, **{f"{n}@{k}": v + 0.01 * k for n in ("hr", "ndcg")
+def test_table6_pairs_free_against_each_loss_by_seed():
+  rows = [{"loss": m, "seed": s, **{f"{n}@{k}": v + 0.01 * k for n in ("hr", "ndcg")
                                        for k in (1, 5, 10)}}
           for m, s, v in [("tau=0.8", 0, 0.10), ("free", 0, 0.13), ("tau=0.8", 1, 0.20),
                           ("free", 1, 0.21), ("tau=0.8", 2, 0.30)]]
@@ -101,6 +109,6 @@ def test_epoch_batches_visit_each_example_once_per_epoch_and_resume_in_place(tmp
 def test_config_errors_name_the_field_before_training(tiny_config, tmp_path, field, value,
                                                       message):
   tiny_config[field] = value
-  with pytest.raises(dcrec_experiment.ConfigError, match=message.replace(".", r"\.")):
-    dcrec_experiment.run(tiny_config, str(tmp_path / "work"), progress=False)
+  with pytest.raises(plan.ConfigError, match=message.replace(".", r"\.")):
+    _run(tiny_config, str(tmp_path / "work"))
   assert not os.path.exists(tmp_path / "work" / "runs")

@@ -1,4 +1,4 @@
-"""Runs `python -m experiments.gradient_scales --out DIR` and checks its files and numbers."""
+"""Runs `python -m experiments.gradient_scales --workdir=DIR` and checks its files and numbers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_gradient_scales_cli(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, MPLBACKEND="Agg", JAX_PLATFORMS="cpu")
   result = subprocess.run(
-      [sys.executable, "-m", "experiments.gradient_scales", f"--out={tmp_path}",
+      [sys.executable, "-m", "experiments.gradient_scales", f"--workdir={tmp_path}",
        # Fewer points and curves than the paper's config: the grids are covered by unit tests.
        "--config.autodiff_points=6", "--config.line_points=50", "--config.ns=(2, 16)",
        "--config.eq10_ts=(0.0, 2.0)", "--config.sigmoid_taus=(0.5,)", "--config.sigmoid_ts=(2.0,)"],

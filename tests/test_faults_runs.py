@@ -1,6 +1,6 @@
 """Sweeps against what machines do to them: kills mid-write, two sweeps on one workdir, a full
-disk, and SIGKILL at random instants (`experiments.runner`, `experiments.tables`,
-`experiments.cli`)."""
+disk, and SIGKILL at random instants (`experiments.framework`: `sweep`, `workdir`, `tables`,
+`cli`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from experiments import runner, tables
+from experiments.framework import plan, sweep, tables
+from experiments.framework import workdir as workdirs
 from tests.xla_flags import with_host_devices
 from tfcl_jax import losses
+from tfcl_jax.training import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,10 +36,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # into the write of that seed's result.json, `hold_seed` holds the workdir (sleeps) there.
 SWEEP = textwrap.dedent("""
     import errno, os, sys, time
-    from experiments import cli, runner, tables
+    from experiments.framework import cli, plan, sweep, tables
 
-    def run(config, workdir):
-      runs = runner.plan(config)
+    def train_and_evaluate(config, workdir):
+      runs = plan.plan(config)
 
       def train(run):
         if run.seed == config.hold_seed:
@@ -47,13 +49,13 @@ SWEEP = textwrap.dedent("""
           def full(fd):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
           os.fsync = full
-        return {"mapping": run.spec, "seed": run.seed, "value": 0.5 + run.seed}
+        return {"loss": run.spec, "seed": run.seed, "value": 0.5 + run.seed}
 
       write = tables.writer(workdir, markdown=lambda rows: f"{len(rows)} rows")
-      return runner.sweep(config, workdir, runs=runs, train_run=train, write_tables=write,
-                          plan_fields=("fail_seed", "hold_seed"))
+      return sweep.sweep(config, workdir, runs=runs, train_run=train, write_tables=write,
+                         plan_fields=("fail_seed", "hold_seed"))
 
-    cli.run_main(run, usage="u", user_errors=(runner.ConfigError,))
+    cli.run_main(train_and_evaluate, check_config=plan.plan, usage="u")
 """)
 CONFIG = textwrap.dedent("""
     import ml_collections
@@ -93,12 +95,12 @@ def test_a_truncated_result_json_is_not_finished_and_the_run_is_redone(tmp_path,
     trained.append(run.name)
     return {"name": run.name}
 
-  runner.run_all([Run("a"), Run("b")], train, workdir=workdir, progress=False)
-  path = os.path.join(workdir, "runs", "a", runner.RESULT_FILE)
+  sweep.run_all([Run("a"), Run("b")], train, workdir=workdir, progress=False)
+  path = os.path.join(workdir, "runs", "a", sweep.RESULT_FILE)
   with open(path, "w") as f:
     f.write('{"name": "a", "val')  # what a kill mid-write of a plain open() leaves
-  assert not runner.finished(Run("a"), workdir)
-  results = runner.run_all([Run("a"), Run("b")], train, workdir=workdir, progress=False)
+  assert not sweep.finished(Run("a"), workdir)
+  results = sweep.run_all([Run("a"), Run("b")], train, workdir=workdir, progress=False)
   assert trained == ["a", "b", "a"] and results == [{"name": "a"}, {"name": "b"}]
   notice = [line for line in capsys.readouterr().err.splitlines() if path in line]
   assert len(notice) == 1 and notice[0].startswith("note: ") and "redone" in notice[0]
@@ -106,7 +108,7 @@ def test_a_truncated_result_json_is_not_finished_and_the_run_is_redone(tmp_path,
 
 
 def test_a_write_interrupted_mid_file_leaves_the_old_file(tmp_path, monkeypatch):
-  rows = [{"mapping": "free", "seed": 0, "value": 1.0}]
+  rows = [{"loss": "free", "seed": 0, "value": 1.0}]
   tables.write_results(str(tmp_path), rows, markdown="# old")
   before = {name: (tmp_path / name).read_text() for name in ("results.csv", "results.md")}
 
@@ -119,23 +121,16 @@ def test_a_write_interrupted_mid_file_leaves_the_old_file(tmp_path, monkeypatch)
     tables.write_results(str(tmp_path), rows * 2, markdown="# new")
   assert {name: (tmp_path / name).read_text() for name in before} == before
   assert sorted(os.listdir(tmp_path)) == ["results.csv", "results.md"]  # no temporary left
-  path = str(tmp_path / "result.json")
-  with tables.atomic_open(path) as f:
-    json.dump({"value": 1}, f)
-  with pytest.raises(RuntimeError), tables.atomic_open(path) as f:
-    f.write('{"value": ')
-    raise RuntimeError("killed")
-  assert json.load(open(path)) == {"value": 1}
 
 
 def test_a_figure_is_replaced_only_once_drawn(tmp_path):
   write = tables.writer(str(tmp_path), markdown=lambda rows: "# t",
-                        figures={"a.png": lambda path, rows: open(path, "w").write("png")})
+                        figures={"a.png": lambda file, rows: file.write(b"png")})
   write([{"x": 1}])
   assert (tmp_path / "a.png").read_text() == "png"
 
-  def broken(path, rows):
-    open(path, "w").write("pn")
+  def broken(file, rows):
+    file.write(b"pn")
     raise KeyboardInterrupt
 
   with pytest.raises(KeyboardInterrupt):
@@ -149,7 +144,7 @@ def test_a_figure_is_replaced_only_once_drawn(tmp_path):
 
 
 def _lock(workdir):
-  with open(os.path.join(workdir, runner.LOCK_FILE)) as f:
+  with open(os.path.join(workdir, workdirs.LOCK_FILE)) as f:
     return json.load(f)
 
 
@@ -166,8 +161,8 @@ def test_a_second_sweep_on_a_live_workdir_is_refused_then_a_dead_holder_is_taken
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"error: workdir '{workdir}' is in use by pid {holder.pid} on "
                           f"{socket.gethostname()}"), err
-    with pytest.raises(runner.ConfigError, match=f"in use by pid {holder.pid}"):
-      runner.acquire(str(workdir))  # in this process too
+    with pytest.raises(plan.ConfigError, match=f"in use by pid {holder.pid}"):
+      workdirs.acquire(str(workdir))  # in this process too
   finally:
     holder.kill()
     holder.wait()
@@ -175,7 +170,7 @@ def test_a_second_sweep_on_a_live_workdir_is_refused_then_a_dead_holder_is_taken
   code, _, err = _sweep(tmp_path, workdir)
   assert code == 0, err
   assert f"note: taking over the lock of '{workdir}' from pid {holder.pid}" in err
-  assert not (workdir / runner.LOCK_FILE).exists()  # released at the end
+  assert not (workdir / workdirs.LOCK_FILE).exists()  # released at the end
   assert len(tables.read_csv(str(workdir / "results.csv"))) == 3
 
 
@@ -183,29 +178,29 @@ def test_a_stale_lock_is_taken_over_and_every_way_out_releases_it(tmp_path, caps
   workdir = str(tmp_path)
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                         capture_output=True, text=True, check=True)
-  with open(os.path.join(workdir, runner.LOCK_FILE), "w") as f:
+  with open(os.path.join(workdir, workdirs.LOCK_FILE), "w") as f:
     json.dump({"pid": int(dead.stdout), "host": socket.gethostname(), "started": "x"}, f)
   config = ml_collections.ConfigDict(dict(losses="free", seeds=2))
-  runs = runner.plan(config)
+  runs = plan.plan(config)
 
   def train(run):
     assert _lock(workdir)["pid"] == os.getpid()
     raise KeyboardInterrupt
 
   with pytest.raises(KeyboardInterrupt):
-    runner.sweep(config, workdir, runs=runs, train_run=train, write_tables=lambda rows: None)
+    sweep.sweep(config, workdir, runs=runs, train_run=train, write_tables=lambda rows: None)
   err = capsys.readouterr().err
   assert f"note: taking over the lock of {workdir!r} from pid {int(dead.stdout)}" in err
-  assert not os.path.exists(os.path.join(workdir, runner.LOCK_FILE))  # Ctrl-C released it
+  assert not os.path.exists(os.path.join(workdir, workdirs.LOCK_FILE))  # Ctrl-C released it
   # Refused by a config check after taking the lock: released too.
-  with pytest.raises(runner.ConfigError, match="already holds a run"):
-    runner.prepare(workdir, ml_collections.ConfigDict(dict(losses="free", seeds=2, epochs=1,
-                                                           resume=False)))
-  assert not os.path.exists(os.path.join(workdir, runner.LOCK_FILE))
+  with pytest.raises(plan.ConfigError, match="already holds a run"):
+    workdirs.prepare(workdir, ml_collections.ConfigDict(dict(losses="free", seeds=2, epochs=1,
+                                                             resume=False)))
+  assert not os.path.exists(os.path.join(workdir, workdirs.LOCK_FILE))
   fresh = str(tmp_path / "fresh")
-  with runner.locked(fresh):
-    assert os.path.exists(os.path.join(fresh, runner.LOCK_FILE))
-  assert not os.path.exists(os.path.join(fresh, runner.LOCK_FILE))
+  with workdirs.locked(fresh):
+    assert os.path.exists(os.path.join(fresh, workdirs.LOCK_FILE))
+  assert not os.path.exists(os.path.join(fresh, workdirs.LOCK_FILE))
 
 
 # -- 3. a full disk ---------------------------------------------------------------------------
@@ -214,22 +209,35 @@ def test_a_stale_lock_is_taken_over_and_every_way_out_releases_it(tmp_path, caps
 def test_a_full_disk_stops_with_one_line_naming_the_file_and_keeps_earlier_results(tmp_path):
   workdir = tmp_path / "w"
   code, _, err = _sweep(tmp_path, workdir, "--config.fail_seed=2")
-  path = workdir / "runs" / "free" / "seed2" / runner.RESULT_FILE
+  path = workdir / "runs" / "free" / "seed2" / sweep.RESULT_FILE
   assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
   assert err.startswith(f"error: no space left to write {path} "), err
-  assert json.load(open(workdir / "runs" / "free" / "seed1" / runner.RESULT_FILE))["seed"] == 1
+  assert json.load(open(workdir / "runs" / "free" / "seed1" / sweep.RESULT_FILE))["seed"] == 1
   rows = tables.read_csv(str(workdir / "results.csv"))  # the table of the first two runs
   assert [row["seed"] for row in rows] == ["0", "1"]
-  assert not path.exists() and not (workdir / runner.LOCK_FILE).exists()
+  assert not path.exists() and not (workdir / workdirs.LOCK_FILE).exists()
   assert not [name for name in os.listdir(path.parent) if name.endswith(".tmp")]
   code, _, err = _sweep(tmp_path, workdir)  # space again: the same command finishes
   assert code == 0, err
   assert len(tables.read_csv(str(workdir / "results.csv"))) == 3
 
 
-def test_disk_full_error_names_the_file():
-  error = tables.DiskFullError(errno.ENOSPC, os.strerror(errno.ENOSPC), "w/results.csv")
-  assert str(error).startswith("no space left to write w/results.csv (")
+def test_a_full_disk_under_the_tables_names_the_table_and_keeps_the_earlier_one(tmp_path,
+                                                                               monkeypatch):
+  tables.write_results(str(tmp_path), [{"loss": "free", "value": 1}], markdown="# old")
+
+  def full(fd):
+    raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+  monkeypatch.setattr(os, "fsync", full)
+  with pytest.raises(files.DiskFull) as raised:
+    tables.write_results(str(tmp_path), [{"loss": "free", "value": 2}], markdown="# new")
+  assert raised.value.filename == str(tmp_path / "results.csv")
+  assert str(raised.value).startswith(f"no space left to write {tmp_path / 'results.csv'} (")
+  assert tables.read_csv(str(tmp_path / "results.csv")) == [{"loss": "free", "value": "1"}]
+  with pytest.raises(files.DiskFull, match="a.png"):
+    tables.atomic_figure(lambda file: file.write(b"png"), str(tmp_path / "a.png"))
+  assert sorted(os.listdir(tmp_path)) == ["results.csv", "results.md"]
 
 
 # -- 5. SIGKILL at random instants -------------------------------------------------------------
@@ -315,10 +323,10 @@ def test_a_sweep_killed_at_random_instants_ends_with_the_uninterrupted_table(tmp
         f"start-up); results.csv equal to the uninterrupted one: {equal} ({len(got)} rows); "
         f"{time.monotonic() - began:.0f} s in all")
   assert equal and len(got) == 4, (got, expected)
-  for run in runner.plan(ml_collections.ConfigDict(dict(losses="free,tau=0.5", seeds=2))):
-    run = runner.Run(run.spec, run.seed, (("batch_size", 256),))
+  for run in plan.plan(ml_collections.ConfigDict(dict(losses="free,tau=0.5", seeds=2))):
+    run = plan.Run(run.spec, run.seed, (("batch_size", 256),))
     first, second = (json.load(open(os.path.join(run.directory(str(tmp_path / name)),
-                                                 runner.RESULT_FILE)))
+                                                 sweep.RESULT_FILE)))
                      for name in ("uninterrupted", "killed"))
     assert first == second, run
 

@@ -1,4 +1,4 @@
-"""GRACE glue (experiments/grace.py): the loss wiring, the jitted training, the results files."""
+"""GRACE glue (`experiments.grace`): the loss wiring, the jitted training, the results files."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import grace, grace_probe, runner, tables
+from experiments import grace
 from experiments.configs import grace_citeseer
+from experiments.framework import plan, tables
+from experiments.grace import probe
+from experiments.grace import train as grace_train
 from tfcl_jax import mappings, training
 from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.data import planetoid
@@ -60,7 +63,7 @@ def test_loss_is_pygcl_grace_loss_on_the_two_views(block_size):
   batch = _batch(graph)
   model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
-  params = {"model": model.init(jax.random.key(0), batch.features, full)["params"], "mapping": {}}
+  params = {"model": model.init(jax.random.key(0), batch.features, full)["params"], "loss": {}}
   loss_fn = grace_objective.make_grace_loss(model, mappings.temperature(0.2), edge_rate=0.3,
                                             feature_rate=0.3, block_size=block_size)
   key = jax.random.key(7)
@@ -84,13 +87,13 @@ def test_library_training_of_grace_matches_stepwise(tmp_path):
   mapping = mappings.from_spec("learnable=0.5")
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
-            "mapping": dict(mapping.params)}
+            "loss": dict(mapping.params)}
   loss_fn = grace_objective.make_grace_loss(model, mapping, edge_rate=0.3, feature_rate=0.3)
   tx = optax.adam(0.01)
   key = jax.random.key(3)
   mesh = training.make_mesh(jax.devices()[:1])
   state = training.create_train_state(model_params=params["model"], tx=tx,
-                                      mapping_params=params["mapping"])
+                                      loss_params=params["loss"])
   state = training.train(
       state, train_step=training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False),
       batches=lambda start: itertools.repeat(batch, 2 - start), num_steps=2,
@@ -104,67 +107,67 @@ def test_library_training_of_grace_matches_stepwise(tmp_path):
     manual = optax.apply_updates(manual, updates)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                jax.device_get(state.params), manual)
-  assert float(state.params["mapping"]["t"]) != float(params["mapping"]["t"])
+  assert float(state.params["loss"]["t"]) != float(params["loss"]["t"])
 
 
 @pytest.fixture()
 def tiny_config(monkeypatch):
   graph = _tiny_graph(seed=2)
-  monkeypatch.setattr(grace, "load_graph", lambda config: (graph, _batch(graph)))
+  monkeypatch.setattr(grace_train, "load_graph", lambda config: (graph, _batch(graph)))
   config = grace_citeseer.get_config()
-  config.update(dict(losses=" tau=0.5", seeds=1, epochs=2, eval_epochs=20,
-                     hidden_dim=8, projection_dim=8, train_ratio=0.2, val_ratio=0.2))
+  config.update(dict(losses=" tau=0.5", seeds=1, epochs=2, eval_epochs=20, hidden_dim=8,
+                     projection_dim=8, train_ratio=0.2, val_ratio=0.2, progress=False))
   return config
 
 
-def test_run_writes_results_and_resumes(tiny_config, tmp_path):
-  grace.run(tiny_config, str(tmp_path), command="cmd", progress=False)
+def _run(config, workdir, **kwargs):
+  """What `python -m experiments.grace` does: `check_config`, then `train_and_evaluate`."""
+  grace.check_config(config)
+  return grace.train_and_evaluate(config, workdir, **kwargs)
+
+
+def test_run_writes_results_and_resumes(tiny_config, tmp_path, monkeypatch):
+  _run(tiny_config, str(tmp_path), command="cmd")
   with open(tmp_path / "results.csv", newline="") as f:
     rows = list(csv.DictReader(f))
-  assert [(r["mapping"], r["seed"]) for r in rows] == [("tau=0.5", "0")]
+  assert [(r["loss"], r["seed"]) for r in rows] == [("tau=0.5", "0")]
   assert all(0.0 <= float(r["f1_micro"]) <= 1.0 for r in rows)
   markdown = (tmp_path / "results.md").read_text()
   assert "| tau=0.5 | 1 |" in markdown and "67.33 (3.02)" in markdown  # the paper's column
   assert os.path.getsize(tmp_path / "f1_micro.png") > 0
   assert os.path.exists(tmp_path / "runs" / "tau_0.5" / "seed0" / "result.json")
-  grace.run(tiny_config, str(tmp_path), progress=False)  # nothing left to do
+  with monkeypatch.context() as patch:
+    patch.setattr(grace_train, "train_run", lambda *a, **k: pytest.fail("retrained"))
+    _run(tiny_config, str(tmp_path))  # nothing left to do
   with open(tmp_path / "results.csv", newline="") as f:
     assert len(list(csv.DictReader(f))) == 1
-  # A second seed and a second mapping join the same workdir; another epochs is refused.
+  # A second seed and a second loss join the same workdir; another epochs is refused, and so
+  # is any rerun with resume=False.
   tiny_config.update(dict(seeds=2, losses="tau=0.5,free"))
-  results = grace.run(tiny_config, str(tmp_path), progress=False)
-  assert [(r["mapping"], r["seed"]) for r in results] == [
+  results = _run(tiny_config, str(tmp_path))
+  assert [(r["loss"], r["seed"]) for r in results] == [
       ("tau=0.5", 0), ("free", 0), ("tau=0.5", 1), ("free", 1)]
   assert results[0]["f1_micro"] == float(rows[0]["f1_micro"])  # read back, not retrained
   assert "| free | 2 |" in (tmp_path / "results.md").read_text()
+  refused = tiny_config.copy_and_resolve_references()
+  refused.resume = False
+  with pytest.raises(plan.ConfigError, match="already holds results"):
+    _run(refused, str(tmp_path))
   tiny_config.epochs = 3
-  with pytest.raises(grace.ConfigError, match="epochs: recorded 2, now 3"):
-    grace.run(tiny_config, str(tmp_path), progress=False)
-
-
-def test_a_workdir_of_the_earlier_layout_is_refused_then_migrated_without_retraining(
-    tiny_config, tmp_path, monkeypatch):
-  workdir = str(tmp_path)
-  first = grace.run(tiny_config, workdir, progress=False)
-  os.rename(tmp_path / "runs" / "tau_0.5" / "seed0", tmp_path / "runs" / "tau_0.5_seed0")
-  with pytest.raises(grace.ConfigError, match="runs/tau_0.5_seed0 .* --migrate"):
-    grace.run(tiny_config, workdir, progress=False)
-  monkeypatch.setattr(grace, "run_one", lambda *a, **k: pytest.fail("retrained"))
-  with runner.migrating():
-    assert grace.run(tiny_config, workdir, progress=False) == first
-  assert os.path.exists(tmp_path / "runs" / "tau_0.5" / "seed0" / "result.json")
+  with pytest.raises(plan.ConfigError, match="epochs: recorded 2, now 3"):
+    _run(tiny_config, str(tmp_path))
 
 
 def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_path):
   tiny_config.update(dict(seeds=2, losses="tau=0.5,free"))
-  results = grace.run(tiny_config, str(tmp_path), progress=False)
-  rows = grace_probe.run(str(tmp_path), val_ratios=[0.2, 0.7], draws=2, command="cmd")
+  results = _run(tiny_config, str(tmp_path))
+  rows = probe.evaluate(str(tmp_path), val_ratios=[0.2, 0.7], draws=2, command="cmd")
   assert len(rows) == 4 * 2 * 2
   # Draw 0 under the workdir's own split is the sweep's evaluation of the restored encoder.
-  recorded = {(r["mapping"], r["seed"]): r["f1_micro"] for r in results}
+  recorded = {(r["loss"], r["seed"]): r["f1_micro"] for r in results}
   for row in rows:
     if row["val_ratio"] == 0.2 and row["draw"] == 0:
-      assert row["f1_micro"] == recorded[row["mapping"], row["seed"]]
+      assert row["f1_micro"] == recorded[row["loss"], row["seed"]]
   # 40 nodes: 8 train, 28 validation, 4 test; F1-micro of 4 single-label nodes is k / 4.
   other = [r for r in rows if r["val_ratio"] == 0.7]
   assert {r["test_nodes"] for r in other} == {4}
@@ -176,24 +179,24 @@ def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_pa
   with open(tmp_path / "probe_splits.csv", newline="") as f:
     assert len(list(csv.DictReader(f))) == len(rows)
   with pytest.raises(ValueError, match="--draws"):
-    grace_probe.run(str(tmp_path), val_ratios=[0.7], draws=0)
+    probe.evaluate(str(tmp_path), val_ratios=[0.7], draws=0)
   with pytest.raises(ValueError, match="no results.csv"):
-    grace_probe.run(str(tmp_path / "runs"), val_ratios=[0.7], draws=1)
+    probe.evaluate(str(tmp_path / "runs"), val_ratios=[0.7], draws=1)
 
 
 def test_bad_spec_fails_before_training(tiny_config, tmp_path):
   tiny_config.losses = "free,tau=-1"
-  with pytest.raises(ValueError, match="tau"):
-    grace.run(tiny_config, str(tmp_path), progress=False)
+  with pytest.raises(plan.ConfigError, match="tau"):
+    _run(tiny_config, str(tmp_path))
   assert not (tmp_path / "results.csv").exists()
 
 
 def test_paired_differences_match_a_hand_computation():
   scores = {"free": [0.70, 0.68, 0.66], "tau=0.1": [0.60, 0.61, 0.55], "tau=1": [0.69]}
-  rows = [{"mapping": m, "seed": str(seed), "f1_micro": str(v)}
+  rows = [{"loss": m, "seed": str(seed), "f1_micro": str(v)}
           for m, values in scores.items() for seed, v in enumerate(values)]
   table = tables.paired_differences(rows, ["tau=0.1", "free", "tau=1"], metric="f1_micro")
-  assert [row["mapping"] for row in table] == ["tau=0.1", "tau=1"]
+  assert [row["loss"] for row in table] == ["tau=0.1", "tau=1"]
   first = table[0]
   diffs = 100 * (np.array(scores["free"]) - np.array(scores["tau=0.1"]))  # 10, 7, 11 points
   assert first["seeds"] == 3 and first["wins"] == 3
@@ -224,11 +227,11 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
   graph = _tiny_graph(seed=4)
   batch = _batch(graph)
   model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
-  objective = grace.parse_spec("sigmoid/learnable=0.1/learn_b=siglip", graph.num_nodes)
+  objective = grace_train.parse_spec("sigmoid/learnable=0.1/learn_b=siglip", graph.num_nodes)
   assert sorted(objective.params) == ["bias", "t"]
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
-            "mapping": {"t": jnp.float32(1.5), "bias": jnp.float32(-3.0)}}
+            "loss": {"t": jnp.float32(1.5), "bias": jnp.float32(-3.0)}}
   loss_fn = grace_objective.make_grace_loss(model, objective, edge_rate=0.3, feature_rate=0.3,
                                             block_size=16)
   key = jax.random.key(5)
@@ -245,8 +248,8 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
   # dL/db by central differences of the NumPy loss.
   eps = 1e-4
   fd = (_siglip_all(h1, h2, 1.5, -3.0 + eps) - _siglip_all(h1, h2, 1.5, -3.0 - eps)) / (2 * eps)
-  np.testing.assert_allclose(grads["mapping"]["bias"], fd, rtol=1e-4)
-  assert float(grads["mapping"]["t"]) != 0.0
+  np.testing.assert_allclose(grads["loss"]["bias"], fd, rtol=1e-4)
+  assert float(grads["loss"]["t"]) != 0.0
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -260,8 +263,8 @@ def test_config_errors_name_the_field_before_training(tmp_path, field, value, me
   if field != "data_dir":  # named whether the data is there or not
     config.data_dir = str(tmp_path / "absent")
   config[field] = value
-  with pytest.raises(grace.ConfigError, match=message):
-    grace.run(config, str(tmp_path / "out"), progress=False)
+  with pytest.raises(plan.ConfigError, match=message):
+    _run(config, str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()
 
 

@@ -1,4 +1,4 @@
-"""MSC anomaly detection (tfcl_jax.anomaly, experiments/msc.py): NumPy, scikit-learn, invariants."""
+"""MSC anomaly detection (tfcl_jax.anomaly, experiments.msc): NumPy, scikit-learn, invariants."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from sklearn import metrics
 
 from experiments import msc as msc_experiment
 from experiments.configs import msc_digits
+from experiments.framework import plan
+from experiments.msc import train as msc_train
 from tfcl_jax import mappings, models
 from tfcl_jax.anomaly import msc, scores, torchvision_resnet, weights
 from tfcl_jax.objectives import msc as msc_objective
@@ -157,9 +159,9 @@ def test_msc_train_step_keeps_batchnorm_statistics_and_frozen_modules():
   features = encoder.apply(variables, images, train=False)
   center = msc.center(features)
   mapping = mappings.temperature(0.25)
-  loss_fn = msc_objective.make_msc_loss(encoder, mapping=mapping, augment=_noise)
+  loss_fn = msc_objective.make_msc_loss(encoder, loss=mapping, augment=_noise)
   model_state = {"batch_stats": variables["batch_stats"], msc.CENTER_KEY: center}
-  params = {"model": variables["params"], "mapping": {}}
+  params = {"model": variables["params"], "loss": {}}
   # The experiment's optimiser: weight decay must not reach the frozen modules either.
   tx = msc.freeze(optim.make_optimizer(name="sgd", learning_rate=0.1, total_steps=10,
                                        weight_decay=0.1, momentum=0.0),
@@ -301,30 +303,54 @@ def _config(**overrides):
   return config
 
 
-def test_experiment_rejects_class_out_of_range_and_bad_specs(tmp_path):
-  with pytest.raises(msc_experiment.ConfigError, match="class 10 is out of range"):
-    msc_experiment.run_experiment(_config(classes="3,10"), str(tmp_path / "a"))
-  with pytest.raises(msc_experiment.ConfigError, match="mapping|spec"):
-    msc_experiment.run_experiment(_config(losses="tau=-1"), str(tmp_path / "b"))
-  assert not os.path.exists(tmp_path / "a" / "runs")
+def _run(config, workdir):
+  """What `python -m experiments.msc` does: `check_config`, then `train_and_evaluate`."""
+  msc_experiment.check_config(config)
+  return msc_experiment.train_and_evaluate(config, workdir)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"classes": "3,10"}, "class 10 is out of range"),
+    ({"losses": "tau=-1"}, "config.losses: .*tau"),
+    ({"losses": "free,sigmoid/free"}, "MSC fine-tunes with its InfoNCE loss"),
+    ({"knn_k": 0}, "config.knn_k must be an int >= 1"),
+    ({"backbone": "vgg"}, "backbone must be one of"),
+])
+def test_experiment_rejects_bad_configs_without_data(tmp_path, overrides, message):
+  with pytest.raises(plan.ConfigError, match=message):
+    _run(_config(**overrides), str(tmp_path / "a"))
+  assert not os.path.exists(tmp_path / "a")
+
+
+def test_the_pretraining_config_is_checked_as_simclr_checks_it():
+  config = _config()
+  config.pretrain.epochs = 0
+  with pytest.raises(plan.ConfigError, match="^pretraining: config.epochs must be an int >= 1"):
+    msc_experiment.check_config(config)
+  config = _config()
+  config.pretrain.seeds = 2
+  with pytest.raises(plan.ConfigError, match="config.pretrain must train one encoder"):
+    msc_experiment.check_config(config)
+  config.init_checkpoint = "/an/encoder"  # no pretraining: its config is not read
+  msc_experiment.check_config(config)
 
 
 def test_experiment_rejects_empty_normal_class():
   mesh = sharding.make_mesh(jax.devices()[:1])
-  experiment = msc_experiment.Experiment(_config(), mesh)
+  experiment = msc_train.Experiment(_config(), mesh)
   labels = experiment.images.train_labels
   experiment.images = dataclasses.replace(experiment.images,
                                           train_labels=np.where(labels == 3, 4, labels))
   with pytest.raises(ValueError, match="normal class 3 has no examples"):
-    experiment.check([msc_experiment.Run("free", 0, (("normal_class", 3),))])
+    experiment.check([plan.Run("free", 0, (("normal_class", 3),))])
 
 
 def test_experiment_rejects_mismatched_checkpoint_before_training(tmp_path):
   variables, _ = _small_cnn_variables(4)
   path = weights.save_variables(str(tmp_path / "encoder4"), variables)
   workdir = tmp_path / "work"
-  with pytest.raises(msc_experiment.ConfigError, match="does not match the model"):
-    msc_experiment.run_experiment(_config(init_checkpoint=path, width=16), str(workdir))
+  with pytest.raises(plan.ConfigError, match="does not match the model"):
+    _run(_config(init_checkpoint=path, width=16), str(workdir))
   assert not os.path.exists(workdir / "runs") and not os.path.exists(workdir / "pretrain")
 
 
@@ -334,17 +360,17 @@ def test_experiment_end_to_end_from_a_checkpoint_and_resume(tmp_path):
   config = _config(init_checkpoint=path, width=4, classes="0", losses="free", seeds=1,
                    epochs=1)
   workdir = str(tmp_path / "work")
-  results = msc_experiment.run_experiment(config, workdir)
-  assert [(r["mapping"], r["seed"], r["class"]) for r in results] == [("free", 0, 0)]
+  results = _run(config, workdir)
+  assert [(r["loss"], r["seed"], r["class"]) for r in results] == [("free", 0, 0)]
   assert 0.0 <= results[0]["roc_auc"] <= 1.0 and results[0]["steps"] == 142 // 32
   with open(os.path.join(workdir, "results.csv")) as f:
     header = f.readline().strip().split(",")
-  assert header[:4] == ["mapping", "seed", "class", "roc_auc"]
+  assert header[:4] == ["loss", "seed", "class", "roc_auc"]
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| free |" in table and "| pretrained (no MSC) |" in table
   assert os.path.getsize(os.path.join(workdir, "roc_auc.png")) > 0
   config.resume = False
-  with pytest.raises(msc_experiment.ConfigError, match="already holds"):
-    msc_experiment.run_experiment(config, workdir)
+  with pytest.raises(plan.ConfigError, match="already holds"):
+    _run(config, workdir)
   config.resume = True
-  assert msc_experiment.run_experiment(config, workdir) == results  # nothing retrained
+  assert _run(config, workdir) == results  # nothing retrained

@@ -1,11 +1,11 @@
-"""Every committed result table is what its experiment makes of its CSV (`experiments.regenerate`):
-byte for byte up to its hand-written `## Notes`."""
+"""Every committed result table is what its experiment makes of its CSV
+(`experiments.framework.regenerate`): byte for byte up to its hand-written `## Notes`."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments import regenerate
+from experiments.framework import regenerate
 
 NAMES = regenerate.tables_with_csv()
 
@@ -17,7 +17,7 @@ def test_the_committed_tables_have_csvs():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_table_regenerates_from_its_csv(name):
-  assert regenerate.check(name), f"python -m experiments.regenerate {name}"
+  assert regenerate.check(name), f"python -m experiments.framework.regenerate {name}"
 
 
 def test_a_recorded_command_gives_the_experiment_and_its_config():
@@ -31,6 +31,12 @@ def test_a_recorded_command_gives_the_experiment_and_its_config():
     regenerate.recorded_command("# t\n")
   markdown = "# t\n\n| a |\n\n## Notes\n\nhand\n"
   assert regenerate.split(markdown) == ("# t\n\n| a |\n", "## Notes\n\nhand\n")
+  # A study's command may leave out --config: its module's DEFAULT_CONFIG is read.
+  module, config = regenerate.config_of("python -m experiments.sphere --workdir=w "
+                                        "--config.seeds=2")
+  assert (module, config.seeds, config.steps) == ("experiments.sphere", 2, 2000)
+  with pytest.raises(ValueError, match="no --config"):
+    regenerate.config_of("python -m experiments.dcrec --workdir=w")
 
 
 def test_rewrite_keeps_the_command_and_the_notes(tmp_path, monkeypatch):

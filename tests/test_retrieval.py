@@ -12,11 +12,12 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from experiments import retrieval as experiment
 from experiments.configs import retrieval_ml100k
+from experiments.framework import plan
+from experiments.retrieval import report
+from experiments.retrieval import train as experiment
 from tests.movielens_files import write_u_data
 from tfcl_jax import losses
 from tfcl_jax.data import interactions, movielens, movielens_features
@@ -203,63 +204,50 @@ def test_ids_only_tower_is_its_table_and_bags_average_their_tokens():
   np.testing.assert_allclose(bag.apply(variables, tokens), want, rtol=1e-5, atol=1e-6)
 
 
-def test_dot_product_softmax_is_optax_cross_entropy():
-  rng = np.random.default_rng(0)
-  q, c = rng.normal(size=(6, 4)), rng.normal(size=(6, 4))
-  want = optax.softmax_cross_entropy(q @ c.T, np.eye(6)).sum()
-  np.testing.assert_allclose(retrieval.dot_product_softmax(q, c), want, rtol=1e-6)
-  where = np.array([1, 1, 0, 1, 1, 1], bool)
-  keep = np.flatnonzero(where)
-  want = optax.softmax_cross_entropy(q[keep] @ c[keep].T, np.eye(5)).mean()
-  np.testing.assert_allclose(retrieval.dot_product_softmax(q, c, where=where, reduction="mean"),
-                             want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("text, loss_kwargs", [
-    ("free+logq", {"symmetric": False}),
-    ("clip:tau=0.1", {"symmetric": True}),
-    ("sigmoid/learnable=0.1/learn_b=siglip", {}),
+@pytest.mark.parametrize("text, symmetric", [
+    ("free+logq", False),
+    ("clip:tau=0.1", True),
+    ("sigmoid/learnable=0.1/learn_b=siglip", False),
 ])
-def test_objective_feeds_the_library_loss(text, loss_kwargs):
+def test_objective_feeds_the_library_loss(text, symmetric):
+  """The towers' embeddings of the batch's users and items, gathered by the objective, scored
+  by the loss itself (`LossSpec.__call__`) with the batch's padding and log q."""
   model = towers.TwoTower(
       towers.Tower(vocab_sizes={"user_id": 5}, categorical=("user_id",), dim=8),
       towers.Tower(vocab_sizes={"item_id": 9}, categorical=("item_id",), dim=8))
   users, items = {"user_id": jnp.arange(1, 5)}, {"item_id": jnp.arange(1, 9)}
   log_q = jnp.log(jnp.linspace(0.05, 0.3, 8))
-  spec = retrieval.parse_spec(text, num_candidates=6)
-  loss_fn = retrieval.make_retrieval_loss(model, spec, user_features=users, item_features=items,
+  loss = losses.from_spec(text, num_candidates=6)
+  assert loss.symmetric == symmetric
+  loss_fn = retrieval.make_retrieval_loss(model, loss, user_features=users, item_features=items,
                                           log_q=log_q)
   batch = {"user": jnp.array([0, 1, 2, 3, 0, 1]), "item": jnp.array([7, 2, 2, 5, 0, 1]),
            "valid": jnp.array([1, 1, 1, 1, 1, 0], bool)}
   variables = model.init(jax.random.key(0), retrieval.gather(users, batch["user"]),
                          retrieval.gather(items, batch["item"]))
-  params = {"model": variables["params"], "mapping": spec.params}
+  params = {"model": variables["params"], "loss": loss.params}
   value, _ = loss_fn(params, {}, batch, jax.random.key(1), 0)
   q = np.asarray(variables["params"]["query_tower"]["embed_user_id"]["embedding"])[
       np.asarray(users["user_id"])[batch["user"]]]
   c = np.asarray(variables["params"]["candidate_tower"]["embed_item_id"]["embedding"])[
       np.asarray(items["item_id"])[batch["item"]]]
-  if spec.logq:
-    loss_kwargs["candidate_bias"] = -np.asarray(log_q)[np.asarray(batch["item"])]
-  want = spec.loss(q, c, params=spec.params, negatives="cross", where=batch["valid"],
-                   reduction="sum", **loss_kwargs)
+  item_log_q = np.asarray(log_q)[np.asarray(batch["item"])] if loss.logq else None
+  want = loss(q, c, params=loss.params, negatives="cross", where=batch["valid"],
+              reduction="sum", log_q=item_log_q)
   np.testing.assert_allclose(value, want, rtol=1e-5)
   grads = jax.grad(lambda p: loss_fn(p, {}, batch, jax.random.key(1), 0)[0])(params)
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
-  if spec.params:
-    chex.assert_trees_all_equal_shapes(grads["mapping"], spec.params)
+  if loss.params:
+    chex.assert_trees_all_equal_shapes(grads["loss"], loss.params)
 
 
-def test_spec_grammar():
-  assert retrieval.parse_spec("clip:learnable=0.07:100").spec == "clip:learnable=0.07:100"
-  assert retrieval.parse_spec("tau=0.10+logq").spec == "tau=0.1+logq"
-  assert retrieval.parse_spec("dot+logq").form == "dot"
-  for bad, message in [("clip:sigmoid/free", "clip: takes a mapping"),
-                       ("clip:free+logq", "scores both directions"),
-                       ("tua=1", "Accepted forms")]:
-    with pytest.raises(ValueError, match=message):
-      retrieval.parse_spec(bad)
-  assert isinstance(retrieval.parse_spec("free").loss, losses.LossSpec)
+def test_the_configs_losses_are_canonical_loss_specs():
+  config = retrieval_ml100k.get_config()
+  config.losses = " popularity, tau=0.10+logq,clip:learnable=0.070:100, dot"
+  assert report.specs_of(config) == ["popularity", "tau=0.1+logq", "clip:learnable=0.07:100",
+                                         "dot"]
+  for preset in retrieval_ml100k.PRESETS:  # every committed list parses
+    experiment.check_config(retrieval_ml100k.get_config(preset))
 
 
 # -- the experiment ---------------------------------------------------------------------------
@@ -270,21 +258,27 @@ def tiny_config(tmp_path):
   config = retrieval_ml100k.get_config()
   config.update({"data_dir": write_u_data(tmp_path / "data", users=12, items=20, per_user=8),
                  "losses": "popularity,free,clip:learnable=0.07:100", "seeds": 2,
-                 "batch_size": 16, "epochs": 2, "dim": 8})
+                 "batch_size": 16, "epochs": 2, "dim": 8, "progress": False})
   return config
+
+
+def _run(config, workdir, **kwargs):
+  """What `python -m experiments.retrieval` does: `check_config`, then `train_and_evaluate`."""
+  experiment.check_config(config)
+  return experiment.train_and_evaluate(config, workdir, **kwargs)
 
 
 def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, monkeypatch):
   workdir = str(tmp_path / "work")
-  rows = experiment.run(tiny_config, workdir, command="cmd", progress=False)
-  assert [(r["mapping"], r["seed"]) for r in rows] == [
+  rows = _run(tiny_config, workdir, command="cmd")
+  assert [(r["loss"], r["seed"]) for r in rows] == [
       (spec, seed) for seed in (0, 1) for spec in ("popularity", "free",
                                                     "clip:learnable=0.07:100")]
   for row in rows:
-    tops = [row[f"top@{k}"] for k in experiment.KS]
+    tops = [row[f"top@{k}"] for k in report.KS]
     assert all(0 <= a <= b <= 1 for a, b in zip(tops, tops[1:], strict=False))
     assert row["top@100"] == 1.0  # 20 movies: every one is in the top 100
-  learnable = [r for r in rows if r["mapping"].startswith("clip:")]
+  learnable = [r for r in rows if r["loss"].startswith("clip:")]
   assert all(r["scale_start"] == pytest.approx(1 / 0.07) and r["scale_max"] <= 100 for r in
              learnable)
   assert all(np.isfinite(r["scale@2"]) and r["scale@2"] == pytest.approx(r["scale_end"])
@@ -294,10 +288,10 @@ def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, 
   with open(os.path.join(workdir, "results.md")) as f:
     markdown = f.read()
   assert "| clip:learnable=0.07:100 |" in markdown and "runs at the cap" in markdown
-  assert "`free` minus each objective" in markdown
+  assert "`free` minus each loss" in markdown
   assert os.path.exists(os.path.join(workdir, "retrieval.png"))
-  monkeypatch.setattr(experiment, "run_one", lambda *a, **k: pytest.fail("retrained"))
-  assert len(experiment.run(tiny_config, workdir, command="cmd", progress=False)) == 6
+  monkeypatch.setattr(experiment, "train_run", lambda *a, **k: pytest.fail("retrained"))
+  assert len(_run(tiny_config, workdir, command="cmd")) == 6
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -315,8 +309,8 @@ def test_config_errors_name_the_field_before_training(tiny_config, tmp_path, fie
   folder exists."""
   tiny_config[field] = value
   workdir = tmp_path / "work"
-  with pytest.raises(experiment.ConfigError, match=re.escape(message)):
-    experiment.run(tiny_config, str(workdir), progress=False)
+  with pytest.raises(plan.ConfigError, match=re.escape(message)):
+    _run(tiny_config, str(workdir))
   assert not (workdir / "runs").exists()
 
 
@@ -349,7 +343,8 @@ def test_one_epoch_on_real_movielens_100k(tmp_path):
   config.seeds = 1
   config.epochs = 1
   config.batch_size = 4096
-  (row,) = experiment.run(config, str(tmp_path / "work"), command="cmd", progress=False)
+  config.progress = False
+  (row,) = _run(config, str(tmp_path / "work"), command="cmd")
   data = experiment.load_data(config)
   assert (data.num_users, data.num_items, len(data.test)) == (943, 1682, 943)
   assert len(data.train) == 100_000 - 943

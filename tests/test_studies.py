@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import hard_negatives, learnable_vs_free, sphere, studies_common
+from experiments import hard_negatives, learnable_vs_free, sphere, studies
 from experiments.configs import hard_negatives as hard_negatives_config
 from experiments.configs import learnable_vs_free as learnable_vs_free_config
 from experiments.configs import sphere as sphere_config
+from experiments.framework import plan
 from tfcl_jax import langevin, mappings
 
 
@@ -86,7 +87,7 @@ class OptimumTest(chex.TestCase):
     m, d, tau = 6, 8, 0.3
     v = jnp.asarray(sphere.simplex(m, d), jnp.float32)
     for negatives, count in (("cross", m - 1), ("all", 2 * (m - 1))):
-      value = jax.jit(lambda v, negatives=negatives: studies_common.mean_loss(
+      value = jax.jit(lambda v, negatives=negatives: studies.mean_loss(
           v, v, mappings.temperature(tau), negatives))(v)
       expected = math.log1p(count * math.exp((-1.0 / (m - 1) - 1.0) / tau))
       np.testing.assert_allclose(float(value), expected, rtol=1e-5)
@@ -102,7 +103,7 @@ class OptimumTest(chex.TestCase):
     def margins(keys):
       def loss(key, mapping):
         z = v if key is None else langevin.random_sphere(key, (m, d))
-        return studies_common.mean_loss(z, z, mapping, "cross")
+        return studies.mean_loss(z, z, mapping, "cross")
 
       return [jnp.min(jax.vmap(lambda k, f=f: loss(k, f))(keys)) - loss(None, f) for f in maps]
 
@@ -135,10 +136,11 @@ def _read_csv(path):
 def test_sphere_end_to_end(tmp_path):
   config = sphere_config.get_config()
   config.settings = ("3:4:cross",)
-  config.mappings = ("learnable=0.5",)
+  config.maps = ("learnable=0.5",)
   config.seeds, config.steps, config.eval_every, config.plots = 2, 20, 10, True
-  rows = sphere.run(config, str(tmp_path))
-  assert len(rows) == 2  # 1 mapping x 2 optimizers, one compilation.
+  sphere.check_config(config)
+  rows = sphere.train_and_evaluate(config, str(tmp_path))
+  assert len(rows) == 2  # 1 map x 2 optimizers, one compilation.
   assert {r["optimizer"] for r in rows} == {"sgd", "langevin"}
   assert len(_read_csv(tmp_path / "results.csv")) == 2
   assert "python" in (tmp_path / "results.md").read_text()
@@ -150,10 +152,11 @@ def test_sphere_end_to_end(tmp_path):
 
 def test_sphere_augmented_views_cannot_align(tmp_path):
   config = sphere_config.get_config()
-  config.settings, config.mappings, config.optimizers = ("3:4:cross",), ("free",), ("sgd",)
+  config.settings, config.maps, config.optimizers = ("3:4:cross",), ("free",), ("sgd",)
   config.seeds, config.steps, config.eval_every, config.plots = 2, 20, 20, False
   config.augment = 0.5
-  (row,) = sphere.run(config, str(tmp_path))
+  sphere.check_config(config)
+  (row,) = sphere.train_and_evaluate(config, str(tmp_path))
   assert row["augment"] == 0.5
   assert row["alignment"] > 1e-3  # fixed perturbations keep the views apart.
   assert "Augmented views" in (tmp_path / "results.md").read_text()
@@ -164,7 +167,7 @@ def test_reference_loss_is_float64_info_nce():
   z2 = z1 + 0.3 * jax.random.normal(jax.random.key(1), (5, 4))
   for spec in ("free", "tau=0.2"):
     mapping = mappings.from_spec(spec)
-    library = jax.jit(lambda a, b, f=mapping: studies_common.mean_loss(a, b, f, "cross"))(z1, z2)
+    library = jax.jit(lambda a, b, f=mapping: studies.mean_loss(a, b, f, "cross"))(z1, z2)
     np.testing.assert_allclose(learnable_vs_free.reference_loss(z1, z2, spec), float(library),
                                rtol=1e-5)
 
@@ -173,11 +176,12 @@ def test_learnable_vs_free_end_to_end(tmp_path):
   config = learnable_vs_free_config.get_config()
   config.stuck.m, config.stuck.d = 3, 6
   config.stuck.steps, config.stuck.report_steps = 12, (1, 10)
-  config.stuck.mappings = ("learnable=1",)
-  config.precision.mappings = ("free",)
+  config.stuck.maps = ("learnable=1",)
+  config.precision.maps = ("free",)
   config.precision.steps, config.precision.every = 20, 10
   config.plots = False
-  rows = learnable_vs_free.run(config, str(tmp_path))
+  learnable_vs_free.check_config(config)
+  rows = learnable_vs_free.train_and_evaluate(config, str(tmp_path))
   orthogonal, control = [r for r in rows if r["part"] == "stuck_t"]
   assert orthogonal["C0"] == 0.0 and orthogonal["dLdt_step0"] == 0.0  # Eq. 10 at C = 0, any t.
   assert orthogonal["t@1"] == orthogonal["t0"]  # so the first step leaves t where it was,
@@ -214,14 +218,41 @@ def test_instance_loss_is_log_k_plus_one_at_equal_cosines():
 
 def test_hard_negatives_end_to_end(tmp_path):
   config = hard_negatives_config.get_config()
-  config.mappings = ("free",)
+  config.maps = ("free",)
   config.hard_fractions = (0.0, 1.0)
   config.seeds, config.instances, config.negatives, config.steps = 2, 4, 4, 10
   config.plots = False  # the sphere test covers the figures.
   config.augment = 0.3  # the perturbed path (it contains the plain one).
-  rows = hard_negatives.run(config, str(tmp_path))
+  hard_negatives.check_config(config)
+  rows = hard_negatives.train_and_evaluate(config, str(tmp_path))
   assert len(rows) == 2
-  by = {(r["mapping"], r["hard_fraction"]): r for r in rows}
+  by = {(r["map"], r["hard_fraction"]): r for r in rows}
   assert by[("free", 0.0)]["hard_share"] == 0.0
   assert by[("free", 1.0)]["hard_share"] == pytest.approx(1.0)
   assert "Augmented views" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.parametrize("module, config_module, field, value, message", [
+    (sphere, sphere_config, "maps", ("tau=0.1", "warm"), "config.maps: .*'warm'"),
+    (sphere, sphere_config, "settings", ("3:5:cross",), "config.settings: .*M <= d"),
+    (sphere, sphere_config, "eval_every", 7, "multiple of config.eval_every"),
+    (sphere, sphere_config, "optimizers", ("adam",), "config.optimizers"),
+    (hard_negatives, hard_negatives_config, "maps", ("tua=1",), "config.maps"),
+    (hard_negatives, hard_negatives_config, "hard_fractions", (0.5, 2.0),
+     "config.hard_fractions"),
+    (hard_negatives, hard_negatives_config, "dim", 10**9, "embedding values per seed"),
+    (learnable_vs_free, learnable_vs_free_config, "stuck.d", 4, "config.stuck.d must be >= 2"),
+    (learnable_vs_free, learnable_vs_free_config, "precision.maps", ("learnable",),
+     "config.precision.maps: the float64 reference"),
+    (learnable_vs_free, learnable_vs_free_config, "precision.every", 3, "multiple of"),
+])
+def test_study_configs_are_checked_before_any_work(module, config_module, field, value,
+                                                   message):
+  config = config_module.get_config()
+  *parents, name = field.split(".")
+  owner = config
+  for parent in parents:  # a nested field: `config["stuck.d"] = ...` is refused
+    owner = owner[parent]
+  owner[name] = value
+  with pytest.raises(plan.ConfigError, match=message):
+    module.check_config(config)

@@ -1,6 +1,6 @@
 """SupCon pretraining: `objectives.simclr.make_simclr_loss(..., supervised=form)` against NumPy
 transcriptions of both forms over the two views' rows, a learnable temperature's gradient, and
-`experiments/simclr.py` with `config.objective` end to end."""
+`experiments.simclr` with `config.objective` end to end."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import regenerate, simclr_trainer, tables
 from experiments import simclr as experiment
+from experiments.framework import plan, regenerate, tables
+from experiments.simclr import train as simclr_train
 from tests import test_simclr_experiment as simclr_tests
 from tfcl_jax import losses, mappings
 from tfcl_jax.objectives import simclr
@@ -49,7 +50,7 @@ def _augment(key, images):
 def _objective(views, labels, *, loss, form, params=None):
   loss = losses.as_loss(loss)
   loss_fn = simclr.make_simclr_loss(_Identity(), loss=loss, augment=_augment, supervised=form)
-  params = {"model": {}, "mapping": loss.params if params is None else params}
+  params = {"model": {}, "loss": loss.params if params is None else params}
   batch = {"image": jnp.asarray(views, jnp.float32), "label": jnp.asarray(labels, jnp.int32)}
   value, _ = loss_fn(params, {}, batch, jax.random.key(0), 0)
   return value
@@ -96,7 +97,7 @@ def test_distinct_labels_give_simclr(form):
   views, loss = _views(seed=1), losses.from_spec("tau=0.5")
   supervised = _objective(views, np.arange(len(LABELS)), loss=loss, form=form)
   loss_fn = simclr.make_simclr_loss(_Identity(), loss=loss, augment=_augment)
-  unsupervised, _ = loss_fn({"model": {}, "mapping": {}}, {},
+  unsupervised, _ = loss_fn({"model": {}, "loss": {}}, {},
                             {"image": jnp.asarray(views, jnp.float32)}, jax.random.key(0), 0)
   chex.assert_trees_all_close(supervised, unsupervised, rtol=1e-5)
 
@@ -145,17 +146,17 @@ COMMAND = ("python -m experiments.simclr --config=experiments/configs/supcon_dig
 ])
 def test_supcon_runs_write_a_table_that_regenerates(tmp_path, objective, title):
   command = COMMAND.format(objective=objective)
-  experiment.run_experiment(_tiny_config(objective=objective), str(tmp_path), command=command)
+  simclr_tests.run(_tiny_config(objective=objective), str(tmp_path), command=command)
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
-  assert [(row["mapping"], row["seed"]) for row in rows] == [("tau=0.1", "0"),
-                                                              ("learnable=0.2", "0")]
+  assert [(row["loss"], row["seed"]) for row in rows] == [("tau=0.1", "0"),
+                                                           ("learnable=0.2", "0")]
   assert all(0.1 < float(row["knn_top1"]) <= 1.0 for row in rows)  # above chance (10 classes)
   assert all(0.0 <= float(row["linear_top1"]) <= 1.0 for row in rows)
   assert float(rows[1]["final_t"]) != pytest.approx(np.log(1 / 0.2), abs=1e-6)  # trained
   markdown = (tmp_path / "results.md").read_text()
   assert markdown.startswith(title)
-  # What experiments.regenerate rebuilds from the CSV and the recorded command.
+  # What experiments.framework.regenerate rebuilds from the CSV and the recorded command.
   module, config = regenerate.config_of(regenerate.recorded_command(markdown))
   assert (module, config.objective) == ("experiments.simclr", objective)
   recorded = tables.typed(tables.read_csv(str(tmp_path / "results.csv")))
@@ -169,16 +170,16 @@ def test_supcon_runs_write_a_table_that_regenerates(tmp_path, objective, title):
 ])
 def test_bad_objective_raises_before_anything_is_written(tmp_path, overrides, message):
   workdir = tmp_path / "run"
-  with pytest.raises(experiment.ConfigError, match=message):
-    experiment.run_experiment(_tiny_config(**overrides), str(workdir))
+  with pytest.raises(plan.ConfigError, match=message):
+    simclr_tests.run(_tiny_config(**overrides), str(workdir))
   assert not workdir.exists()
 
 
 def test_supcon_trains_on_the_labelled_split():
   config = _tiny_config(dataset="stl10")  # STL-10 pretrains on train+unlabelled (label -1)
-  assert simclr_trainer.training_split(config) == "train"
+  assert simclr_train.training_split(config) == "train"
   config.objective = "simclr"
-  assert simclr_trainer.training_split(config) == "train+unlabelled"
+  assert simclr_train.training_split(config) == "train+unlabelled"
 
 
 def test_unknown_objective_is_one_line_and_exit_2(tmp_path):
@@ -188,7 +189,7 @@ def test_unknown_objective_is_one_line_and_exit_2(tmp_path):
        f"--workdir={tmp_path / 'run'}", "--config.objective=simclr2"],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 2, proc.stderr[-2000:]
-  assert proc.stderr.startswith("error: config.objective must be one of ('simclr', 'supcon', "
-                                "'supcon_ntxent'), got 'simclr2'.")
+  assert proc.stderr.startswith("error: config.objective must be one of 'simclr', 'supcon', "
+                                "'supcon_ntxent', got 'simclr2'.")
   assert len(proc.stderr.strip().splitlines()) == 1
   assert not (tmp_path / "run").exists()

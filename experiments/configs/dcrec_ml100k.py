@@ -22,7 +22,6 @@ def get_config(dataset: str = "ml-100k", data_dir: str = DEFAULT_DATA_DIR
   config.data_dir = data_dir
   # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): τ = 0.8 is DCRec's `cl_temp`.
   config.losses = "tau=0.8,free,tau=0.1,tau=0.5"
-  config.mappings = ""  # the former name of config.losses, still read (with a notice)
   config.seeds = 10
   config.seed_offset = 0
   # Preprocessing (RecBole, as DCRec's config): implicit feedback, leave-one-out.
@@ -51,4 +50,7 @@ def get_config(dataset: str = "ml-100k", data_dir: str = DEFAULT_DATA_DIR
   config.log_every = 50
   # Evaluation: pop100.
   config.num_negatives = 100
+  # Rerunning a command continues its workdir; False refuses a workdir that holds results.
+  config.resume = True
+  config.progress = True
   return config

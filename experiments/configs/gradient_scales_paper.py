@@ -2,7 +2,7 @@ r"""Gradient-scale figures of Sections 3-4 (Figures 2-5 and Eq. 10) and their si
 analogues, closed form vs autodiff.
 
 Run (seconds on 2 cores):
-  python -m experiments.gradient_scales --out=/tmp/gradient_scales
+  python -m experiments.gradient_scales --workdir=/tmp/gradient_scales
   python -m experiments.gradient_scales --config=experiments/configs/gradient_scales_paper.py \
     --workdir=/tmp/gradient_scales --config.figure4_tau=0.5
 """

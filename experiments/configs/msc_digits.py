@@ -1,10 +1,10 @@
 """MSC anomaly detection on scikit-learn's 8x8 digits: Table 4's protocol, small, on a CPU.
 
 Pretrains a small CNN without labels (SimCLR, `config.pretrain`), then MSC per normal digit for
-every mapping and seed. Run:
+every loss and seed. Run:
   python -m experiments.msc --config=experiments/configs/msc_digits.py --workdir=/tmp/msc_digits
 With an encoder of your own (a `tfcl_jax.training` run directory or `anomaly.save_variables`):
-  ... --config.init_checkpoint=/tmp/digits/runs/bs256/tau_0.1/seed0
+  ... --config.init_checkpoint=/tmp/digits/runs/tau_0.1/batch_size_256/seed0
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.recipe = ""  # augmentation recipe; "" = the dataset's (tfcl_jax.data.get_info)
   config.view_size = 0  # side of the views; 0 = the dataset's
   config.classes = "all"  # normal classes, one run each: "all" or e.g. "0,3,7"
-  # Comma-separated InfoNCE loss specs, i.e. mappings (`tfcl_jax.mappings.from_spec`).
+  # Comma-separated InfoNCE loss specs (`tfcl_jax.losses.from_spec`: a map each).
   config.losses = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"  # MSC's own: tau=0.25
-  config.mappings = ""  # the former name of config.losses, still read (with a notice)
   config.seeds = 3
 
   config.backbone = "small_cnn"
@@ -53,10 +52,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.resume = True
   config.progress = True
 
-  # Unlabelled pretraining of the encoder with experiments/simclr.py (one mapping, one seed).
-  # Dataset, backbone, width, recipe and view size are taken from the fields above.
+  # Unlabelled pretraining of the encoder with experiments.simclr (one loss, one seed).
+  # Dataset, backbone, width, recipe, view size, devices, resume and progress are taken from
+  # the fields above.
   pretrain = simclr_digits.get_config()
-  pretrain.losses = "tau=0.2"  # none of the compared mappings
+  pretrain.losses = "tau=0.2"  # none of the compared losses
   pretrain.seeds = 1
   pretrain.epochs = 30
   pretrain.probe_epochs = 0

@@ -5,7 +5,7 @@ Get the data (RecBole's wheel, which holds ML-100K's ratings, users and movies):
 
 The tutorial protocol (TensorFlow Recommenders' "Recommending movies: retrieval": ids only,
 32-wide embeddings, 80/20 random split with seed 42, Adagrad 0.1, batches of 8192, 3 epochs,
-summed loss, top-k accuracy against all movies), every objective, 10 seeds:
+summed loss, top-k accuracy against all movies), every loss, 10 seeds:
   python -m experiments.retrieval --config=experiments/configs/retrieval_ml100k.py \
     --workdir=DIR
 Feature towers (user demographics; title words, decade, genres), leave-last-out split, each
@@ -24,10 +24,10 @@ TAUS = (0.05, 0.1, 0.2, 0.5, 1)
 PRESETS = ("tutorial", "features")
 
 
-def objectives() -> str:
-  """Every objective of the tutorial protocol's table (`tfcl_jax.objectives.retrieval.
-  parse_spec`), after `popularity`, the untrained ranking by training counts; τ = 2 brackets
-  the best τ of the grid from above."""
+def tutorial_losses() -> str:
+  """Every loss of the tutorial protocol's table (loss specs, `tfcl_jax.losses.from_spec`),
+  after `popularity`, the untrained ranking by training counts; τ = 2 brackets the best τ of
+  the grid from above."""
   taus = [f"tau={t}" for t in (*TAUS, 2)]
   return ",".join([
       "popularity", "dot", *taus, "free", "learnable=0.07:100", "dynamic=0.1:0.2",
@@ -47,7 +47,7 @@ def get_config(preset: str = "tutorial") -> ml_collections.ConfigDict:
   # A folder (or RecBole wheel) with the ratings (`tfcl_jax.data.movielens`) and, for feature
   # towers, the users and movies files (`tfcl_jax.data.movielens_features`).
   config.data_dir = DEFAULT_DATA_DIR
-  config.losses = objectives()
+  config.losses = tutorial_losses()
   config.seeds = 10
   config.seed_offset = 0
   # Split: "random" (train_fraction of the ratings, one permutation of split_seed) or "last"
@@ -74,6 +74,9 @@ def get_config(preset: str = "tutorial") -> ml_collections.ConfigDict:
   config.reduction = "sum"
   config.num_devices = 1
   config.log_every = 1
+  # Rerunning a command continues its workdir; False refuses a workdir that holds results.
+  config.resume = True
+  config.progress = True
   if preset == "features":
     config.split = "last"
     config.exclude_seen = True

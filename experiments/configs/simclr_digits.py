@@ -1,4 +1,4 @@
-"""SimCLR on scikit-learn's 8x8 digits: 5 mappings x 3 seeds on a CPU in minutes (Table 2, small).
+"""SimCLR on scikit-learn's 8x8 digits: 5 losses x 3 seeds on a CPU in minutes (Table 2, small).
 
 Run:
   python -m experiments.simclr --config=experiments/configs/simclr_digits.py --workdir=/tmp/digits
@@ -22,10 +22,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data_dir = ""  # TFDS data directory; "" = TFDS's default (digits needs none)
   config.recipe = ""  # augmentation recipe; "" = the dataset's (tfcl_jax.data.get_info)
   config.view_size = 0  # side of the views; 0 = the dataset's
-  # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): a mapping for InfoNCE (NT-Xent),
-  # or sigmoid/<mapping>[/b=<init> | /learn_b=<init>] for the sigmoid loss.
+  # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): a map for InfoNCE (NT-Xent),
+  # or sigmoid/<map>[/b=<init> | /learn_b=<init>] for the sigmoid loss.
   config.losses = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"
-  config.mappings = ""  # the former name of config.losses, still read (with a notice)
   config.seeds = 3
   config.negatives = "all"  # SimCLR's NT-Xent candidates (2N - 2 negatives)
 
@@ -45,7 +44,6 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.n_batch_sizes = "64,128,256,512"
   config.n_losses = "tau=0.1,free"
-  config.n_mappings = ""  # the former name of config.n_losses, still read (with a notice)
 
   config.knn_k = 200
   config.knn_tau = 0.1

@@ -2,7 +2,7 @@
 
 Run:
   python -m experiments.simclr --config=experiments/configs/simclr_mnist1d.py --workdir=/tmp/m1d
-The mappings of the evidence sweep (5 seeds):
+The losses of the evidence sweep (5 seeds):
   python -m experiments.simclr --config=experiments/configs/simclr_mnist1d.py --workdir=/tmp/m1d \
     --config.losses=tau=0.05,tau=0.1,tau=0.25,tau=0.5,tau=1,free,learnable,dynamic=0.1:0.2 \
     --config.seeds=5

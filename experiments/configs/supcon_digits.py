@@ -4,7 +4,7 @@ recommended temperature.
 
 Run (form supcon, Khosla et al.'s L_out):
   python -m experiments.simclr --config=experiments/configs/supcon_digits.py --workdir=/tmp/sd
-The mappings of the committed tables (5 seeds), form supcon and form ntxent:
+The losses of the committed tables (5 seeds), form supcon and form ntxent:
   python -m experiments.simclr --config=experiments/configs/supcon_digits.py \
     --workdir=/tmp/supcon_digits \
     --config.losses=tau=0.05,tau=0.1,tau=0.5,tau=1,free,learnable --config.seeds=5

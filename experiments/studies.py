@@ -1,7 +1,7 @@
 """What the temperature studies on the sphere share: the InfoNCE they minimise and one step.
 
-The studies (`sphere.py`, `hard_negatives.py`, `learnable_vs_free.py`) run with the shared
-command line (`experiments.cli`) and write with the shared results writer (`experiments.tables`).
+The studies (`sphere.py`, `hard_negatives.py`, `learnable_vs_free.py`) vary the map of
+InfoNCE (`config.maps`: `tfcl_jax.mappings.from_spec` specs) on free unit vectors.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from tfcl_jax import langevin, losses
 
 
 def mean_loss(z1, z2, logits_fn, negatives: str) -> jax.Array:
-  """InfoNCE per anchor: symmetric over the two views for `cross`, NT-Xent for `all`."""
-  kwargs = dict(mapping=logits_fn, negatives=negatives)
-  if negatives == "cross":
-    return 0.5 * (losses.info_nce(z1, z2, **kwargs) + losses.info_nce(z2, z1, **kwargs))
-  return losses.info_nce(z1, z2, **kwargs)
+  """InfoNCE per anchor: symmetric over the two views for `cross` (both directions averaged),
+  NT-Xent for `all`."""
+  return losses.info_nce(z1, z2, mapping=logits_fn, negatives=negatives,
+                         symmetric=negatives == "cross")
 
 
 def sphere_step(loss_fn: Callable, views, params, *, lr: float, t_lr: float, scale: float = 1.0,
@@ -26,7 +25,7 @@ def sphere_step(loss_fn: Callable, views, params, *, lr: float, t_lr: float, sca
   """One joint step of the studies: Langevin/SGD on the sphere for `views`, SGD for `params`.
 
   `loss_fn(views, params) -> scalar`; the views move along `scale *` their gradient
-  (`scale = M` turns a mean loss into the summed potential), the mapping parameters
+  (`scale = M` turns a mean loss into the summed potential), the map's parameters
   (learnable t) along `t_lr *` theirs. Returns `(loss, views, params, gradients)`.
   """
   loss, (view_grads, param_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(views, params)

@@ -2,13 +2,13 @@ r"""The committed result tables rebuilt from their CSVs: `experiments/results/NA
 the experiment's `results_markdown` makes of `NAME.csv`, followed by an optional `## Notes`
 section written by hand (facts about the numbers that the CSV does not hold).
 
-Each table records the command that made it; the experiment, its config (the config file with
-the command's `--config.FIELD=VALUE` overrides) and the command text come from there. A probe
-table (`experiments.grace_probe`) is rebuilt with its sweep's CSV (`NAME_splits.csv` beside
-`NAME.csv`).
+Each table records the command that made it; the experiment, its config (the config file, or
+the experiment's `DEFAULT_CONFIG`, with the command's `--config.FIELD=VALUE` overrides) and the
+command text come from there. A probe table (`experiments.grace.probe`) is rebuilt with its
+sweep's CSV (`NAME_splits.csv` beside `NAME.csv`).
 
-Run: python -m experiments.regenerate            (rewrites every table's generated part)
-     python -m experiments.regenerate --check    (exit 1 naming each table that differs)
+Run: python -m experiments.framework.regenerate            (rewrites every table's generated part)
+     python -m experiments.framework.regenerate --check    (exit 1 naming each table that differs)
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ import sys
 
 import ml_collections
 
-from experiments import cli, tables
+from experiments.framework import cli, tables
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+_EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(_EXPERIMENTS)
+RESULTS = os.path.join(_EXPERIMENTS, "results")
 NOTES_HEADING = "\n## Notes\n"
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBE = "experiments.grace.probe"
 
 
 def recorded_command(markdown: str) -> str:
@@ -54,7 +56,7 @@ def _value(text: str, current):
 
 def config_of(command: str) -> tuple[str, ml_collections.ConfigDict]:
   """`(module, config)` of an experiment command: its `-m` module, and the config file (or the
-  module's default) with the command's overrides."""
+  module's `DEFAULT_CONFIG`) with the command's overrides."""
   args = shlex.split(command)
   if args[:3] != ["python", "-m", args[2]] or not args[2].startswith("experiments."):
     raise ValueError(f"not an experiment command: {command!r}")
@@ -62,7 +64,7 @@ def config_of(command: str) -> tuple[str, ml_collections.ConfigDict]:
   options = dict(arg[2:].split("=", 1) for arg in args[3:] if arg.startswith("--") and "=" in arg)
   path = options.get("config") or getattr(importlib.import_module(module), "DEFAULT_CONFIG", None)
   if path is None:
-    return module, ml_collections.ConfigDict()
+    raise ValueError(f"{command!r} names no --config and {module} has no DEFAULT_CONFIG.")
   config = cli.load_config(os.path.join(_ROOT, path))
   for name, text in options.items():
     if name.startswith("config."):
@@ -78,15 +80,14 @@ def generate(name: str) -> str:
   rows = tables.typed(tables.read_csv(os.path.join(RESULTS, name + ".csv")))
   if not rows:
     raise ValueError(f"{name}.csv holds no rows.")
-  if "experiments.grace_probe" in command:
-    from experiments import grace_probe  # noqa: PLC0415
-
+  if PROBE in command:
+    probe = importlib.import_module(PROBE)
     sweep = name[:-len("_splits")]
     with open(os.path.join(RESULTS, sweep + ".md")) as f:
       _, sweep_config = config_of(recorded_command(f.read()))
     recorded = tables.typed(tables.read_csv(os.path.join(RESULTS, sweep + ".csv")))
-    return grace_probe.results_markdown(rows, command=command, recorded=recorded,
-                                        val_ratio=sweep_config.val_ratio)
+    return probe.results_markdown(rows, command=command, recorded=recorded,
+                                  val_ratio=sweep_config.val_ratio)
   module, config = config_of(command)
   return importlib.import_module(module).results_markdown(rows, config, command)
 
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
   if args.check:
     differ = [name for name in names if not check(name)]
     for name in differ:
-      print(f"{name}.md differs from what its CSV gives (python -m experiments.regenerate {name})")
+      print(f"{name}.md differs from what its CSV gives "
+            f"(python -m experiments.framework.regenerate {name})")
     sys.exit(1 if differ else 0)
   for name in names:
     rewrite(name)

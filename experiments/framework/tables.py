@@ -1,93 +1,40 @@
 """The one results writer of every experiment: `results.csv`, `results.md` and PNG figures.
 
 Every experiment ends with `write_results(workdir, rows, markdown=..., figures=...)`; the
-command line (`experiments.cli`) then prints `results.md` and the files written. The helpers
-below build the Markdown every table shares: plain tables, mean (std) cells and differences
-paired by seed.
+command line (`experiments.framework.cli`) then prints `results.md` and the files written. The
+helpers below build the Markdown every table shares: plain tables, mean (std) cells and
+differences paired by seed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import errno
 import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import IO
 
 import numpy as np
 
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  #: errnos of a full disk or quota
+from experiments.framework import plan
+from tfcl_jax.training import files
 
 
-class DiskFullError(OSError):
-  """A results file could not be written for lack of space; its earlier version is intact.
-  `filename` is the file's path (not its temporary one)."""
-
-  def __str__(self) -> str:
-    return (f"no space left to write {self.filename} ({os.strerror(self.errno)}); the files "
-            "written before are intact: free space and rerun the same command to resume.")
-
-
-@contextlib.contextmanager
-def atomic_open(path: str, mode: str = "w", **kwargs) -> Iterator:
-  """`open(path, mode)` that replaces `path` only once the whole file is on disk.
-
-  The file is written to a temporary file in the same folder, flushed, synced and
-  `os.replace`d over `path`, so a kill or an error mid-write leaves the earlier `path` (or
-  none), never a partial one that a rerun would read as finished.
+def atomic_figure(draw: Callable[[IO[bytes]], None], path: str) -> None:
+  """`draw(file)` into an open binary file that replaces `path` only once the figure is whole
+  (`tfcl_jax.training.files.atomic_open`); matplotlib's `savefig` writes the format of
+  `path`'s extension (`.png`, `.pdf`, ...).
 
   Raises:
-    DiskFullError: the disk or quota is full (`ENOSPC`, `EDQUOT`); names `path`.
-
-  Examples:
-    >>> import os, tempfile
-    >>> from experiments import tables
-    >>> path = os.path.join(tempfile.mkdtemp(), "result.json")
-    >>> with tables.atomic_open(path) as f:
-    ...   _ = f.write("{}")
-    >>> open(path).read()
-    '{}'
+    tfcl_jax.training.files.DiskFull: the disk or quota is full, naming `path`.
   """
-  folder, name = os.path.split(os.path.abspath(path))
-  temporary = os.path.join(folder, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-  # Not tempfile.mkstemp: its 0600 would outlive the replace; 0666 & ~umask is open()'s.
-  try:
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-  except OSError as error:
-    if error.errno in DISK_FULL:
-      raise DiskFullError(error.errno, os.strerror(error.errno), path) from error
-    raise
-  try:
-    with os.fdopen(handle, mode, **kwargs) as file:
-      yield file
-      file.flush()
-      os.fsync(file.fileno())
-    os.replace(temporary, path)
-  except BaseException as error:
-    with contextlib.suppress(OSError):
-      os.remove(temporary)
-    if isinstance(error, OSError) and error.errno in DISK_FULL:
-      raise DiskFullError(error.errno, os.strerror(error.errno), path) from error
-    raise
+  import matplotlib  # noqa: PLC0415  (the `experiments` extra)
 
-
-def atomic_figure(draw: Callable[[str], None], path: str) -> None:
-  """`draw(path)` through a temporary file of the same extension, `os.replace`d over `path`."""
-  folder, name = os.path.split(os.path.abspath(path))
-  temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp{os.path.splitext(name)[1]}")
-  try:
-    draw(temporary)
-    if os.path.exists(temporary):
-      os.replace(temporary, path)
-  except BaseException as error:
-    with contextlib.suppress(OSError):
-      os.remove(temporary)
-    if isinstance(error, OSError) and error.errno in DISK_FULL:
-      raise DiskFullError(error.errno, os.strerror(error.errno), path) from error
-    raise
+  extension = os.path.splitext(path)[1].lstrip(".") or "png"
+  with matplotlib.rc_context({"savefig.format": extension}), files.atomic_open(path, "wb") as f:
+    draw(f)
 
 
 def write_results(
@@ -101,8 +48,8 @@ def write_results(
 ) -> None:
   """Writes `workdir/<name>.csv` (one line per row), `workdir/<name>.md`, then the figures.
 
-  Each file replaces the earlier one only once it is whole (`atomic_open`), so a kill or a
-  full disk mid-write leaves the earlier tables. Only process 0 of a multi-process job writes.
+  Each file replaces the earlier one only once it is whole (`files.atomic_open`), so a kill or
+  a full disk mid-write leaves the earlier tables. Only process 0 of a multi-process job writes.
   `columns` orders the CSV (missing values empty,
   other keys dropped); by default the keys of every row in first-seen order. Each figure is
   `figure(workdir)`; they run after the tables so that a plotting error loses no result.
@@ -119,11 +66,11 @@ def write_results(
   os.makedirs(workdir, exist_ok=True)
   if columns is None:
     columns = list(dict.fromkeys(key for row in rows for key in row))
-  with atomic_open(os.path.join(workdir, name + ".csv"), "w", newline="") as file:
+  with files.atomic_open(os.path.join(workdir, name + ".csv"), "w", newline="") as file:
     writer = csv.DictWriter(file, list(columns), restval="", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-  with atomic_open(os.path.join(workdir, name + ".md"), "w") as file:
+  with files.atomic_open(os.path.join(workdir, name + ".md"), "w") as file:
     file.write(markdown.rstrip() + "\n")
   for figure in figures:
     figure(workdir)
@@ -133,13 +80,13 @@ def writer(workdir: str, *, markdown: Callable[[list[dict]], str],
            columns: Sequence[str] | None = None,
            figures: dict[str, Callable[[str, list[dict]], None]] | None = None,
            name: str = "results") -> Callable[[list[dict]], None]:
-  """`write_tables(rows)` for `runner.run_all`: `write_results` with `markdown(rows)` and each
-  figure `figures[file](path, rows)` drawn to `workdir/file` (through a temporary file of the
-  same extension, `atomic_figure`)."""
+  """`write_tables(rows)` for `sweep.run_all`: `write_results` with `markdown(rows)` and each
+  figure `figures[name](file, rows)` drawn to `workdir/name` (whole or not at all,
+  `atomic_figure`)."""
   def write(rows: list[dict]) -> None:
-    drawn = [lambda folder, file=file, draw=draw: atomic_figure(
-                 lambda path: draw(path, rows), os.path.join(folder, file))
-             for file, draw in (figures or {}).items()]
+    drawn = [lambda folder, name=name, draw=draw: atomic_figure(
+                 lambda file: draw(file, rows), os.path.join(folder, name))
+             for name, draw in (figures or {}).items()]
     write_results(workdir, rows, markdown=markdown(rows), columns=columns, figures=drawn,
                   name=name)
 
@@ -150,33 +97,31 @@ def sweep_writer(workdir: str, config, *, columns: Sequence[str],
                  markdown: Callable[..., str], plots: dict[str, Callable[..., None]],
                  command: str) -> Callable[[list[dict]], None]:
   """`writer` for an experiment whose table is `markdown(rows, config, command)` (its
-  `results_markdown`, which `experiments.regenerate` also calls) and whose figures are
-  `plots[file](path, rows, config)`."""
+  `results_markdown`, which `experiments.framework.regenerate` also calls) and whose figures are
+  `plots[name](file, rows, config)`."""
   return writer(
       workdir, columns=columns, markdown=lambda rows: markdown(rows, config, command),
-      figures={file: lambda path, rows, draw=draw: draw(path, rows, config)
-               for file, draw in plots.items()})
+      figures={name: lambda file, rows, draw=draw: draw(file, rows, config)
+               for name, draw in plots.items()})
 
 
 def sweep_markdown(table: Callable[..., str], *, example: str) -> Callable[..., str]:
   """`results_markdown(rows, config, command)` of a specs × seeds sweep whose table is
   `table(rows, specs, dataset=..., command=..., epochs=...)` (specs in `config.losses` order)."""
-  from experiments import runner  # noqa: PLC0415
 
   def results_markdown(rows: list[dict], config, command: str) -> str:
-    return table(rows, runner.loss_specs(config, example=example), dataset=config.dataset,
+    return table(rows, plan.loss_specs(config, example=example), dataset=config.dataset,
                  command=command, epochs=config.epochs)
 
   return results_markdown
 
 
 def sweep_plot(draw: Callable[..., None], *, example: str) -> Callable[..., None]:
-  """`plot(path, rows, config)` of a specs × seeds sweep whose figure is
-  `draw(path, rows, specs, dataset=...)`."""
-  from experiments import runner  # noqa: PLC0415
+  """`plot(file, rows, config)` of a specs × seeds sweep whose figure is
+  `draw(file, rows, specs, dataset=...)`."""
 
-  def plot(path: str, rows: list[dict], config) -> None:
-    draw(path, rows, runner.loss_specs(config, example=example), dataset=config.dataset)
+  def plot(file, rows: list[dict], config) -> None:
+    draw(file, rows, plan.loss_specs(config, example=example), dataset=config.dataset)
 
   return plot
 
@@ -229,7 +174,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def paired_differences(rows: Sequence[dict], names: Sequence[str], *, metric: str,
-                       reference: str = "free", key: str = "mapping",
+                       reference: str = "free", key: str = "loss",
                        scale: float = 100.0) -> list[dict]:
   """`reference` minus each other name in `metric` (times `scale`), paired by seed.
 
@@ -264,27 +209,35 @@ def paired_differences(rows: Sequence[dict], names: Sequence[str], *, metric: st
 def paired_markdown(paired: Sequence[dict], *, caption: str, digits: int = 2,
                     reference: str = "free") -> list[str]:
   """Markdown lines of `paired_differences`' rows under `caption` (none for no rows): one
-  line per mapping with the seeds, `reference − mapping` (s.e.), the paired t-test p and the
+  line per loss with the seeds, `reference − loss` (s.e.), the paired t-test p and the
   reference's wins."""
   if not paired:
     return []
-  lines = ["", caption, "", f"| mapping | seeds | {reference} − mapping (s.e.) | paired t-test p "
+  lines = ["", caption, "", f"| loss | seeds | {reference} − loss (s.e.) | paired t-test p "
            f"| seeds {reference} wins |", "|---|---|---|---|---|"]
   for row in paired:
-    lines.append(f"| {row['mapping']} | {row['seeds']} | {row['mean']:+.{digits}f} "
+    lines.append(f"| {row['loss']} | {row['seeds']} | {row['mean']:+.{digits}f} "
                  f"({row['sem']:.{digits}f}) | {row['p_value']:.2g} | "
                  f"{row['wins']}/{row['seeds']} |")
   return lines
 
 
 def command_line() -> str:
-  """The command that is running, as `python -m module args` when run with `-m`."""
+  """The command that is running, as `python -m module args` when run with `-m` (a package's
+  name for its `__main__`)."""
   argv = list(sys.argv)
-  main = sys.modules.get("__main__")
-  spec = getattr(main, "__spec__", None)
-  if spec is not None and spec.name:
-    return "python -m " + " ".join([spec.name] + [shlex.quote(a) for a in argv[1:]])
+  module = main_module()
+  if module:
+    return "python -m " + " ".join([module] + [shlex.quote(a) for a in argv[1:]])
   return "python " + " ".join(shlex.quote(a) for a in argv)
+
+
+def main_module() -> str | None:
+  """The module `python -m` runs (`experiments.simclr` for its `__main__.py`), or None."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is None or not spec.name:
+    return None
+  return spec.name.removesuffix(".__main__")
 
 
 def study_markdown(rows: Sequence[dict], *, title: str,

@@ -1,6 +1,6 @@
-"""Tables and plots of `experiments/simclr.py` (SimCLR or SupCon): Table 2 (kNN top-1 mean +- std
-per mapping), the N-sensitivity table, training curves and geometry (alignment/uniformity) per
-mapping.
+"""Tables and plots of `experiments.simclr` (SimCLR or SupCon): Table 2 (kNN top-1 mean +- std
+per loss), the N-sensitivity table, training curves and geometry (alignment/uniformity) per
+loss.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import tables  # noqa: E402
-from tfcl_jax.training import loop  # noqa: E402
+from experiments.framework import tables  # noqa: E402
+from tfcl_jax.training import outputs  # noqa: E402
 
-COLUMNS = ("mapping", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss", "final_t",
+COLUMNS = ("loss", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss", "final_t",
            "steps", "final_bias")
 
 
@@ -45,7 +45,7 @@ def write(results: list[dict], workdir: str, *, config, command: str, run_dirs: 
 
 def results_markdown(rows: list[dict], config, command: str) -> str:
   """`results.md` of `rows` made with `config` by `command`: Table 2 (or the N table) and the
-  kNN during training; what a sweep writes and what `experiments.regenerate` rebuilds from
+  kNN during training; what a sweep writes and what `experiments.framework.regenerate` rebuilds from
   `results.csv`."""
   sweep = config.mode != "n_sensitivity"
   name = f"{OBJECTIVE_TITLES[config.objective]} on {config.dataset}"
@@ -70,7 +70,7 @@ def _mean_std(values) -> str:
 
 
 def _paired_cell(row: dict) -> str:
-  """`free − mapping` in points, paired by seed: mean (s.e.), p and free's wins."""
+  """`free − loss` in points, paired by seed: mean (s.e.), p and free's wins."""
   if row["seeds"] < 2:
     return f"{row['mean']:+.2f}"
   return (f"{row['mean']:+.2f} ({row['sem']:.2f}), p = {row['p_value']:.2g}, "
@@ -78,29 +78,29 @@ def _paired_cell(row: dict) -> str:
 
 
 def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> str:
-  """A Markdown table shaped like the paper's Table 2: kNN and linear top-1 per mapping and,
-  with a `free` row, `free − mapping` paired by seed; plus best against worst, paired.
+  """A Markdown table shaped like the paper's Table 2: kNN and linear top-1 per loss and,
+  with a `free` row, `free − loss` paired by seed; plus best against worst, paired.
 
-  A seed fixes the initialisation, the views and the data order of every mapping's run, so
+  A seed fixes the initialisation, the views and the data order of every loss's run, so
   per-seed differences (paired t-test, `tables.paired_differences`) cancel that noise.
   """
-  groups = _groups(results, lambda row: row["mapping"])
+  groups = _groups(results, lambda row: row["loss"])
   has_probe = all("linear_top1" in row for row in results)
   against_free = "free" in groups and len(groups) > 1
-  paired = ({row["mapping"]: row for row in tables.paired_differences(
+  paired = ({row["loss"]: row for row in tables.paired_differences(
       results, list(groups), metric="knn_top1")} if against_free else {})
-  header = ("| mapping | kNN top-1 (%) | " + ("linear top-1 (%) | " if has_probe else "")
-            + ("kNN: free − mapping, paired by seed (s.e.), p, free wins | "
+  header = ("| loss | kNN top-1 (%) | " + ("linear top-1 (%) | " if has_probe else "")
+            + ("kNN: free − loss, paired by seed (s.e.), p, free wins | "
                if against_free else "") + "seeds |")
   lines = [header, "|---|---|" + ("---|" if has_probe else "") + ("---|" if against_free else "")
            + "---|"]
-  for mapping, rows in groups.items():
+  for spec, rows in groups.items():
     knn_values = [r["knn_top1"] for r in rows]
-    cells = [mapping, _mean_std(knn_values)]
+    cells = [spec, _mean_std(knn_values)]
     if has_probe:
       cells.append(_mean_std([r["linear_top1"] for r in rows]))
     if against_free:
-      cells.append(_paired_cell(paired[mapping]) if mapping in paired else "")
+      cells.append(_paired_cell(paired[spec]) if spec in paired else "")
     lines.append("| " + " | ".join(cells + [str(len(rows))]) + " |")
   lines.append("")
   lines.append(f"Mean ± sample std over seeds; kNN: k = {knn_k}, τ_kNN = {knn_tau:g} on backbone "
@@ -120,9 +120,9 @@ def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> st
 
 
 def training_table(results: list[dict], *, columns: int = 6) -> str:
-  """kNN top-1 during training: the mean over seeds of each mapping's curve
+  """kNN top-1 during training: the mean over seeds of each loss's curve
   (`knn_top1@<step>` of its results) at up to `columns` evaluation steps spread evenly to the
-  last, with `free − mapping` paired by seed at the first and last of them; "" when the runs
+  last, with `free − loss` paired by seed at the first and last of them; "" when the runs
   logged fewer than two evaluations.
 
   It tells a gap that closes with training (a slower start) from one that stays.
@@ -140,57 +140,57 @@ def training_table(results: list[dict], *, columns: int = 6) -> str:
     return ""
   steps = [common[int(i)] for i in
            dict.fromkeys(np.linspace(0, len(common) - 1, min(columns, len(common))).round())]
-  groups = _groups(rows, lambda row: row[0]["mapping"])
+  groups = _groups(rows, lambda row: row[0]["loss"])
   ends = (steps[0], steps[-1]) if "free" in groups else ()
-  paired = {step: {row["mapping"]: row for row in tables.paired_differences(
+  paired = {step: {row["loss"]: row for row in tables.paired_differences(
       [{**result, "knn_top1": curve[step]} for result, curve in rows], list(groups),
       metric="knn_top1")} for step in ends}
   lines = ["", "kNN top-1 (%) during training, mean over seeds at each evaluation step"
-           + (" (free − mapping paired by seed at the first and last):" if ends else ":"), "",
-           "| mapping | " + " | ".join(f"step {step:g}" for step in steps)
-           + "".join(f" | free − mapping, step {step:g}" for step in ends) + " |",
+           + (" (free − loss paired by seed at the first and last):" if ends else ":"), "",
+           "| loss | " + " | ".join(f"step {step:g}" for step in steps)
+           + "".join(f" | free − loss, step {step:g}" for step in ends) + " |",
            "|---|" + "---|" * (len(steps) + len(ends))]
-  for mapping, members in groups.items():
+  for spec, members in groups.items():
     cells = [f"{100 * np.mean([curve[step] for _, curve in members]):.2f}" for step in steps]
-    cells += [_paired_cell(paired[step][mapping]) if mapping in paired[step] else ""
+    cells += [_paired_cell(paired[step][spec]) if spec in paired[step] else ""
               for step in ends]
-    lines.append(f"| {mapping} | " + " | ".join(cells) + " |")
+    lines.append(f"| {spec} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
 def n_table(results: list[dict]) -> str:
-  """kNN top-1 per mapping (rows) and batch size N (columns); with `free`, a row of
-  `free − mapping` paired by seed at each N for every other mapping."""
+  """kNN top-1 per loss (rows) and batch size N (columns); with `free`, a row of
+  `free − loss` paired by seed at each N for every other loss."""
   sizes = sorted({row["batch_size"] for row in results})
-  groups = _groups(results, lambda row: (row["mapping"], row["batch_size"]))
-  mapping_names = list(dict.fromkeys(row["mapping"] for row in results))
-  lines = ["| mapping | " + " | ".join(f"N = {n}" for n in sizes) + " | spread (max - min) |",
+  groups = _groups(results, lambda row: (row["loss"], row["batch_size"]))
+  specs = list(dict.fromkeys(row["loss"] for row in results))
+  lines = ["| loss | " + " | ".join(f"N = {n}" for n in sizes) + " | spread (max - min) |",
            "|---|" + "---|" * (len(sizes) + 1)]
-  for mapping in mapping_names:
-    means = [np.mean([r["knn_top1"] for r in groups[(mapping, n)]]) for n in sizes
-             if (mapping, n) in groups]
-    cells = [_mean_std([r["knn_top1"] for r in groups[(mapping, n)]]) if (mapping, n) in groups
+  for spec in specs:
+    means = [np.mean([r["knn_top1"] for r in groups[(spec, n)]]) for n in sizes
+             if (spec, n) in groups]
+    cells = [_mean_std([r["knn_top1"] for r in groups[(spec, n)]]) if (spec, n) in groups
              else "-" for n in sizes]
     spread = 100 * (max(means) - min(means)) if means else float("nan")
-    lines.append(f"| {mapping} | " + " | ".join(cells) + f" | {spread:.2f} |")
-  if "free" in mapping_names:
-    for mapping in mapping_names:
-      if mapping == "free":
+    lines.append(f"| {spec} | " + " | ".join(cells) + f" | {spread:.2f} |")
+  if "free" in specs:
+    for spec in specs:
+      if spec == "free":
         continue
       cells = []
       for n in sizes:
         paired = tables.paired_differences(
-            [r for r in results if r["batch_size"] == n], ["free", mapping], metric="knn_top1")
+            [r for r in results if r["batch_size"] == n], ["free", spec], metric="knn_top1")
         cells.append(f"{paired[0]['mean']:+.2f} ({paired[0]['p_value']:.2g}, "
                      f"{paired[0]['wins']}/{paired[0]['seeds']})" if paired else "-")
-      lines.append(f"| free − {mapping}, paired (p, free wins) | " + " | ".join(cells) + " | |")
+      lines.append(f"| free − {spec}, paired (p, free wins) | " + " | ".join(cells) + " | |")
   lines.append("")
   lines.append("kNN top-1 (%), mean ± std over seeds; same epochs at every N, lr scaled by N/256.")
   return "\n".join(lines) + "\n"
 
 
 def _mean_curve(run_dirs, file_name, column):
-  curves = [loop.read_csv(os.path.join(d, file_name)) for d in run_dirs]
+  curves = [outputs.read_csv(os.path.join(d, file_name)) for d in run_dirs]
   curves = [c for c in curves if column in c]
   if not curves:
     return None, None
@@ -202,15 +202,15 @@ def write_plots(results: list[dict], workdir: str, *, mode: str, run_dirs: list[
   """accuracy.png (or n_sensitivity.png), curves.png, geometry.png in `workdir`."""
   dirs_by_key = _groups(
       [{"dir": d, **r} for d, r in zip(run_dirs, results, strict=True)],
-      lambda row: (row["mapping"], row["batch_size"]))
-  mapping_names = list(dict.fromkeys(row["mapping"] for row in results))
+      lambda row: (row["loss"], row["batch_size"]))
+  specs = list(dict.fromkeys(row["loss"] for row in results))
   if mode == "n_sensitivity":
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for mapping in mapping_names:
-      sizes = sorted(n for m, n in dirs_by_key if m == mapping)
-      values = [[r["knn_top1"] * 100 for r in dirs_by_key[(mapping, n)]] for n in sizes]
+    for spec in specs:
+      sizes = sorted(n for m, n in dirs_by_key if m == spec)
+      values = [[r["knn_top1"] * 100 for r in dirs_by_key[(spec, n)]] for n in sizes]
       ax.errorbar(sizes, [np.mean(v) for v in values], [np.std(v) for v in values], marker="o",
-                  capsize=3, label=mapping)
+                  capsize=3, label=spec)
     ax.set(xscale="log", xlabel="batch size N", ylabel="kNN top-1 (%)")
     ax.minorticks_off()
     ax.set_xticks(sorted({n for _, n in dirs_by_key}), labels=sorted({n for _, n in dirs_by_key}))
@@ -220,29 +220,29 @@ def write_plots(results: list[dict], workdir: str, *, mode: str, run_dirs: list[
     plt.close(fig)
   else:
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for index, mapping in enumerate(mapping_names):
-      values = [r["knn_top1"] * 100 for r in results if r["mapping"] == mapping]
+    for index, spec in enumerate(specs):
+      values = [r["knn_top1"] * 100 for r in results if r["loss"] == spec]
       ax.bar(index, np.mean(values), yerr=np.std(values), capsize=4, color=f"C{index}", alpha=0.6)
       ax.plot([index] * len(values), values, "k.", ms=4)
-    ax.set_xticks(range(len(mapping_names)), labels=mapping_names, rotation=20)
+    ax.set_xticks(range(len(specs)), labels=specs, rotation=20)
     ax.set_ylabel("kNN top-1 (%)")
     lows = [r["knn_top1"] * 100 for r in results]
     ax.set_ylim(max(0, min(lows) - 5), min(100, max(lows) + 3))
     fig.tight_layout()
     fig.savefig(os.path.join(workdir, "accuracy.png"), dpi=120)
     plt.close(fig)
-  panels = [(loop.METRICS_FILE, "loss"), (loop.METRICS_FILE, "grad_norm"),
-            (loop.METRICS_FILE, "pos_cos"), (loop.METRICS_FILE, "neg_cos")]
-  geometry_panels = [(loop.EVAL_FILE, "knn_top1"), (loop.EVAL_FILE, "alignment"),
-                     (loop.EVAL_FILE, "uniformity")]
+  panels = [(outputs.METRICS_FILE, "loss"), (outputs.METRICS_FILE, "grad_norm"),
+            (outputs.METRICS_FILE, "pos_cos"), (outputs.METRICS_FILE, "neg_cos")]
+  geometry_panels = [(outputs.EVAL_FILE, "knn_top1"), (outputs.EVAL_FILE, "alignment"),
+                     (outputs.EVAL_FILE, "uniformity")]
   for name, chosen in (("curves.png", panels), ("geometry.png", geometry_panels)):
     fig, axes = plt.subplots(1, len(chosen), figsize=(4 * len(chosen), 3.2))
     for ax, (file_name, column) in zip(axes, chosen, strict=True):
-      for (mapping, batch_size), rows in dirs_by_key.items():
+      for (spec, batch_size), rows in dirs_by_key.items():
         steps, curve = _mean_curve([r["dir"] for r in rows], file_name, column)
         if steps is not None:
-          label = mapping if mode == "sweep" else f"{mapping} N={batch_size}"
-          ax.plot(steps, curve, label=label, marker="." if file_name == loop.EVAL_FILE else None)
+          label = spec if mode == "sweep" else f"{spec} N={batch_size}"
+          ax.plot(steps, curve, label=label, marker="." if file_name == outputs.EVAL_FILE else None)
       ax.set(xlabel="step", title=column + (" ||dL/dW||" if column == "grad_norm" else ""))
       if column == "grad_norm":
         ax.set_yscale("log")

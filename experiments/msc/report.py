@@ -1,4 +1,4 @@
-"""Tables and plot of `experiments/msc.py`: ROC-AUC per normal class and mapping, Table 4 layout."""
+"""Tables and plot of `experiments.msc`: ROC-AUC per normal class and loss, Table 4 layout."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import tables  # noqa: E402
+from experiments.framework import tables  # noqa: E402
 
-COLUMNS = ("mapping", "seed", "class", "roc_auc", "roc_auc_pretrained", "final_loss",
+COLUMNS = ("loss", "seed", "class", "roc_auc", "roc_auc_pretrained", "final_loss",
            "final_center_cos", "num_normal_train", "steps")
 CLASS_NAMES = {
     "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
@@ -37,26 +37,26 @@ def _table_rows(results: list[dict]) -> dict[str, dict[int, list[float]]]:
       rows[PRETRAINED][result["class"]].append(result["roc_auc_pretrained"])
       pretrained_seen.add(result["class"])
   for result in results:
-    rows[result["mapping"]][result["class"]].append(result["roc_auc"])
+    rows[result["loss"]][result["class"]].append(result["roc_auc"])
   return rows
 
 
 def table4(results: list[dict], *, dataset: str) -> str:
-  """Markdown: one row per mapping, one column per normal class, and the mean over classes.
+  """Markdown: one row per loss, one column per normal class, and the mean over classes.
 
-  Cells are ROC-AUC (%) as mean (std) over seeds; the best mapping of each column is bold.
+  Cells are ROC-AUC (%) as mean (std) over seeds; the best loss of each column is bold.
   """
   rows = _table_rows(results)
   classes = sorted({r["class"] for r in results})
   seeds = len({r["seed"] for r in results})
   means = {name: {c: 100 * np.mean(v[c]) for c in classes if c in v} for name, v in rows.items()}
-  mappings = [name for name in rows if name != PRETRAINED]
-  # Bold every mapping whose rounded mean equals the best one (ties shown as ties).
-  best = {c: round(max(means[m].get(c, -1) for m in mappings), 2) for c in classes}
+  specs = [name for name in rows if name != PRETRAINED]
+  # Bold every loss whose rounded mean equals the best one (ties shown as ties).
+  best = {c: round(max(means[m].get(c, -1) for m in specs), 2) for c in classes}
   complete = {name: len(means[name]) == len(classes) for name in rows}
   class_means = {m: round(float(np.mean(list(means[m].values()))), 2) for m in rows if complete[m]}
-  best_mean = max((class_means[m] for m in mappings if m in class_means), default=None)
-  header = "| mapping | " + " | ".join(class_name(dataset, c) for c in classes) + " | mean |"
+  best_mean = max((class_means[m] for m in specs if m in class_means), default=None)
+  header = "| loss | " + " | ".join(class_name(dataset, c) for c in classes) + " | mean |"
   lines = [header, "|---|" + "---|" * (len(classes) + 1)]
   for name, per_class in rows.items():
     cells = []
@@ -75,7 +75,7 @@ def table4(results: list[dict], *, dataset: str) -> str:
   lines += [
       "",
       f"ROC-AUC (%) of the kNN score (k = 2), mean (sample std) over {seeds} seed(s); bold: best "
-      "mapping per column. Column = the normal class (one class normal, all others anomalous, as "
+      "loss per column. Column = the normal class (one class normal, all others anomalous, as "
       "in MSC's code; the paper's Section 5.3 sentence states the reverse). "
       f"`{PRETRAINED}`: the encoder before MSC fine-tuning.",
   ]
@@ -90,7 +90,7 @@ def write(results: list[dict], workdir: str, *, dataset: str, figures: bool = Tr
 
 
 def write_plot(results: list[dict], workdir: str, *, dataset: str) -> None:
-  """`roc_auc.png`: ROC-AUC per normal class, one line per mapping (mean +- std over seeds)."""
+  """`roc_auc.png`: ROC-AUC per normal class, one line per loss (mean +- std over seeds)."""
   rows = _table_rows(results)
   classes = sorted({r["class"] for r in results})
   fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(classes) + 2), 3.5))

@@ -1,16 +1,9 @@
-"""Mean-Shifted Contrastive anomaly detection with fixed or temperature-free InfoNCE: Table 4.
+"""MSC's runs: one normal class at a time, fine-tuned from a pretrained encoder; the sweep.
 
-  python -m experiments.msc --config=experiments/configs/msc_digits.py --workdir=DIR \
-    [--config.losses=tau=0.25,free --config.seeds=3 --config.classes=0,1,2]
-
-One normal class at a time (MSC's protocol; the others are the anomalies). Without
-`--config.init_checkpoint`, first pretrains the encoder without labels with SimCLR
-(`experiments/simclr_trainer.py`, in `DIR/pretrain`). Then per (mapping, seed, normal class)
-(`config.losses`: InfoNCE specs, i.e. mappings):
-the center of the normal training features, MSC fine-tuning with `tfcl_jax.training` (BatchNorm
-in inference mode, optional frozen modules), and the ROC-AUC of the kNN score on the test
-split. Writes `DIR/results.csv`, `DIR/results.md` (Table 4 layout) and `DIR/roc_auc.png`
-(`experiments/msc_report.py`). Every check that can fail runs before the first step.
+Without `config.init_checkpoint`, the encoder is first pretrained without labels with SimCLR
+(`experiments.simclr.train`, in `DIR/pretrain`). Then per (loss, seed, normal class): the
+center of the normal training features, MSC fine-tuning with `tfcl_jax.training` (BatchNorm in
+inference mode, optional frozen modules), and the ROC-AUC of the kNN score on the test split.
 """
 
 from __future__ import annotations
@@ -21,26 +14,20 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments import cli, msc_report, runner, simclr_trainer
-from tfcl_jax import data, mappings, models
+from experiments.framework import plan, sweep
+from experiments.msc import report
+from experiments.simclr import train as simclr_train
+from tfcl_jax import data, losses, models
 from tfcl_jax.anomaly import msc, scores, weights
 from tfcl_jax.objectives import msc as msc_objective
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, sharding, state, step
+from tfcl_jax.training import loop, optim, outputs, sharding, state, step
 
 PRETRAIN_DIR = "pretrain"
-_IGNORED_ON_RESUME = ("resume", "progress")
-# Fields that only choose which runs exist: a workdir may be rerun with other values.
-PLAN_FIELDS = ("losses", "mappings", "seeds", "classes")
-_NOT_IN_RUN_RECORD = PLAN_FIELDS + _IGNORED_ON_RESUME
+# The normal classes: they choose which runs exist, as `losses` does.
+PLAN_FIELDS = ("classes",)
 _PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size", "devices",
-                    "progress")
-
-
-ConfigError = runner.ConfigError
-
-
-Run = runner.Run
+                    "progress", "resume")
 
 
 def parse_classes(text, num_classes: int) -> list[int]:
@@ -48,30 +35,59 @@ def parse_classes(text, num_classes: int) -> list[int]:
   if str(text).strip() == "all":
     return list(range(num_classes))
   classes = []
-  for item in runner.split_list(text, name="classes"):
+  for item in plan.split_list(text, name="classes"):
     try:
       index = int(item)
     except ValueError:
-      raise ValueError(f"config.classes must be 'all' or class indices, got {item!r}.") from None
+      raise plan.ConfigError(f"config.classes must be 'all' or class indices, got {item!r}."
+                             ) from None
     if not 0 <= index < num_classes:
-      raise ValueError(
+      raise plan.ConfigError(
           f"config.classes: class {index} is out of range; the dataset has classes 0.."
           f"{num_classes - 1}.")
     classes.append(index)
   return list(dict.fromkeys(classes))
 
 
-def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
-  """The (spec, normal class, seed) runs, after checking the specs (InfoNCE only: MSC's loss
-  takes a mapping), seeds and classes."""
-  specs = runner.loss_specs(config, example="tau=0.25,free")
-  not_mappings = [spec for spec in specs if spec.startswith("sigmoid/")]
-  if not_mappings:
-    raise ValueError(f"config.losses: MSC fine-tunes with its InfoNCE loss and takes mapping "
-                     f"specs (free, tau=0.25, ...), got {not_mappings}.")
-  classes = parse_classes(config.classes, data.get_info(config.dataset).num_classes)
-  return runner.plan(config, order=("spec", "normal_class", "seed"),
-                     axes={"normal_class": classes}, specs=specs)
+def plan_runs(config: ml_collections.ConfigDict) -> list[plan.Run]:
+  """The (spec, normal class, seed) runs, after checking the specs (InfoNCE only: MSC's
+  objective is its InfoNCE), seeds and classes.
+
+  Raises:
+    ConfigError: naming the field.
+  """
+  specs = plan.loss_specs(config, example="tau=0.25,free")
+  sigmoid = [spec for spec in specs if spec.startswith("sigmoid/")]
+  if sigmoid:
+    raise plan.ConfigError(f"config.losses: MSC fine-tunes with its InfoNCE loss (free, "
+                           f"tau=0.25, ...), got {sigmoid}.")
+  with plan.config_errors():
+    num_classes = data.get_info(config.dataset).num_classes
+  classes = parse_classes(config.classes, num_classes)
+  return plan.plan(config, order=("spec", "normal_class", "seed"),
+                   axes={"normal_class": classes}, specs=specs)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Every check of `config` that needs no data: each field's type and range, the losses,
+  classes and backbone, and the pretraining config (SimCLR's `check_config`) when there is
+  no `init_checkpoint`.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(
+      config, positive=("epochs", "batch_size", "knn_k", "log_every"),
+      non_negative=("width", "view_size", "eval_every_epochs", "devices"),
+      positive_numbers=("learning_rate",), non_negative_numbers=("momentum", "weight_decay"),
+      choices={"optimizer": tuple(optim.OPTIMIZERS)})
+  plan_runs(config)
+  with plan.config_errors():
+    models.make_backbone(config.backbone)
+  if not config.init_checkpoint:
+    pretrain = pretrain_config(config)
+    with plan.config_errors("pretraining: "):
+      simclr_train.check_config(pretrain)
 
 
 def _frozen(config) -> list[str]:
@@ -86,10 +102,10 @@ def make_optimizer(config: ml_collections.ConfigDict, params, *, total_steps: in
   return msc.freeze(tx, params, frozen=_frozen(config))
 
 
-def make_train_step(config: ml_collections.ConfigDict, encoder, mapping: mappings.Mapping, mesh,
+def make_train_step(config: ml_collections.ConfigDict, encoder, loss: losses.LossSpec, mesh,
                     augment_fn):
   """MSC's sharded fine-tuning step (`objectives.msc`, `training.make_train_step`)."""
-  loss_fn = msc_objective.make_msc_loss(encoder, mapping=mapping, augment=augment_fn,
+  loss_fn = msc_objective.make_msc_loss(encoder, loss=loss, augment=augment_fn,
                                         angular=config.angular)
   return step.make_train_step(loss_fn, mesh=mesh)
 
@@ -99,7 +115,7 @@ class Experiment:
 
   def __init__(self, config: ml_collections.ConfigDict, mesh):
     self.config, self.mesh = config, mesh
-    self.images = simclr_trainer.load_images(config)
+    self.images = simclr_train.load_images(config)
     self.encoder = models.make_backbone(config.backbone, width=config.width or None)
     dummy = self.images.dummy_batch()
     self.template = jax.eval_shape(
@@ -115,11 +131,10 @@ class Experiment:
 
   # -- checks ---------------------------------------------------------------------------------
 
-  def check(self, runs: list[Run]) -> None:
+  def check(self, runs: list[plan.Run]) -> None:
     """Class sizes, batch size, frozen names: everything the data and model decide."""
     c = self.config
     sharding.check_batch_size(c.batch_size, self.mesh, name="config.batch_size")
-    runner.check_positive_ints(c, "epochs", "knn_k", "batch_size")
     host_batch = c.batch_size // jax.process_count()
     info = self.images.info
     for normal_class in sorted({run["normal_class"] for run in runs}):
@@ -139,7 +154,7 @@ class Experiment:
             f"the test split {info.name}:{info.test_split} needs normal and anomalous "
             f"examples for ROC-AUC; class {normal_class} has {test_normal} of "
             f"{len(self.images.test_labels)}.")
-    params = {"model": self.template["params"], "mapping": {}}
+    params = {"model": self.template["params"], "loss": {}}
     msc.freeze(optim.make_optimizer(name="sgd", learning_rate=1.0, total_steps=1), params,
                frozen=_frozen(c))
 
@@ -189,11 +204,11 @@ class Experiment:
       self._tx = make_optimizer(self.config, params, total_steps=self.max_steps)
     return self._tx
 
-  def train_step(self, mapping: mappings.Mapping):
-    if mapping.spec not in self._steps:
-      self._steps[mapping.spec] = make_train_step(self.config, self.encoder, mapping, self.mesh,
+  def train_step(self, loss: losses.LossSpec):
+    if loss.spec not in self._steps:
+      self._steps[loss.spec] = make_train_step(self.config, self.encoder, loss, self.mesh,
                                                   self.images.augment)
-    return self._steps[mapping.spec]
+    return self._steps[loss.spec]
 
   def batches(self, images: np.ndarray, *, seed: int, start_step: int):
     """Shuffled batches of the normal class through grain, as `data.make_loader` makes them."""
@@ -205,10 +220,15 @@ class Experiment:
     dataset = dataset.repeat(self.config.epochs)[start_step:]
     return ({"image": batch} for batch in dataset)
 
-  def run(self, run: Run, workdir: str) -> dict:
-    """Fine-tunes one (mapping, seed, normal class) run in its own directory; its results."""
+  def train(self, run: plan.Run, workdir: str) -> dict:
+    """Fine-tunes one (loss, seed, normal class) run in its own directory (the encoder
+    pretrained first where it is not yet); its results."""
     c = self.config
-    mapping = mappings.from_spec(run.spec)
+    if self.variables is None:
+      self.load(pretrain(c, workdir))
+    # MSC's InfoNCE scores each view against every other view of the batch (`negatives="all"`).
+    loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
+        c.batch_size, negatives="all"))
     normal_class = run["normal_class"]
     normal = self.images.train_images[self.images.train_labels == normal_class]
     model_state = {k: v for k, v in self.variables.items() if k != "params"}
@@ -220,29 +240,25 @@ class Experiment:
     initial = state.create_train_state(
         model_params=self.variables["params"],
         model_state={**model_state, msc.CENTER_KEY: center},
-        mapping_params=mapping.params, tx=self.optimizer(
-            {"model": self.variables["params"], "mapping": mapping.params}))
+        loss_params=loss.params, tx=self.optimizer(
+            {"model": self.variables["params"], "loss": loss.params}))
     steps_per_epoch = len(normal) // (c.batch_size // jax.process_count())
     num_steps = c.epochs * steps_per_epoch
-    record = runner.without_added(
-        {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD})
-    record.update(run.record())
 
     def evaluate(train_state):
       return {"roc_auc": self.roc_auc(train_state.params["model"], train_state.model_state,
                                       normal_class)}
 
     loop.train(
-        initial, train_step=self.train_step(mapping),
+        initial, train_step=self.train_step(loss),
         batches=lambda start: self.batches(normal, seed=run.seed, start_step=start),
-        num_steps=num_steps,
-        workdir=run.directory(workdir), key=jax.random.key(run.seed), mesh=self.mesh,
-        config=record, resume=c.resume, eval_every=c.eval_every_epochs * steps_per_epoch,
-        eval_fn=evaluate, log_every=c.log_every, examples_per_step=c.batch_size,
-        progress=c.progress, desc=run.label())
-    evaluation = loop.read_csv(os.path.join(run.directory(workdir), loop.EVAL_FILE))
-    metrics = loop.read_csv(os.path.join(run.directory(workdir), loop.METRICS_FILE))
-    return {"mapping": run.spec, "seed": run.seed, "class": normal_class,
+        num_steps=num_steps, key=jax.random.key(run.seed), mesh=self.mesh,
+        eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=evaluate,
+        log_every=c.log_every, examples_per_step=c.batch_size,
+        **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
+    evaluation = outputs.read_csv(os.path.join(run.directory(workdir), outputs.EVAL_FILE))
+    metrics = outputs.read_csv(os.path.join(run.directory(workdir), outputs.METRICS_FILE))
+    return {"loss": run.spec, "seed": run.seed, "class": normal_class,
             "roc_auc": float(evaluation["roc_auc"][-1]),
             "roc_auc_pretrained": self.pretrained_auc(normal_class),
             "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])),
@@ -251,68 +267,56 @@ class Experiment:
 
 
 def pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config.pretrain` (a SimCLR config) with the encoder and data fields of `config`."""
+  """`config.pretrain` (a SimCLR config) with the encoder and data fields of `config`.
+
+  Raises:
+    ConfigError: `config.pretrain` does not train one encoder (one loss, one seed).
+  """
   pretrain = ml_collections.ConfigDict(config.pretrain.to_dict())
   for field in _PRETRAIN_FIELDS:
     pretrain[field] = config[field]
-  pretrain.resume = config.resume
-  specs = runner.split_list(runner.renamed(pretrain, "losses", "mappings"),
-                            name="pretrain.losses")
+  specs = plan.split_list(pretrain.losses, name="pretrain.losses")
   if len(specs) != 1 or pretrain.seeds != 1:
-    raise ValueError("config.pretrain must train one encoder: one loss and seeds = 1, got "
-                     f"losses={','.join(specs)!r}, seeds={pretrain.seeds}.")
+    raise plan.ConfigError("config.pretrain must train one encoder: one loss and seeds = 1, "
+                           f"got losses={','.join(specs)!r}, seeds={pretrain.seeds}.")
   pretrain.mode = "sweep"
   return pretrain
 
 
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Pretrains the encoder without labels (SimCLR experiment) unless done; its run directory."""
+  """Pretrains the encoder without labels (SimCLR's sweep of one run in `workdir/pretrain`)
+  unless done; its run directory."""
   pretrain_cfg = pretrain_config(config)
   directory = os.path.join(workdir, PRETRAIN_DIR)
-  (run,) = simclr_trainer.plan_runs(pretrain_cfg)
-  if not runner.finished(run, directory):
-    mesh = sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
-    try:
-      simclr_trainer.check_config(pretrain_cfg, mesh)
-      runner.prepare(directory, pretrain_cfg, runs=[run], plan_fields=simclr_trainer.PLAN_FIELDS)
-    except (ValueError, TypeError) as error:
-      raise ConfigError(f"pretraining: {error}") from error
-    trainer = simclr_trainer.Trainer(pretrain_cfg, mesh)
-    runner.run_all([run], lambda r: trainer.run(r, directory), workdir=directory,
-                   progress=pretrain_cfg.progress, desc="pretraining")
+  (run,) = simclr_train.plan_runs(pretrain_cfg)
+  if not sweep.finished(run, directory):
+    mesh = simclr_train.make_mesh(pretrain_cfg)
+    with plan.config_errors("pretraining: "):
+      simclr_train.check_data(pretrain_cfg, [run], mesh)
+    trainer = simclr_train.Trainer(pretrain_cfg, mesh)
+    sweep.sweep(pretrain_cfg, directory, runs=[run], plan_fields=simclr_train.PLAN_FIELDS,
+                train_run=lambda r: trainer.train(r, directory), desc="pretraining")
   return run.directory(directory)
 
 
-def check_config(config: ml_collections.ConfigDict, workdir: str, mesh) -> tuple[list, Experiment]:
-  """Every check that can fail before training: specs, classes, data, checkpoint, workdir."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+  """Fine-tunes every run of `config` (`check_config` passed) not yet finished in `workdir`,
+  after the checks the data, devices and checkpoint decide; pretrains first where needed;
+  writes `results.csv`, `results.md` and `roc_auc.png` (`report.write`).
+
+  Raises:
+    ConfigError: a class too small, a batch that does not split over the devices, a
+      checkpoint that does not fit the encoder, or a workdir made with another config.
+  """
+  mesh = simclr_train.make_mesh(config)
   runs = plan_runs(config)
-  models.make_backbone(config.backbone)
-  if not config.init_checkpoint:
-    pretrain_config(config)
-  experiment = Experiment(config, mesh)
-  experiment.check(runs)
-  if config.init_checkpoint:
-    experiment.load(config.init_checkpoint)
-  runner.prepare(workdir, config, runs=runs, plan_fields=PLAN_FIELDS, outputs=(PRETRAIN_DIR,))
-  return runs, experiment
-
-
-def run_experiment(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
-  """Checks everything, pretrains if needed, fine-tunes every run not yet done, writes results."""
-  mesh = sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
-  try:
-    runs, experiment = check_config(config, workdir, mesh)
-  except (ValueError, TypeError, FileNotFoundError) as error:
-    raise ConfigError(str(error)) from error
-  if experiment.variables is None:
-    experiment.load(pretrain(config, workdir))
-  return runner.run_all(
-      runs, lambda run: experiment.run(run, workdir), workdir=workdir,
-      progress=config.progress, desc="MSC runs",
-      write_tables=lambda results: msc_report.write(
+  with plan.config_errors():  # a checkpoint that is absent or does not fit the encoder too
+    experiment = Experiment(config, mesh)
+    experiment.check(runs)
+    if config.init_checkpoint:
+      experiment.load(config.init_checkpoint)
+  return sweep.sweep(
+      config, workdir, runs=runs, plan_fields=PLAN_FIELDS, outputs=(PRETRAIN_DIR,),
+      train_run=lambda run: experiment.train(run, workdir), desc="MSC runs",
+      write_tables=lambda results: report.write(
           results, workdir, dataset=config.dataset, figures=len(results) == len(runs)))
-
-
-if __name__ == "__main__":
-  cli.run_main(run_experiment, user_errors=(ConfigError,),
-               usage="pass --config=experiments/configs/msc_digits.py --workdir=DIR")

@@ -1,14 +1,14 @@
-"""SimCLR on an image dataset, one run at a time: the SimCLR experiment and MSC's pretraining.
+"""SimCLR on an image dataset: the runs of a config, one run, and the sweep; MSC pretrains with it.
 
 `config.objective` chooses what the two views train: SimCLR (`"simclr"`), or SupCon with the
 images' labels (`"supcon"`: Khosla et al.'s `L_out`; `"supcon_ntxent"`: each positive pair
 against the anchor's negatives only) on the labelled training split (`training_split`).
 
-A run is one (loss spec, seed, batch size) (`runner.Run` with a `batch_size` axis); `plan_runs`
-lists a config's runs, `check_config` checks everything that can fail before the
-first step, and `Trainer.run` trains one run with `tfcl_jax.training` (its metrics, checkpoints
-and `eval.csv` in the run's directory) and returns its results row. `load_images` is the
-images SimCLR and MSC both read.
+A run is one (loss spec, seed, batch size) (`plan.Run` with a `batch_size` axis); `plan_runs`
+lists a config's runs, `check_config` checks the config without data, `check_data` what the
+data and devices decide, and `Trainer.train` trains one run with `tfcl_jax.training` (its
+metrics, checkpoints and `eval.csv` in the run's directory) and returns its results row.
+`load_images` is the images SimCLR and MSC both read.
 """
 
 from __future__ import annotations
@@ -22,62 +22,90 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments import runner
+from experiments.framework import plan, sweep, tables
+from experiments.simclr import report
 from tfcl_jax import augment, data, losses, models
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, sharding, state, step
+from tfcl_jax.training import loop, optim, outputs, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
 # config.objective -> the `supervised` form of `objectives.simclr.make_simclr_loss`.
 OBJECTIVES = {"simclr": None, "supcon": "supcon", "supcon_ntxent": "ntxent"}
-# Fields that only choose which runs exist: a workdir may be rerun with other values.
-PLAN_FIELDS = ("losses", "mappings", "seeds", "n_losses", "n_mappings", "n_batch_sizes")
-_IGNORED_ON_RESUME = ("resume", "progress")
-_NOT_IN_RUN_RECORD = PLAN_FIELDS + _IGNORED_ON_RESUME
-Run = runner.Run
+# The fields of the N-sensitivity mode's runs: they choose which runs exist, as `losses` does.
+PLAN_FIELDS = ("n_losses", "n_batch_sizes")
 
 
-def plan_runs(config: ml_collections.ConfigDict) -> list[Run]:
-  """The runs of `config.mode` (batch size, then spec, then seed), after checking the loss
-  specs, seeds and batch sizes: `config.losses` at `config.batch_size` (`"sweep"`), or
-  `config.n_losses` at each of `config.n_batch_sizes` (`"n_sensitivity"`)."""
-  if config.mode not in MODES:
-    raise ValueError(f"config.mode must be one of {MODES}, got {config.mode!r}.")
+def plan_runs(config: ml_collections.ConfigDict) -> list[plan.Run]:
+  """The runs of `config.mode` (batch size, then spec, then seed): `config.losses` at
+  `config.batch_size` (`"sweep"`), or `config.n_losses` at each of `config.n_batch_sizes`
+  (`"n_sensitivity"`).
+
+  Raises:
+    ConfigError: a bad mode, loss spec, seed count or batch size, naming the field.
+  """
+  plan.check_fields(config, choices={"mode": MODES})
   if config.mode == "sweep":
-    specs, batch_sizes = runner.loss_specs(config, example="free,tau=0.5"), [config.batch_size]
+    specs, batch_sizes = plan.loss_specs(config, example="free,tau=0.5"), [config.batch_size]
   else:
-    specs = runner.loss_specs(config, example="free,tau=0.1", field="n_losses",
-                              old="n_mappings")
-    batch_sizes = [int(b) for b in runner.split_list(config.n_batch_sizes, name="n_batch_sizes")]
-  return runner.plan(config, order=("batch_size", "spec", "seed"),
-                     axes={"batch_size": batch_sizes}, specs=specs)
+    specs = plan.loss_specs(config, example="free,tau=0.1", field="n_losses")
+    try:
+      batch_sizes = [int(b) for b in plan.split_list(config.n_batch_sizes, name="n_batch_sizes")]
+    except ValueError as error:
+      raise plan.ConfigError(f"config.n_batch_sizes must list ints: {error}") from error
+  return plan.plan(config, order=("batch_size", "spec", "seed"),
+                   axes={"batch_size": batch_sizes}, specs=specs)
 
 
-def check_config(config: ml_collections.ConfigDict, mesh) -> list[Run]:
-  """Every check of the config that can fail, before any training: specs, dataset, batch
-  sizes; the runs. (`runner.prepare` checks the workdir.)"""
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Every check of `config` that needs no data: each field's type and range, the dataset,
+  recipe and backbone names, the loss specs and their fit with the objective.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(
+      config, positive=("epochs", "batch_size", "proj_hidden_dim", "proj_dim", "knn_k",
+                        "log_every"),
+      non_negative=("width", "view_size", "probe_epochs", "eval_every_epochs",
+                    "checkpoint_every_steps", "warmup_epochs", "devices"),
+      positive_numbers=("learning_rate", "knn_tau"),
+      non_negative_numbers=("momentum", "weight_decay"),
+      choices={"mode": MODES, "objective": tuple(OBJECTIVES), "negatives": ("all", "cross"),
+               "lr_scaling": ("linear", "none"), "optimizer": tuple(optim.OPTIMIZERS)})
   runs = plan_runs(config)
-  if config.objective not in OBJECTIVES:
-    raise ValueError(f"config.objective must be one of {tuple(OBJECTIVES)}, got "
-                     f"{config.objective!r}.")
-  model = make_model(config)
+  with plan.config_errors():
+    data.get_info(config.dataset)
+    if config.recipe and config.recipe not in augment.RECIPES:
+      raise ValueError(f"config.recipe: unknown recipe {config.recipe!r}; known: "
+                       f"{sorted(augment.RECIPES)}")
+    model = make_model(config)
   for run in runs:  # the objective's own checks (SupCon: an InfoNCE spec, negatives="all")
     loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
         run["batch_size"], negatives=config.negatives))
-    try:
+    with plan.config_errors(f"config.objective={config.objective!r}: "):
       make_loss_fn(config, model, loss, augment_fn=None)
-    except ValueError as error:
-      raise ValueError(f"config.objective={config.objective!r}: {error}") from None
+
+
+def check_data(config: ml_collections.ConfigDict, runs: list[plan.Run], mesh) -> None:
+  """What the devices and the data decide: each batch size splits over `mesh`, and the
+  dataset is prepared (an unprepared TFDS dataset stops here with how to prepare it).
+
+  Raises:
+    ConfigError: naming the field or the dataset.
+  """
   info = data.get_info(config.dataset)
-  runner.check_positive_ints(config, "epochs")
-  for batch_size in sorted({run["batch_size"] for run in runs}):
-    sharding.check_batch_size(batch_size, mesh, name="config.batch_size")
-    # Opens the data: an unprepared TFDS dataset stops here with how to prepare it.
-    data.steps_per_epoch(info.name, training_split(config), batch_size=_host_batch(batch_size),
-                         data_dir=config.data_dir or None)
-  return runs
+  with plan.config_errors():  # includes data.DatasetNotPreparedError
+    for batch_size in sorted({run["batch_size"] for run in runs}):
+      sharding.check_batch_size(batch_size, mesh, name="config.batch_size")
+      data.steps_per_epoch(info.name, training_split(config),
+                           batch_size=_host_batch(batch_size), data_dir=config.data_dir or None)
+
+
+def make_mesh(config: ml_collections.ConfigDict):
+  """The mesh of `config.devices` devices (0: all)."""
+  return sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
 
 
 def training_split(config: ml_collections.ConfigDict) -> str:
@@ -237,7 +265,7 @@ class Trainer:
     predictions = logistic.predict(classifier, features[n_train:])
     return float(jnp.mean(predictions == labels[n_train:]))
 
-  def run(self, run: Run, workdir: str) -> dict:
+  def train(self, run: plan.Run, workdir: str) -> dict:
     """Trains one (spec, seed, batch size) run in its own directory; returns its results."""
     c = self.config
     batch_size = run["batch_size"]
@@ -250,7 +278,7 @@ class Trainer:
     initial = state.create_train_state(
         model_params=variables["params"],
         model_state={k: v for k, v in variables.items() if k != "params"},
-        mapping_params=loss.params, tx=self.optimizer(batch_size))
+        loss_params=loss.params, tx=self.optimizer(batch_size))
     info = self.images.info
 
     def batches(start_step):
@@ -259,25 +287,40 @@ class Trainer:
                               num_epochs=c.epochs, data_dir=self.images.data_dir,
                               start_step=start_step)
 
-    record = runner.without_added(
-        {k: v for k, v in c.to_dict().items() if k not in _NOT_IN_RUN_RECORD})
-    record.update(run.record())
     final = loop.train(
         initial, train_step=self.train_step(loss), batches=batches, num_steps=num_steps,
-        workdir=run.directory(workdir), key=step_key, mesh=self.mesh, config=record,
-        resume=c.resume, checkpoint_every=c.checkpoint_every_steps,
+        key=step_key, mesh=self.mesh, checkpoint_every=c.checkpoint_every_steps,
         eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=self.evaluate,
-        log_every=c.log_every, examples_per_step=batch_size, progress=c.progress,
-        desc=run.label())
-    evaluation = loop.read_csv(os.path.join(run.directory(workdir), loop.EVAL_FILE))
-    metrics = loop.read_csv(os.path.join(run.directory(workdir), loop.METRICS_FILE))
-    result = {"mapping": run.spec, "seed": run.seed, "batch_size": batch_size,
+        log_every=c.log_every, examples_per_step=batch_size,
+        **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
+    evaluation = outputs.read_csv(os.path.join(run.directory(workdir), outputs.EVAL_FILE))
+    metrics = outputs.read_csv(os.path.join(run.directory(workdir), outputs.METRICS_FILE))
+    result = {"loss": run.spec, "seed": run.seed, "batch_size": batch_size,
               "knn_top1": float(evaluation["knn_top1"][-1]),
               "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])), "steps": num_steps}
     result.update({f"knn_top1@{int(step)}": float(value) for step, value in
                    zip(evaluation["step"], evaluation["knn_top1"], strict=True)})
     if c.probe_epochs:
       result["linear_top1"] = self.linear_probe(final, run.seed)
-    for name, value in final.params["mapping"].items():
+    for name, value in final.params["loss"].items():
       result[f"final_{name}"] = float(value)
     return result
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       command: str | None = None) -> list[dict]:
+  """Trains every run of `config` (`check_config` passed) not yet finished in `workdir`, after
+  `check_data`; writes `results.csv`, `results.md` (recording `command`, default the one
+  running) and the plots (`report.write`). Returns the result rows in plan order."""
+  command = tables.command_line() if command is None else command
+  mesh = make_mesh(config)
+  runs = plan_runs(config)
+  check_data(config, runs, mesh)
+  trainer = Trainer(config, mesh)
+  run_dirs = [run.directory(workdir) for run in runs]
+  return sweep.sweep(
+      config, workdir, runs=runs, plan_fields=PLAN_FIELDS,
+      train_run=lambda run: trainer.train(run, workdir),
+      write_tables=lambda results: report.write(
+          results, workdir, config=config, command=command, run_dirs=run_dirs[:len(results)],
+          figures=len(results) == len(runs)))

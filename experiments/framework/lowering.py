@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import augment, losses, mappings, models
+from experiments.framework import plan
+from tfcl_jax import augment, losses, models
 from tfcl_jax.training import state
 
 
@@ -28,24 +29,24 @@ def _key():
 
 
 def simclr(config, mesh, *, spec: str = "free"):
-  """SimCLR (`experiments/simclr.py`) with `config`'s encoder, views and batch size."""
-  from experiments import simclr_trainer  # noqa: PLC0415
+  """SimCLR (`experiments.simclr`) with `config`'s encoder, views and batch size."""
+  from experiments.simclr import train as simclr_train  # noqa: PLC0415
 
-  info, recipe, view_size = simclr_trainer.views(config)
-  model = simclr_trainer.make_model(config)
+  info, recipe, view_size = simclr_train.views(config)
+  model = simclr_train.make_model(config)
   loss = losses.from_spec(spec, num_candidates=2 * config.batch_size - 1)
-  train_step = simclr_trainer.make_train_step(
+  train_step = simclr_train.make_train_step(
       config, model, loss, mesh, functools.partial(augment.two_views, recipe=recipe,
                                                    out_size=view_size))
 
   def initial():
     views = jnp.zeros((2, *info.example_shape(view_size)), jnp.float32)
     variables = model.init(jax.random.key(0), views, train=False)
-    tx = simclr_trainer.make_optimizer(config, batch_size=config.batch_size, steps_per_epoch=10)
+    tx = simclr_train.make_optimizer(config, batch_size=config.batch_size, steps_per_epoch=10)
     return state.create_train_state(
         model_params=variables["params"],
         model_state={k: v for k, v in variables.items() if k != "params"},
-        mapping_params=loss.params, tx=tx)
+        loss_params=loss.params, tx=tx)
 
   batch = {"image": jax.ShapeDtypeStruct((config.batch_size, *info.example_shape()), jnp.uint8),
            "label": jax.ShapeDtypeStruct((config.batch_size,), jnp.int32)}
@@ -53,49 +54,49 @@ def simclr(config, mesh, *, spec: str = "free"):
 
 
 def msc(config, mesh, *, spec: str = "free"):
-  """MSC's fine-tuning step (`experiments/msc.py`) on `config`'s encoder."""
-  from experiments import msc as msc_experiment  # noqa: PLC0415
-  from experiments import simclr_trainer  # noqa: PLC0415
+  """MSC's fine-tuning step (`experiments.msc`) on `config`'s encoder."""
+  from experiments.msc import train as msc_train  # noqa: PLC0415
+  from experiments.simclr import train as simclr_train  # noqa: PLC0415
   from tfcl_jax.anomaly import msc as msc_lib  # noqa: PLC0415
 
-  info, recipe, view_size = simclr_trainer.views(config)
+  info, recipe, view_size = simclr_train.views(config)
   encoder = models.make_backbone(config.backbone, width=config.width or None)
-  mapping = mappings.from_spec(spec)
-  train_step = msc_experiment.make_train_step(
-      config, encoder, mapping, mesh,
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
+                                                                     negatives="all"))
+  train_step = msc_train.make_train_step(
+      config, encoder, loss, mesh,
       functools.partial(augment.two_views, recipe=recipe, out_size=view_size))
 
   def initial():
     views = jnp.zeros((2, *info.example_shape(view_size)), jnp.float32)
     variables = encoder.init(jax.random.key(0), views, train=False)
-    params = {"model": variables["params"], "mapping": mapping.params}
+    params = {"model": variables["params"], "loss": loss.params}
     model_state = {k: v for k, v in variables.items() if k != "params"}
     features = encoder.apply(variables, views, train=False)
     return state.create_train_state(
         model_params=variables["params"],
         model_state={**model_state, msc_lib.CENTER_KEY: msc_lib.center(features)},
-        mapping_params=mapping.params,
-        tx=msc_experiment.make_optimizer(config, params, total_steps=10))
+        loss_params=loss.params,
+        tx=msc_train.make_optimizer(config, params, total_steps=10))
 
   batch = {"image": jax.ShapeDtypeStruct((config.batch_size, *info.example_shape()), jnp.uint8)}
   return train_step.jitted, (jax.eval_shape(initial), batch, _key())
 
 
 def grace(config, mesh, *, spec: str = "free"):
-  """GRACE's full-graph step (`experiments/grace.py`) on `config`'s Planetoid graph (read from
+  """GRACE's full-graph step (`experiments.grace`) on `config`'s Planetoid graph (read from
   `config.data_dir`: its sizes and edges)."""
-  from experiments import grace as grace_experiment  # noqa: PLC0415
+  from experiments.grace import train as grace_train  # noqa: PLC0415
 
-  graph, batch = grace_experiment.load_graph(config)
-  run = grace_experiment.Run(spec, 0)
-  model, objective, initial, _ = grace_experiment.build(config, graph, batch, run)
-  train_step = grace_experiment.make_train_step(config, model, objective, mesh)
+  graph, batch = grace_train.load_graph(config)
+  model, loss, initial, _ = grace_train.build(config, graph, batch, plan.Run(spec, 0))
+  train_step = grace_train.make_train_step(config, model, loss, mesh)
   return train_step.jitted, (_shapes(initial), _shapes(batch), _key())
 
 
 def dcrec(config, mesh, *, spec: str = "free", num_users: int = 943, num_items: int = 1682,
           ratings_per_user: int = 106, seed: int = 0):
-  """DCRec's step (`experiments/dcrec.py`) on random interactions of the given sizes
+  """DCRec's step (`experiments.dcrec`) on random interactions of the given sizes
   (default: MovieLens-100K's 943 users, 1,682 items, ~100,000 ratings)."""
   from experiments import dcrec as dcrec_experiment  # noqa: PLC0415
   from tfcl_jax.data import movielens, sequences  # noqa: PLC0415
@@ -127,11 +128,10 @@ _ML100K_BAGS = {"title": 10, "genres": 6}
 
 def retrieval(config, mesh, *, spec: str = "free", num_users: int = 943, num_items: int = 1682,
               num_pairs: int = 80_000, seed: int = 0):
-  """The two-tower retrieval step (`experiments/retrieval.py`) with `config`'s towers,
+  """The two-tower retrieval step (`experiments.retrieval`) with `config`'s towers,
   objective and batch on random features of MovieLens-100K's sizes."""
-  from experiments import retrieval as retrieval_experiment  # noqa: PLC0415
+  from experiments.retrieval import train as retrieval_experiment  # noqa: PLC0415
   from tfcl_jax.data import interactions, movielens_features  # noqa: PLC0415
-  from tfcl_jax.objectives import retrieval as retrieval_objective  # noqa: PLC0415
 
   rng = np.random.default_rng(seed)
 
@@ -153,7 +153,7 @@ def retrieval(config, mesh, *, spec: str = "free", num_users: int = 943, num_ite
       side(config.candidate_features, num_items), None, np.zeros(num_items, np.float32))
   example = next(interactions.batches(pairs, batch_size=config.batch_size, seed=seed, start=0,
                                       num_steps=1))
-  objective = retrieval_objective.parse_spec(spec, num_candidates=config.batch_size)
+  loss = losses.from_spec(spec, num_candidates=config.batch_size)
   _, initial, train_step = retrieval_experiment.build(
-      config, data, objective, example, jax.random.key(0), mesh=mesh, num_steps=10)
+      config, data, loss, example, jax.random.key(0), mesh=mesh, num_steps=10)
   return train_step.jitted, (_shapes(initial), _shapes(example), _key())

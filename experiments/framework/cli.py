@@ -1,7 +1,10 @@
 """The command line every experiment shares: `--config=FILE --workdir=DIR [--config.field=value]`.
 
-Flags are defined when an experiment runs as a script, not when it is imported, so experiments
-can import each other (MSC pretrains with SimCLR) and the tests can import them all.
+`python -m experiments.NAME` parses the flags, calls the experiment's `check_config(config)`
+(every check that needs no data), then its `train_and_evaluate(config, workdir)`, and prints
+the table it wrote. Flags are defined when an experiment runs as a script, not when it is
+imported, so experiments can import each other (MSC pretrains with SimCLR) and the tests can
+import them all.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ import os
 import sys
 from collections.abc import Callable
 
-from experiments import runner, tables
-from experiments.runner import ConfigError  # noqa: F401  (what `user_errors` usually names)
-from tfcl_jax.training import loop
+from experiments.framework import plan, tables
+from experiments.framework import workdir as workdirs
+from tfcl_jax.training import files, preemption
 
 #: Exit status of a command stopped by SIGTERM after saving its checkpoint (128 + SIGTERM, as a
 #: shell reports a terminated job; batch schedulers requeue on it).
@@ -20,47 +23,41 @@ PREEMPTED_STATUS = 143
 
 
 def run_main(
-    run: Callable[[object, str], object],
+    train_and_evaluate: Callable[[object, str], object],
     *,
+    check_config: Callable[[object], object],
     usage: str,
     default_config: str | None = None,
-    workdir_aliases: tuple[str, ...] = (),
     quiet_logs: bool = True,
-    user_errors: tuple[type[Exception], ...] = (),
 ) -> None:
-  """Parses the flags and calls `run(config, workdir)`.
+  """Parses the flags, then calls `check_config(config)` and `train_and_evaluate(config,
+  workdir)`.
 
   Args:
-    run: the experiment.
+    train_and_evaluate: the experiment.
+    check_config: the experiment's checks of its config that need no data; raises
+      `plan.ConfigError` naming the field.
     usage: one line shown when `--config` or `--workdir` is missing.
     default_config: config file used when `--config` is not given.
-    workdir_aliases: other names for `--workdir` (e.g. `out`).
     quiet_logs: lower absl logging to WARNING (orbax logs every save at INFO).
-    user_errors: exception types that are the user's mistake: printed as one line, exit 2
-      (`runner.ConfigError` always is).
 
-  How a command ends, each with one line on stderr: a user's mistake, exit 2; a full disk
-  (`ENOSPC`, `EDQUOT`) naming the file, or a non-finite loss naming the step and the run, exit
-  1; Ctrl-C after the checkpoint of the current step, exit 130; SIGTERM (preemption) likewise,
-  exit `PREEMPTED_STATUS` (143). The workdir's lock (`runner.acquire`) is released on every way
-  out. Rerunning the same command resumes.
+  How a command ends, each with one line on stderr: a user's mistake (`plan.ConfigError`),
+  exit 2; a full disk (`ENOSPC`, `EDQUOT`) naming the file, or a non-finite loss naming the
+  step and the run, exit 1; Ctrl-C after the checkpoint of the current step, exit 130;
+  SIGTERM (preemption) likewise, exit `PREEMPTED_STATUS` (143). The workdir's lock
+  (`workdir.acquire`) is released on every way out. Rerunning the same command resumes.
   """
   from absl import app, flags, logging
   from ml_collections import config_flags
 
   config = config_flags.DEFINE_config_file("config", default_config, "experiment config file")
   workdir = flags.DEFINE_string("workdir", None, "output directory")
-  for alias in workdir_aliases:
-    flags.DEFINE_alias(alias, "workdir")
   distributed = flags.DEFINE_bool(
       "distributed", False, "call jax.distributed.initialize() first (one process per host; "
       "SLURM, Open MPI and TPU pods are detected, else give the three flags below)")
   coordinator = flags.DEFINE_string("coordinator_address", None, "host:port of process 0")
   num_processes = flags.DEFINE_integer("num_processes", None, "processes in the job")
   process_id = flags.DEFINE_integer("process_id", None, "this process's index")
-  migrate = flags.DEFINE_bool(
-      "migrate", False, "move the run folders of a workdir made with an earlier folder layout "
-      "to their place (runs/<spec>[/<axis>_<value>]/seed<seed>) before running")
 
   def main(argv):
     if len(argv) > 1:
@@ -69,6 +66,11 @@ def run_main(
       raise app.UsageError(usage)
     if quiet_logs:
       logging.set_verbosity(logging.WARNING)
+    try:
+      check_config(config.value)
+    except plan.ConfigError as error:
+      print(f"error: {error}", file=sys.stderr)
+      sys.exit(2)
     if distributed.value or coordinator.value:
       import jax  # noqa: PLC0415
 
@@ -79,13 +81,12 @@ def run_main(
               "--coordinator_address, --num_processes and --process_id)", file=sys.stderr)
         sys.exit(2)
     try:
-      with runner.migrating(migrate.value):
-        run(config.value, workdir.value)
-    except (runner.ConfigError, *user_errors) as error:
+      train_and_evaluate(config.value, workdir.value)
+    except plan.ConfigError as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
-    except loop.Preempted as error:  # SIGTERM: the checkpoint of error.step is on disk
-      runner.release()
+    except preemption.Preempted as error:  # SIGTERM: the checkpoint of error.step is on disk
+      workdirs.release()
       print(f"stopped: {error}", file=sys.stderr)
       sys.stdout.flush()
       sys.stderr.flush()
@@ -93,16 +94,16 @@ def run_main(
     except FloatingPointError as error:  # a non-finite loss or gradient, step and run named
       print(f"error: {error}", file=sys.stderr)
       sys.exit(1)
-    except OSError as error:
-      if error.errno not in tables.DISK_FULL:
+    except Exception as error:  # a full disk met by any writer, orbax's included
+      if not files.is_disk_full(error):
         raise
-      message = str(error) if isinstance(error, tables.DiskFullError) else (
-          f"no space left to write {error.filename or 'a file'} ({os.strerror(error.errno)}); "
-          "free space and rerun the same command to resume.")
-      print(f"error: {message}", file=sys.stderr)
+      if not isinstance(error, files.DiskFull):
+        error = files.DiskFull.of(error, getattr(error, "filename", None) or "a file",
+                                  "the files written before are kept")
+      print(f"error: {error}", file=sys.stderr)
       sys.exit(1)
     finally:
-      runner.release()
+      workdirs.release()
     import jax  # noqa: PLC0415
 
     if jax.process_index() == 0:
@@ -128,7 +129,7 @@ def run_main(
   try:
     app.run(main, flags_parser=parse_flags)
   except KeyboardInterrupt:
-    runner.release()  # os._exit below skips the atexit hook that would
+    workdirs.release()  # os._exit below skips the atexit hook that would
     print("interrupted: finished runs and the last checkpoint are on disk; rerun the same "
           "command to resume.", file=sys.stderr)
     sys.stdout.flush()
@@ -193,7 +194,6 @@ def check_overrides(argv: list[str], *, default_config: str | None = None) -> st
   a negative value for an int field whose default is >= 0.
   """
   import difflib  # noqa: PLC0415
-  import os  # noqa: PLC0415
 
   values = dict(arg[len("--config."):].partition("=")[::2] for arg in argv
                 if arg.startswith("--config."))
@@ -228,15 +228,12 @@ def check_overrides(argv: list[str], *, default_config: str | None = None) -> st
 
 def help_text(argv: list[str], *, usage: str, default_config: str | None = None) -> str:
   """Usage, the common flags, and every config field with its default."""
-  import os  # noqa: PLC0415
-
-  script = os.path.splitext(os.path.relpath(sys.argv[0]))[0].replace(os.sep, ".")
-  lines = [f"usage: python -m {script} --config=FILE "
+  module = tables.main_module()
+  command = f"python -m {module}" if module else f"python {os.path.relpath(sys.argv[0])}"
+  lines = [f"usage: {command} --config=FILE "
            "--workdir=DIR [--config.FIELD=VALUE ...]", f"  ({usage})", "",
            "  --distributed | --coordinator_address=HOST:PORT --num_processes=N --process_id=I",
-           "      run as one process of a multi-host job (jax.distributed.initialize)",
-           "  --migrate",
-           "      move the run folders of a workdir of an earlier folder layout into place", ""]
+           "      run as one process of a multi-host job (jax.distributed.initialize)", ""]
   path = _config_path(argv, default_config)
   if path is None:
     lines.append("config fields: pass --config=FILE --help to list them.")

@@ -8,12 +8,12 @@ are probed (`logistic.lr_evaluate`) under each `--val_ratios` split, `--draws` t
 uses the run's own evaluation key (with the workdir's split it reproduces `result.json`, which
 is checked), draw k > 0 folds k into it. Nothing is retrained.
 
-Run: python -m experiments.grace_probe --workdir=DIR [--val_ratios 0.1 0.8] [--draws 5]
+Run: python -m experiments.grace.probe --workdir=DIR [--val_ratios 0.1 0.8] [--draws 5]
 
 Writes DIR/probe_splits.csv (one row per run, split and draw) and DIR/probe_splits.md: per
 split, F1-micro at draw 0 (mean and std over seeds, as a sweep reports it), the std over draws
 within a run (the probe's own noise: its split and initialisation), and free minus each
-mapping paired by seed.
+loss paired by seed.
 """
 
 from __future__ import annotations
@@ -27,32 +27,33 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments import grace, runner, tables
+from experiments.framework import plan, sweep, tables
+from experiments.grace import report, train
 from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
 from tfcl_jax.training import checkpoint, loop
 
-FIELDS = ("dataset", "mapping", "seed", "train_ratio", "val_ratio", "test_nodes", "draw",
+COLUMNS = ("dataset", "loss", "seed", "train_ratio", "val_ratio", "test_nodes", "draw",
           "f1_micro", "f1_macro", "val_f1_micro")
 
 
-def finished_runs(workdir: str) -> list[grace.Run]:
-  """The finished runs of a GRACE workdir that kept a checkpoint (`runner.finished_runs`),
+def finished_runs(workdir: str) -> list[plan.Run]:
+  """The finished runs of a GRACE workdir that kept a checkpoint (`sweep.finished_runs`),
   spec by spec in the order of its `results.csv`, then by seed."""
   path = os.path.join(workdir, "results.csv")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir!r} holds no results.csv: run experiments.grace first.")
-  order = list(dict.fromkeys(row["mapping"] for row in tables.read_csv(path)))
-  runs = [run for run, _ in runner.finished_runs(workdir)
+  order = list(dict.fromkeys(row["loss"] for row in tables.read_csv(path)))
+  runs = [run for run, _ in sweep.finished_runs(workdir)
           if os.path.isdir(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))]
   return sorted(runs, key=lambda run: (order.index(run.spec) if run.spec in order
                                        else len(order), run.spec, run.seed))
 
 
-def probe(config, graph, batch, run: grace.Run, *, workdir: str,
+def probe(config, graph, batch, run: plan.Run, *, workdir: str,
           val_ratios: list[float], draws: int) -> list[dict]:
-  """`FIELDS` rows of one run: its final encoder probed under each split, `draws` times."""
-  model, _, template, full = grace.build(config, graph, batch, run)
+  """`COLUMNS` rows of one run: its final encoder probed under each split, `draws` times."""
+  model, _, template, full = train.build(config, graph, batch, run)
   manager = checkpoint.make_manager(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))
   state = checkpoint.restore_latest(manager, template)
   if state is None or int(state.step) != config.epochs:
@@ -60,7 +61,7 @@ def probe(config, graph, batch, run: grace.Run, *, workdir: str,
                      f"{config.epochs}")
   embeddings = model.apply({"params": state.params["model"]}, batch.features, full,
                            method=gcn.GRACE.embed)
-  eval_key = grace.run_keys(run.seed)[2]
+  eval_key = train.run_keys(run.seed)[2]
   rows = []
   for val_ratio in val_ratios:
     test_nodes = len(logistic.random_split(graph.num_nodes, key=eval_key,
@@ -72,7 +73,7 @@ def probe(config, graph, batch, run: grace.Run, *, workdir: str,
               eval_key, draw), num_classes=graph.num_classes, train_ratio=config.train_ratio,
           val_ratio=val_ratio, epochs=config.eval_epochs,
           learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
-      rows.append({"dataset": graph.name, "mapping": run.spec, "seed": run.seed,
+      rows.append({"dataset": graph.name, "loss": run.spec, "seed": run.seed,
                    "train_ratio": config.train_ratio, "val_ratio": val_ratio,
                    "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],
                    "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"]})
@@ -86,8 +87,8 @@ def split_name(train_ratio: float, val_ratio: float) -> str:
 
 def markdown(rows: list[dict], *, command: str, agreement: float | None) -> str:
   """Per split: F1-micro at draw 0 over seeds, the std over draws within a run, and free minus
-  each mapping paired by seed."""
-  specs = list(dict.fromkeys(r["mapping"] for r in rows))
+  each loss paired by seed."""
+  specs = list(dict.fromkeys(r["loss"] for r in rows))
   lines = [f"# GRACE on {rows[0]['dataset']}: the same encoders under other probe splits", "",
            f"Command: `{command}`", "",
            "Each run's final encoder, probed with PyGCL's LREvaluator under each split "
@@ -102,28 +103,28 @@ def markdown(rows: list[dict], *, command: str, agreement: float | None) -> str:
     first = [r for r in split if r["draw"] == 0]
     lines += [f"## Split {split_name(split[0]['train_ratio'], val_ratio)} "
               f"({split[0]['test_nodes']} test nodes)", "",
-              "| mapping | seeds | F1-micro, draw 0 (std over seeds) | F1-macro, draw 0 "
+              "| loss | seeds | F1-micro, draw 0 (std over seeds) | F1-macro, draw 0 "
               "| within-run std over draws |", "|---|---|---|---|---|"]
     for spec in specs:
-      ours = [r for r in first if r["mapping"] == spec]
+      ours = [r for r in first if r["loss"] == spec]
       micro = tables.mean_std([100 * r["f1_micro"] for r in ours])
       macro = tables.mean_std([100 * r["f1_macro"] for r in ours])
       within = [tables.mean_std([100 * r["f1_micro"] for r in split
-                                 if r["mapping"] == spec and r["seed"] == seed])[1]
+                                 if r["loss"] == spec and r["seed"] == seed])[1]
                 for seed in dict.fromkeys(r["seed"] for r in ours)]
       spread = f"{np.sqrt(np.mean(np.square(within))):.2f}" if np.all(np.isfinite(within)) \
           else "-"
-      lines.append(f"| {spec} | {len(ours)} | {grace.cell(*micro)} | {grace.cell(*macro)} "
+      lines.append(f"| {spec} | {len(ours)} | {report.cell(*micro)} | {report.cell(*macro)} "
                    f"| {spread} |")
     lines += tables.paired_markdown(
         tables.paired_differences(first, specs, metric="f1_micro"),
-        caption="free minus each mapping, F1-micro points at draw 0, paired by seed:")
+        caption="free minus each loss, F1-micro points at draw 0, paired by seed:")
     lines.append("")
   return "\n".join(lines)
 
 
-def run(workdir: str, *, val_ratios: list[float], draws: int, data_dir: str | None = None,
-        command: str = "") -> list[dict]:
+def evaluate(workdir: str, *, val_ratios: list[float], draws: int,
+             data_dir: str | None = None, command: str = "") -> list[dict]:
   """Probes every finished run of `workdir`; writes `probe_splits.{csv,md}` there."""
   if draws < 1:
     raise ValueError(f"--draws must be >= 1, got {draws}.")
@@ -134,13 +135,13 @@ def run(workdir: str, *, val_ratios: list[float], draws: int, data_dir: str | No
     config = ml_collections.ConfigDict(json.load(f))
   if data_dir is not None:
     config.data_dir = data_dir
-  graph, batch = grace.load_graph(config)
+  graph, batch = train.load_graph(config)
   rows = []
   for run in runs:
     rows += probe(config, graph, batch, run, workdir=workdir, val_ratios=val_ratios,
                   draws=draws)
   recorded = tables.typed(tables.read_csv(os.path.join(workdir, "results.csv")))
-  tables.write_results(workdir, rows, columns=FIELDS, name="probe_splits",
+  tables.write_results(workdir, rows, columns=COLUMNS, name="probe_splits",
                        markdown=results_markdown(rows, command=command, recorded=recorded,
                                                  val_ratio=config.val_ratio))
   return rows
@@ -150,10 +151,10 @@ def results_markdown(rows: list[dict], *, command: str, recorded: list[dict],
                      val_ratio: float) -> str:
   """`probe_splits.md` of `rows`, checked against the sweep's `recorded` results: draw 0 under
   the sweep's own split (`val_ratio`) should reproduce each run's F1-micro."""
-  own = {(r["mapping"], int(r["seed"])): float(r["f1_micro"]) for r in recorded}
-  differences = [abs(r["f1_micro"] - own[r["mapping"], r["seed"]]) for r in rows
+  own = {(r["loss"], int(r["seed"])): float(r["f1_micro"]) for r in recorded}
+  differences = [abs(r["f1_micro"] - own[r["loss"], r["seed"]]) for r in rows
                  if r["val_ratio"] == val_ratio and r["draw"] == 0
-                 and (r["mapping"], r["seed"]) in own]
+                 and (r["loss"], r["seed"]) in own]
   return markdown(rows, command=command, agreement=max(differences) if differences else None)
 
 
@@ -167,8 +168,8 @@ def main(argv=None) -> None:
   parser.add_argument("--data_dir", default=None, help="default: the workdir's config")
   args = parser.parse_args(argv)
   try:
-    run(args.workdir, val_ratios=args.val_ratios, draws=args.draws, data_dir=args.data_dir,
-        command=tables.command_line())
+    evaluate(args.workdir, val_ratios=args.val_ratios, draws=args.draws,
+             data_dir=args.data_dir, command=tables.command_line())
   except (ValueError, FileNotFoundError) as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)

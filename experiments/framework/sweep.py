@@ -1,0 +1,126 @@
+"""A sweep: every planned run trained once, finished runs read back, the tables rewritten as runs
+end.
+
+- `run_all`: a finished run leaves `result.json` in its folder and is never recomputed; an
+  interrupted run continues from its last step checkpoint (`tfcl_jax.training.train`); the
+  tables are rewritten after every finished run, so an interrupted sweep leaves the finished
+  part of its table on disk;
+- every `result.json` is written whole or not at all; one that does not parse (a damaged
+  disk) is not finished and the run is redone, with a one-line notice;
+- `train_arguments`: what one run passes to `tfcl_jax.training.train`, the same for every
+  experiment (its folder, its recorded config, `resume`, `progress`, its label);
+- `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from experiments.framework import plan
+from experiments.framework import workdir as workdirs
+from tfcl_jax.training import files
+
+RESULT_FILE = "result.json"
+_NOTICES: set = set()  # result files already noticed in this process
+
+
+def read_result(path: str) -> dict | None:
+  """The result row in the `result.json` at `path`, or None: no such file, or one that does
+  not parse as a JSON object (then a one-line notice on stderr: the run is not finished)."""
+  try:
+    with open(path) as f:
+      result = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as error:
+    result = error
+  if isinstance(result, dict):
+    return result
+  if path not in _NOTICES:
+    _NOTICES.add(path)
+    detail = result if isinstance(result, Exception) else f"a {type(result).__name__}"
+    print(f"note: {path} does not hold a result ({detail}); the run is redone", file=sys.stderr)
+  return None
+
+
+def finished(run: plan.Run, workdir: str) -> bool:
+  """Whether `run` left a `result.json` that parses in `workdir`."""
+  return read_result(os.path.join(run.directory(workdir), RESULT_FILE)) is not None
+
+
+def finished_runs(workdir: str, *, axes: Sequence[str] = ()) -> list[tuple[plan.Run, dict]]:
+  """Every finished run of `workdir` (its folder holds `result.json`), with its result row,
+  in folder order; `axes`: the experiment's axis names."""
+  found = []
+  for folder in sorted(workdirs.run_folders(workdir)):
+    run = workdirs.run_of(folder, axes)
+    result = read_result(os.path.join(folder, RESULT_FILE)) if run is not None else None
+    if result is not None:
+      found.append((run, result))
+  return found
+
+
+def train_arguments(config, run: plan.Run, workdir: str, *,
+                    plan_fields: Sequence[str] = ()) -> dict[str, Any]:
+  """The keyword arguments of `tfcl_jax.training.train` that every run passes alike: its
+  folder (`workdir`), its recorded config (`plan.recorded` with the run's identity),
+  `resume` and `progress` (`plan.resume`, `plan.progress`) and its label (`desc`)."""
+  return {"workdir": run.directory(workdir), "desc": run.label(),
+          "config": {**plan.recorded(config, plan_fields=plan_fields), **run.record()},
+          "resume": plan.resume(config), "progress": plan.progress(config)}
+
+
+def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
+            write_tables: Callable[[list[dict]], None] | None = None, progress: bool = True,
+            desc: str = "runs") -> list[dict]:
+  """Calls `train(run)` for every run without a `result.json` (`read_result`); reads the others
+  back.
+
+  After each newly finished run, process 0 writes its `result.json` (whole or not at all) and
+  calls `write_tables(results so far)`; it calls it once more at the end, so a sweep with
+  nothing left to train still rewrites its tables. Returns the results in `runs` order.
+  """
+  paths = [os.path.join(run.directory(workdir), RESULT_FILE) for run in runs]
+  done = [read_result(path) for path in paths]
+  if progress and jax.process_index() == 0:  # one line here, then one bar per run (the loop's)
+    count = sum(result is not None for result in done)
+    print(f"{desc}: {len(runs)} planned, {count} finished, {len(runs) - count} to train",
+          flush=True)
+  results = []
+  for index, (run, path, result) in enumerate(zip(runs, paths, done, strict=True)):
+    if result is not None:
+      results.append(result)
+      continue
+    result = train(run)
+    results.append(result)
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with files.atomic_open(path) as f:
+        json.dump(result, f, indent=2)
+      if write_tables is not None and index < len(runs) - 1:  # the last one is written below
+        write_tables(results)
+  if write_tables is not None and results and jax.process_index() == 0:
+    write_tables(results)
+  return results
+
+
+def sweep(config, workdir: str, *, runs: Sequence[plan.Run], train_run: Callable[[plan.Run], dict],
+          write_tables: Callable[[list[dict]], None] | None = None,
+          plan_fields: Sequence[str] = (), outputs: Sequence[str] = (),
+          desc: str = "runs") -> list[dict]:
+  """An experiment's whole sweep: `workdir.prepare` for `config`, then `run_all` of `runs`
+  (progress as `config.progress` says), holding the workdir's lock throughout."""
+  held = workdirs.holds(workdir)
+  try:
+    workdirs.prepare(workdir, config, plan_fields=plan_fields, outputs=outputs)
+    return run_all(runs, train_run, workdir=workdir, write_tables=write_tables,
+                   progress=plan.progress(config), desc=desc)
+  finally:
+    if not held:
+      workdirs.release(workdir)

@@ -1,0 +1,21 @@
+r"""GRACE on CiteSeer / Cora with each similarity-to-logit map: the paper's Table 3 (Section 5.2).
+
+Run: python -m experiments.grace --config=experiments/configs/grace_citeseer.py --workdir=DIR
+  [--config.losses=free,tau=0.5 --config.seeds=20 --config.epochs=1000]
+
+`config.losses` lists loss specs (`tfcl_jax.losses.from_spec`): a map spec trains with
+InfoNCE, `sigmoid/<map>[/b=<init> | /learn_b=<init>]` with the sigmoid loss (SigLIP:
+`sigmoid/learnable=0.1/learn_b=siglip`).
+
+Writes DIR/results.csv (one row per (loss, seed)), DIR/results.md (Table 3 beside the paper,
+and free minus each loss paired by seed) and DIR/f1_micro.png, rewritten as each run ends.
+Rerunning the command continues the workdir (`experiments.framework`); more seeds or losses
+may be added, other fields are refused. `train`: the runs and the sweep; `report`: the tables;
+`probe`: a finished sweep's encoders under other probe splits
+(`python -m experiments.grace.probe --workdir=DIR`).
+"""
+
+from experiments.grace.report import results_markdown
+from experiments.grace.train import check_config, train_and_evaluate
+
+__all__ = ["check_config", "results_markdown", "train_and_evaluate"]

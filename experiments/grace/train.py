@@ -1,0 +1,164 @@
+"""GRACE's runs: PyGCL's recipe on a Planetoid graph, one (loss, seed) at a time; the sweep.
+
+PyGCL's GRACE recipe: 2-layer GCN (32, ReLU), projection fc-ELU-fc (32), two views with
+EdgeRemoving(0.3) + FeatureMasking(0.3), InfoNCE with intra- and inter-view negatives
+(`info_nce(negatives="all")`), full-batch Adam lr 0.01 for 1000 epochs; then PyGCL's
+LREvaluator on the frozen embeddings (`evaluation.logistic.lr_evaluate`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import time
+
+import jax
+
+from experiments.framework import plan, sweep, tables
+from experiments.grace import report
+from tfcl_jax import losses, training
+from tfcl_jax.data import planetoid
+from tfcl_jax.evaluation import logistic
+from tfcl_jax.models import gcn
+from tfcl_jax.objectives import grace as grace_objective
+
+
+def parse_spec(spec: str, num_nodes: int) -> losses.LossSpec:
+  """`losses.from_spec` for GRACE's loss: every node's two views, `negatives="all"`."""
+  return losses.from_spec(spec, num_candidates=losses.num_candidates(num_nodes, negatives="all"))
+
+
+def load_graph(config) -> tuple[planetoid.PlanetoidGraph, grace_objective.GraphBatch]:
+  graph = planetoid.load_planetoid(config.dataset, root=config.data_dir)
+  batch = grace_objective.GraphBatch(gcn.sparse_features(graph.features),
+                                     jax.numpy.asarray(graph.edge_index))
+  return graph, batch
+
+
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The run's (initialisation, training, evaluation) keys: a seed fixes all three."""
+  return tuple(jax.random.split(jax.random.key(seed), 3))
+
+
+def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
+          run: plan.Run
+          ) -> tuple[gcn.GRACE, losses.LossSpec, training.TrainState, gcn.Propagation]:
+  """The run's model, loss, initial train state and full-graph propagation."""
+  loss = parse_spec(run.spec, graph.num_nodes)
+  model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
+                    projection_dim=config.projection_dim)
+  full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
+  state = training.create_train_state(
+      model_params=model.init(run_keys(run.seed)[0], batch.features, full)["params"],
+      tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
+                                 total_steps=config.epochs, schedule="constant"),
+      apply_fn=model.apply, loss_params=loss.params)
+  return model, loss, state, full
+
+
+def make_train_step(config, model: gcn.GRACE, loss: losses.LossSpec, mesh):
+  """GRACE's full-batch train step: the whole graph is one replicated batch."""
+  loss_fn = grace_objective.make_grace_loss(model, loss, edge_rate=config.edge_rate,
+                                            feature_rate=config.feature_rate,
+                                            block_size=config.block_size)
+  return training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
+
+
+def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
+              run: plan.Run, *, workdir: str) -> dict:
+  """Trains GRACE for `run` (`tfcl_jax.training`), evaluates it; returns its results row.
+
+  The run's `metrics.csv` and checkpoints go to `run.directory(workdir)`; a killed run
+  resumes from its last checkpoint.
+  """
+  model, loss, state, full = build(config, graph, batch, run)
+  _, train_key, eval_key = run_keys(run.seed)
+  # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
+  mesh = training.make_mesh(jax.devices()[:config.num_devices])
+  train_step = make_train_step(config, model, loss, mesh)
+  batch = training.sharding.shard_batch(batch, mesh, sharded=False)
+  start = time.perf_counter()
+  state = training.train(
+      state, train_step=train_step,
+      batches=lambda first: itertools.repeat(batch, config.epochs - first),
+      num_steps=config.epochs, key=train_key, mesh=mesh, batch_sharded=False,
+      checkpoint_every=config.checkpoint_every, log_every=config.log_every,
+      **sweep.train_arguments(config, run, workdir))
+  seconds = time.perf_counter() - start
+  history = training.outputs.read_csv(
+      os.path.join(run.directory(workdir), training.outputs.METRICS_FILE))["loss"]
+  params = state.params
+  embeddings = model.apply({"params": params["model"]}, batch.features, full,
+                           method=gcn.GRACE.embed)
+  scores = logistic.lr_evaluate(
+      embeddings, graph.labels, key=eval_key, num_classes=graph.num_classes,
+      train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.eval_epochs,
+      learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
+  t, b = params["loss"].get("t"), params["loss"].get("bias")
+  return {
+      "dataset": graph.name, "loss": run.spec,
+      "seed": run.seed, "f1_micro": scores["f1_micro"], "f1_macro": scores["f1_macro"],
+      "val_f1_micro": scores["val_f1_micro"], "probe_best_epoch": scores["best_epoch"],
+      "final_loss": float(history[-1]) if len(history) else float("nan"),
+      "final_t": float(t) if t is not None else "", "train_seconds": round(seconds, 2),
+      "epochs": config.epochs, "final_b": float(b) if b is not None else "",
+  }
+
+
+def plan_runs(config) -> list[plan.Run]:
+  """The (spec, seed) runs, seed-major (an interrupted sweep has as many seeds per spec).
+
+  Raises:
+    ConfigError: an empty or malformed `config.losses`, or seeds below 1.
+  """
+  return plan.plan(config, order=("seed", "spec"), example=report.EXAMPLE)
+
+
+def check_config(config) -> None:
+  """Every check of `config` that needs no data: the loss specs, each field's type and range.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(
+      config, positive=("epochs", "num_layers", "hidden_dim", "projection_dim", "num_devices",
+                        "checkpoint_every", "eval_epochs", "eval_interval", "log_every"),
+      non_negative=("seed_offset",), positive_numbers=("learning_rate", "eval_learning_rate"),
+      fractions=("edge_rate", "feature_rate"))
+  if str(config.dataset).lower() not in planetoid.DATASETS:
+    raise plan.ConfigError(f"config.dataset must be one of "
+                           f"{', '.join(sorted(planetoid.DATASETS))}, got {config.dataset!r}.")
+  if config.block_size is not None:
+    plan.check_fields(config, positive=("block_size",))
+  for field in ("train_ratio", "val_ratio"):
+    if not 0 < config[field] < 1:
+      raise plan.ConfigError(f"config.{field} must be in (0, 1), got {config[field]!r}.")
+  if config.train_ratio + config.val_ratio >= 1:
+    raise plan.ConfigError(
+        f"config.train_ratio + config.val_ratio must be < 1 (the rest is the test split), got "
+        f"{config.train_ratio} + {config.val_ratio}.")
+  plan_runs(config)
+
+
+def train_and_evaluate(config, workdir: str, *, command: str | None = None) -> list[dict]:
+  """Trains every (spec, seed) run of `config` (`check_config` passed) not yet finished in
+  `workdir`; rewrites the tables (recording `command`, default the one running) as runs end.
+
+  Raises:
+    ConfigError: a data folder without the Planetoid files, or a workdir made with another
+      config: before any training.
+  """
+  runs = plan_runs(config)
+  try:
+    graph, batch = load_graph(config)
+  except FileNotFoundError as error:
+    raise plan.ConfigError(f"config.data_dir: {error}") from error
+  command = tables.command_line() if command is None else command
+  write_tables = tables.sweep_writer(workdir, config, columns=report.COLUMNS,
+                                     markdown=report.results_markdown, command=command,
+                                     plots={"f1_micro.png": report.plot})
+  return sweep.sweep(config, workdir, runs=runs,
+                     train_run=functools.partial(train_run, config, graph, batch,
+                                                 workdir=workdir),
+                     write_tables=write_tables)

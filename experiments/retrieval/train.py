@@ -1,0 +1,273 @@
+"""Two-tower retrieval's data, towers, one run and the sweep (`experiments.retrieval`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.framework import plan, sweep, tables
+from experiments.retrieval import report
+from tfcl_jax import losses, mappings, training
+from tfcl_jax.data import interactions, movielens, movielens_features
+from tfcl_jax.evaluation import ranking
+from tfcl_jax.models import towers
+from tfcl_jax.objectives import retrieval
+
+SPLITS = ("random", "last")
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """Everything the runs share: the split, the feature tables, the evaluation inputs."""
+
+  train: interactions.Pairs
+  test: interactions.Pairs
+  num_users: int
+  num_items: int
+  users: movielens_features.Encoded
+  items: movielens_features.Encoded
+  seen: np.ndarray | None  # [U, I] left out of the ranking, or None
+  log_q: np.ndarray  # [I] log item frequency in the training pairs
+
+
+def _features(config, field: str, allowed) -> list[str]:
+  names = plan.split_list(config[field], name=field)
+  unknown = [name for name in names if name not in allowed]
+  if unknown:
+    raise plan.ConfigError(f"config.{field}: unknown feature(s) {', '.join(unknown)}; expected "
+                           f"names from {', '.join(allowed)}.")
+  return names
+
+
+def load_data(config) -> Data:
+  """Reads the ratings (and the users and movies files the features need) and splits them.
+
+  Raises:
+    ConfigError: missing or malformed files (naming `config.data_dir`), unknown features
+      (naming the field), a bad split, or fewer training pairs than one batch.
+  """
+  query_features = _features(config, "query_features", movielens_features.QUERY_FEATURES)
+  candidate_features = _features(config, "candidate_features",
+                                 movielens_features.CANDIDATE_FEATURES)
+  plan.check_fields(config, choices={"split": SPLITS})
+  path = os.path.expanduser(config.data_dir)
+  try:
+    ratings = movielens.read_ratings(path)
+    items = movielens_features.read_items(path) if (
+        candidate_features != ["item_id"]) else None
+    users = movielens_features.read_users(path) if query_features != ["user_id"] else None
+  except (FileNotFoundError, ValueError) as error:
+    raise plan.ConfigError(f"config.data_dir: {error}") from error
+  try:
+    data = interactions.index(ratings, item_ids=None if items is None else items.ids)
+  except ValueError as error:
+    raise plan.ConfigError(f"config.data_dir: {ratings.source} and {items.source}: {error}"
+                           ) from error
+  try:
+    if config.split == "random":
+      train, test = interactions.random_split(data, train_fraction=config.train_fraction,
+                                              seed=config.split_seed)
+    else:
+      train, test = interactions.leave_last_out(data)
+  except ValueError as error:
+    raise plan.ConfigError(f"config.train_fraction: {error}") from error
+  if len(train) < config.batch_size:
+    raise plan.ConfigError(f"config.batch_size={config.batch_size} but the {config.split} split "
+                           f"of {ratings.source} leaves only {len(train)} training pairs.")
+  if users is None:
+    users = movielens_features.Users(data.user_ids, *([np.zeros(0)] * 4), source="")
+  if items is None:
+    items = movielens_features.Items(data.item_ids, (), np.zeros(0, np.int64), (), source="")
+  encoded_users = movielens_features.encode_users(users, query_features, ids=data.user_ids)
+  encoded_items = movielens_features.encode_items(items, candidate_features, ids=data.item_ids,
+                                                  min_word_count=config.min_word_count)
+  seen = interactions.seen(train, num_users=data.num_users, num_items=data.num_items) if (
+      config.exclude_seen) else None
+  return Data(train, test, data.num_users, data.num_items, encoded_users, encoded_items, seen,
+              interactions.log_item_frequency(train, num_items=data.num_items))
+
+
+def _hidden(config) -> tuple[int, ...]:
+  text = str(config.hidden).strip()
+  try:
+    sizes = tuple(int(size) for size in text.split(",") if size.strip()) if text else ()
+  except ValueError:
+    raise plan.ConfigError(f"config.hidden must be a comma list of ints, got {text!r}."
+                           ) from None
+  if any(size < 1 for size in sizes):
+    raise plan.ConfigError(f"config.hidden sizes must be >= 1, got {text!r}.")
+  return sizes
+
+
+def make_model(config, data: Data) -> towers.TwoTower:
+  def tower(encoded: movielens_features.Encoded) -> towers.Tower:
+    return towers.Tower(vocab_sizes=encoded.vocab_sizes, categorical=tuple(encoded.categorical),
+                        bags=tuple(encoded.bags), dim=config.dim, hidden=_hidden(config))
+
+  return towers.TwoTower(tower(data.users), tower(data.items))
+
+
+def tables_of(encoded: movielens_features.Encoded) -> dict[str, jax.Array]:
+  return {name: jnp.asarray(x) for name, x in {**encoded.categorical, **encoded.bags}.items()}
+
+
+def make_evaluator(model: towers.TwoTower, data: Data, *, cosine: bool):
+  """`evaluate(model_params) -> {metric: float}` on the test pairs, against every item."""
+  users, items = tables_of(data.users), tables_of(data.items)
+
+  @jax.jit
+  def ranks(params):
+    q = model.apply({"params": params}, users, method=model.embed_queries)
+    c = model.apply({"params": params}, items, method=model.embed_candidates)
+    if cosine:  # the losses score cosines; any map of them is monotone
+      q, c = (x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
+    return ranking.rank_all(q, c, data.test.user, data.test.item, seen=data.seen)
+
+  def evaluate(params) -> dict[str, float]:
+    metrics = ranking.hit_ratio_and_ndcg(ranks(params), report.KS)
+    out = {f"top@{k}": float(metrics[f"hr@{k}"]) for k in report.KS}
+    out["ndcg@10"] = float(metrics["ndcg@10"])
+    return out
+
+  return evaluate
+
+
+def _scale(loss_params, loss: losses.LossSpec) -> float:
+  """The logit scale a learnable map applies (`min(exp(t), cap)`), NaN for other maps."""
+  if "t" not in loss_params:
+    return float("nan")
+  return float(mappings.logit_scale(loss.mapping, params=loss_params))
+
+
+def popularity_row(config, data: Data, run: plan.Run) -> dict:
+  """The untrained reference: every user gets the movies by training popularity."""
+  counts = np.bincount(data.train.item, minlength=data.num_items).astype(np.float32)
+  ranks = ranking.rank_all(np.ones((data.num_users, 1), np.float32), counts[:, None],
+                           data.test.user, data.test.item, seen=data.seen)
+  metrics = ranking.hit_ratio_and_ndcg(ranks, report.KS)
+  nan = float("nan")
+  return {"dataset": config.dataset, "loss": run.spec, "seed": run.seed,
+          **{f"top@{k}": float(metrics[f"hr@{k}"]) for k in report.KS},
+          "ndcg@10": float(metrics["ndcg@10"]), "final_loss": nan, "scale_start": nan,
+          "scale_end": nan, "scale_max": nan, "epochs": 0, "steps": 0, "train_seconds": 0.0,
+          "seconds_per_epoch": 0.0, **{f"scale@{e}": nan for e in range(1, config.epochs + 1)}}
+
+
+def build(config, data: Data, loss: losses.LossSpec, example: dict, key: jax.Array, *,
+          mesh, num_steps: int):
+  """`(model, initial train state, train step)` of one run, the model initialised on the
+  batch `example`."""
+  model = make_model(config, data)
+  users, items = tables_of(data.users), tables_of(data.items)
+  params = model.init(key, retrieval.gather(users, example["user"]),
+                      retrieval.gather(items, example["item"]))["params"]
+  state = training.create_train_state(
+      model_params=params, apply_fn=model.apply, loss_params=loss.params,
+      tx=training.make_optimizer(name=config.optimizer, learning_rate=config.learning_rate,
+                                 total_steps=num_steps, schedule="constant",
+                                 weight_decay=config.weight_decay))
+  loss_fn = retrieval.make_retrieval_loss(model, loss, user_features=users,
+                                          item_features=items, log_q=jnp.asarray(data.log_q),
+                                          reduction=config.reduction)
+  return model, state, training.make_train_step(loss_fn, mesh=mesh)
+
+
+def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
+  """Trains the towers for `run`, evaluates after every epoch; the row of the last epoch."""
+  if run.spec == report.POPULARITY:
+    return popularity_row(config, data, run)
+  loss = losses.from_spec(run.spec, num_candidates=config.batch_size)
+  steps_per_epoch = -(-len(data.train) // config.batch_size)
+  num_steps = config.epochs * steps_per_epoch
+  init_key, train_key = jax.random.split(jax.random.key(run.seed))
+  batches = functools.partial(interactions.batches, data.train, batch_size=config.batch_size,
+                              seed=run.seed, num_steps=num_steps, reshuffle=config.reshuffle)
+  mesh = training.make_mesh(jax.devices()[:config.num_devices])
+  model, state, train_step = build(config, data, loss, next(batches(start=0)), init_key,
+                                   mesh=mesh, num_steps=num_steps)
+  evaluate = make_evaluator(model, data, cosine=loss.scores_cosines)
+  run_dir = run.directory(workdir)
+  scale_start = _scale(loss.params, loss)
+  start = time.perf_counter()
+  final = training.train(
+      state, train_step=train_step,
+      batches=lambda first: batches(start=first), num_steps=num_steps, key=train_key,
+      mesh=mesh, checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch,
+      eval_fn=lambda s: {**evaluate(s.params["model"]),
+                         "scale": _scale(jax.device_get(s.params["loss"]), loss)},
+      log_every=config.log_every, examples_per_step=config.batch_size,
+      **sweep.train_arguments(config, run, workdir))
+  seconds = time.perf_counter() - start
+  history = training.outputs.read_csv(os.path.join(run_dir, training.outputs.METRICS_FILE))
+  evals = tables.read_csv(os.path.join(run_dir, training.outputs.EVAL_FILE))
+  scale_end = _scale(final.params["loss"], loss)
+  scales = [scale_start, scale_end, *(float(row["scale"]) for row in evals)]
+  if "loss/t" in history:
+    scales += [_scale({"t": t}, loss) for t in history["loss/t"]]
+  return {
+      "dataset": config.dataset, "loss": run.spec, "seed": run.seed,
+      **{metric: float(evals[-1][metric]) for metric in report.METRICS},
+      "final_loss": float(history["loss"][-1]), "scale_start": scale_start,
+      "scale_end": scale_end, "scale_max": float(np.max(scales)),
+      "epochs": config.epochs, "steps": num_steps, "train_seconds": round(seconds, 2),
+      "seconds_per_epoch": round(seconds / config.epochs, 2),
+      **{f"scale@{e + 1}": float(row["scale"]) for e, row in enumerate(evals)},
+  }
+
+
+def plan_runs(config) -> list[plan.Run]:
+  """The (loss, seed) runs, seed-major (an interrupted sweep has as many seeds of each).
+
+  Raises:
+    ConfigError: an empty or malformed `config.losses`, or seeds below 1.
+  """
+  return plan.plan(config, order=("seed", "spec"), specs=report.specs_of(config))
+
+
+def check_config(config) -> None:
+  """Every check of `config` that needs no data: the losses, the features, each field's
+  type and range.
+
+  Raises:
+    ConfigError: naming the first bad field.
+  """
+  plan.check_fields(
+      config, positive=("epochs", "batch_size", "dim", "num_devices", "log_every",
+                        "min_word_count"),
+      non_negative=("seed_offset", "split_seed"), positive_numbers=("learning_rate",),
+      non_negative_numbers=("weight_decay",),
+      choices={"split": SPLITS, "reduction": ("sum", "mean"),
+               "optimizer": tuple(training.optim.OPTIMIZERS)})
+  if not 0 < config.train_fraction < 1:
+    raise plan.ConfigError(f"config.train_fraction must be in (0, 1), got "
+                           f"{config.train_fraction!r}.")
+  _features(config, "query_features", movielens_features.QUERY_FEATURES)
+  _features(config, "candidate_features", movielens_features.CANDIDATE_FEATURES)
+  _hidden(config)
+  plan_runs(config)
+
+
+def train_and_evaluate(config, workdir: str, *, command: str | None = None) -> list[dict]:
+  """Trains every (loss, seed) run of `config` (`check_config` passed) not yet finished
+  in `workdir`; rewrites the tables (recording `command`, default the one running) as runs
+  end.
+
+  Raises:
+    ConfigError: missing or malformed data, a batch larger than the training set, or a
+      workdir made with another config: before any training.
+  """
+  runs = plan_runs(config)
+  data = load_data(config)
+  command = tables.command_line() if command is None else command
+  write_tables = tables.sweep_writer(workdir, config, columns=report.columns(config),
+                                     markdown=report.results_markdown, command=command,
+                                     plots={"retrieval.png": report.write_plot})
+  return sweep.sweep(config, workdir, runs=runs,
+                     train_run=functools.partial(train_run, config, data, workdir=workdir),
+                     write_tables=write_tables)

@@ -1,0 +1,18 @@
+"""SimCLR with fixed, learnable or temperature-free InfoNCE: Section 5.1, Table 2 of the paper.
+
+  python -m experiments.simclr --config=experiments/configs/simclr_digits.py --workdir=DIR \
+    [--config.losses=tau=0.1,free --config.seeds=3 --config.epochs=20 --config.batch_size=256]
+
+Trains one run per (loss spec, seed) (or per (batch size, loss spec, seed) with
+`--config.mode=n_sensitivity`) with `tfcl_jax.training`, each in `DIR/runs/...`, and writes
+`DIR/results.csv`, `DIR/results.md` and PNG plots. `train`: the runs of a config, one run
+(shared with MSC's pretraining) and the sweep; `report`: the tables and plots. Everything a run
+needs is checked before the first step; rerunning the command continues the workdir
+(`experiments.framework`: finished runs kept, an interrupted one resumed from its last
+checkpoint, a workdir made with another config refused; more seeds or losses may be added).
+"""
+
+from experiments.simclr.report import results_markdown
+from experiments.simclr.train import check_config, train_and_evaluate
+
+__all__ = ["check_config", "results_markdown", "train_and_evaluate"]
