@@ -279,7 +279,7 @@ def write_plot(file, rows: list[dict], specs: list[str], *, dataset: str) -> Non
   plt.close(fig)
 
 
-# What the sweep writes, and what `experiments.framework.regenerate` rebuilds from `results.csv`.
+# What the sweep writes, and what `experiments.regenerate` rebuilds from `results.csv`.
 results_markdown = tables.sweep_markdown(table6, example=EXAMPLE)
 plot = tables.sweep_plot(write_plot, example=EXAMPLE)
 

@@ -1,11 +1,11 @@
 """Every committed result table is what its experiment makes of its CSV
-(`experiments.framework.regenerate`): byte for byte up to its hand-written `## Notes`."""
+(`experiments.regenerate`): byte for byte up to its hand-written `## Notes`."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments.framework import regenerate
+from experiments import regenerate
 
 NAMES = regenerate.tables_with_csv()
 
@@ -17,7 +17,7 @@ def test_the_committed_tables_have_csvs():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_table_regenerates_from_its_csv(name):
-  assert regenerate.check(name), f"python -m experiments.framework.regenerate {name}"
+  assert regenerate.check(name), f"python -m experiments.regenerate {name}"
 
 
 def test_a_recorded_command_gives_the_experiment_and_its_config():

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from experiments import simclr as experiment
-from experiments.framework import plan, regenerate, tables
+from experiments import regenerate
+from experiments.framework import plan, tables
 from experiments.simclr import train as simclr_train
 from tests import test_simclr_experiment as simclr_tests
 from tfcl_jax import losses, mappings
@@ -156,7 +157,7 @@ def test_supcon_runs_write_a_table_that_regenerates(tmp_path, objective, title):
   assert float(rows[1]["final_t"]) != pytest.approx(np.log(1 / 0.2), abs=1e-6)  # trained
   markdown = (tmp_path / "results.md").read_text()
   assert markdown.startswith(title)
-  # What experiments.framework.regenerate rebuilds from the CSV and the recorded command.
+  # What experiments.regenerate rebuilds from the CSV and the recorded command.
   module, config = regenerate.config_of(regenerate.recorded_command(markdown))
   assert (module, config.objective) == ("experiments.simclr", objective)
   recorded = tables.typed(tables.read_csv(str(tmp_path / "results.csv")))

@@ -97,7 +97,7 @@ def sweep_writer(workdir: str, config, *, columns: Sequence[str],
                  markdown: Callable[..., str], plots: dict[str, Callable[..., None]],
                  command: str) -> Callable[[list[dict]], None]:
   """`writer` for an experiment whose table is `markdown(rows, config, command)` (its
-  `results_markdown`, which `experiments.framework.regenerate` also calls) and whose figures are
+  `results_markdown`, which `experiments.regenerate` also calls) and whose figures are
   `plots[name](file, rows, config)`."""
   return writer(
       workdir, columns=columns, markdown=lambda rows: markdown(rows, config, command),

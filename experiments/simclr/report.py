@@ -45,7 +45,7 @@ def write(results: list[dict], workdir: str, *, config, command: str, run_dirs: 
 
 def results_markdown(rows: list[dict], config, command: str) -> str:
   """`results.md` of `rows` made with `config` by `command`: Table 2 (or the N table) and the
-  kNN during training; what a sweep writes and what `experiments.framework.regenerate` rebuilds from
+  kNN during training; what a sweep writes and what `experiments.regenerate` rebuilds from
   `results.csv`."""
   sweep = config.mode != "n_sensitivity"
   name = f"{OBJECTIVE_TITLES[config.objective]} on {config.dataset}"

@@ -7,8 +7,11 @@ the experiment's `DEFAULT_CONFIG`, with the command's `--config.FIELD=VALUE` ove
 command text come from there. A probe table (`experiments.grace.probe`) is rebuilt with its
 sweep's CSV (`NAME_splits.csv` beside `NAME.csv`).
 
-Run: python -m experiments.framework.regenerate            (rewrites every table's generated part)
-     python -m experiments.framework.regenerate --check    (exit 1 naming each table that differs)
+The regret study (`experiments.regret`: `regret.md`, `.csv`, `.png`) is rebuilt after the
+tables, from the same CSVs.
+
+Run: python -m experiments.regenerate            (rewrites every table's generated part)
+     python -m experiments.regenerate --check    (exit 1 naming each table that differs)
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import sys
 
 import ml_collections
 
+from experiments.regret import report as regret
 from experiments.framework import cli, tables
 
-_EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_EXPERIMENTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_EXPERIMENTS)
 RESULTS = os.path.join(_EXPERIMENTS, "results")
 NOTES_HEADING = "\n## Notes\n"
@@ -95,6 +99,7 @@ def generate(name: str) -> str:
 def tables_with_csv() -> list[str]:
   """The names of the committed tables that have a CSV."""
   return sorted(name[:-3] for name in os.listdir(RESULTS) if name.endswith(".md")
+                and name[:-3] != regret.NAME
                 and os.path.exists(os.path.join(RESULTS, name[:-3] + ".csv")))
 
 
@@ -126,15 +131,23 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("names", nargs="*", help="tables (default: every one with a CSV)")
   args = parser.parse_args(argv)
   names = args.names or tables_with_csv()
+  with_regret = not args.names or regret.NAME in args.names
+  names = [name for name in names if name != regret.NAME]
   if args.check:
     differ = [name for name in names if not check(name)]
     for name in differ:
       print(f"{name}.md differs from what its CSV gives "
-            f"(python -m experiments.framework.regenerate {name})")
-    sys.exit(1 if differ else 0)
+            f"(python -m experiments.regenerate {name})")
+    stale = regret.differs(RESULTS) if with_regret else []
+    for name in stale:
+      print(f"{name} differs from what the CSVs give (python -m experiments.regenerate regret)")
+    sys.exit(1 if differ or stale else 0)
   for name in names:
     rewrite(name)
     print(f"wrote {os.path.join(RESULTS, name + '.md')}")
+  if with_regret:
+    regret.write(RESULTS)
+    print(f"wrote {os.path.join(RESULTS, regret.NAME)}.md, .csv, .png")
 
 
 if __name__ == "__main__":
