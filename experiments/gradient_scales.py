@@ -1,8 +1,9 @@
 r"""Figures 2-5 and Eq. 10 of Kim & Kim (arXiv 2501.17683): gradient scales at [C, -C, ..., -C],
-and the same for the sigmoid (SigLIP) loss.
+and the same for the scaled free maps (free_n, learnable_free) and the sigmoid (SigLIP) loss.
 
 Each figure (`tfcl_jax.analysis.figures`, shared with the notebooks) draws the closed form
-(`tfcl_jax.analysis.eq4/eq7/eq10/eq13`, `analysis.sigmoid`) as a line and the autodiff value
+(`tfcl_jax.analysis.eq4/eq7/eq10/eq13`, `analysis.scaled_free_gradient_scale`,
+`analysis.learnable_free_t_gradient_scale`, `analysis.sigmoid`) as a line and the autodiff value
 through the library's loss (`analysis.gradient_scale`, `analysis.sigmoid.sigmoid_gradient_scale`)
 as points on top, and `gradient_scales.csv` lists both at every point.
 
@@ -13,6 +14,7 @@ Run: python -m experiments.gradient_scales --workdir=DIR
 from __future__ import annotations
 
 import csv
+import math
 import os
 
 import jax
@@ -40,6 +42,8 @@ def make_figures(config) -> list[figures.Figure]:
       figures.figure4(tau=config.figure4_tau, ns=config.ns, **grid),
       figures.figure5(ns=config.ns, **grid),
       figures.eq10_figure(ts=config.eq10_ts, **grid),
+      figures.scaled_free_figure(ns=config.scaled_free_ns, tau=config.scaled_free_tau, **grid),
+      figures.learnable_free_t_figure(ns=config.scaled_free_ns, clip_t=config.clip_t, **grid),
       figures.sigmoid_figure(n=config.sigmoid_n, taus=config.sigmoid_taus, **grid),
       figures.sigmoid_t_figure(n=config.sigmoid_n, ts=config.sigmoid_ts,
                                biases=config.sigmoid_biases, **grid),
@@ -55,13 +59,22 @@ def _save(figure: figures.Figure, path: str) -> None:
 
 
 def check_config(config) -> None:
-  """The grids' sizes and the temperature range of Figure 3.
+  """The grids' sizes, the temperatures, the scaled free maps' N and the range of Figure 3.
 
   Raises:
     ConfigError: naming the first bad field.
   """
   plan.check_fields(config, positive=("line_points", "autodiff_points", "sigmoid_n"),
-                    positive_numbers=("figure4_tau", "c_one_offset"))
+                    positive_numbers=("figure4_tau", "c_one_offset", "scaled_free_tau"))
+  if not isinstance(config.clip_t, (int, float)) or not math.isfinite(config.clip_t):
+    raise plan.ConfigError(f"config.clip_t must be a finite number, got {config.clip_t!r}.")
+  try:
+    ns = tuple(config.scaled_free_ns)
+  except TypeError:  # not a sequence
+    ns = ()
+  if not ns or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 2 for n in ns):
+    raise plan.ConfigError(f"config.scaled_free_ns must be candidate counts, ints >= 2, got "
+                           f"{config.scaled_free_ns!r}.")
   try:
     low_high = tuple(config.figure3_tau_range)
   except TypeError:  # not a sequence

@@ -18,6 +18,8 @@ MAKERS = {
     "figure4_eq7": lambda: figures.figure4(tau=0.25, ns=(2, 16), **GRID),
     "figure5_eq13": lambda: figures.figure5(ns=(2, 16), **GRID),
     "eq10_learnable_t": lambda: figures.eq10_figure(ts=(0.0, 2.0), **GRID),
+    "scaled_free_scale": lambda: figures.scaled_free_figure(ns=(2, 16), tau=0.1, **GRID),
+    "learnable_free_t": lambda: figures.learnable_free_t_figure(ns=(2, 16), **GRID),
     "sigmoid_scale": lambda: figures.sigmoid_figure(n=8, taus=(0.5,), **GRID),
     "sigmoid_learnable_t": lambda: figures.sigmoid_t_figure(n=8, ts=(1.0,), biases=(0.0,), **GRID),
 }
@@ -42,6 +44,38 @@ def test_figure5_closed_form_is_eq13_by_hand():
   eq13 = 4 * 15 * (1 - c) / ((1 + c) * (16 * (1 - c) ** 2 + 4 * c))
   np.testing.assert_allclose(curve.closed, eq13, rtol=1e-12)
   assert curve.x[-1] == 1.0 - 1e-6  # the last point stands in for C = 1
+
+
+def _scaled_free_np(c, n, s):
+  """The pattern's |dL/dC| and |dL/dt| under s 2 artanh(c), from L = log(1 + (N-1) r^2s); the
+  naive 1 - c^2 loses about 1e-11 of relative accuracy at C = 1 - 1e-6, hence rtol 1e-9."""
+  r = (1 - c) / (1 + c)
+  negatives = (n - 1) * r ** (2 * s) / (1 + (n - 1) * r ** (2 * s))
+  return 4 * s / (1 - c**2) * negatives, 4 * s * np.arctanh(c) * negatives
+
+
+def test_scaled_free_figures_closed_forms_by_hand():
+  with jax.enable_x64(True):
+    scale = figures.scaled_free_figure(ns=(2, 64), tau=0.1, **GRID)
+    t = figures.learnable_free_t_figure(ns=(2, 64), clip_t=2.0, **GRID)
+  curves = {curve.label: curve for curve in scale.curves}
+  assert list(curves) == ["free, N=2", "tau=0.1, N=2", "free, N=64", "free_n, N=64 (s=2.89)",
+                          "tau=0.1, N=64"]  # free_n is free at N = 2: not drawn twice
+  s = 1 + np.log(63) / np.log(9)  # s(64), so that 63 3^(-2s) = 3^(-2)
+  for label, scale_s in (("free, N=64", 1.0), ("free_n, N=64 (s=2.89)", s)):
+    c = curves[label].x
+    np.testing.assert_allclose(curves[label].closed, _scaled_free_np(c, 64, scale_s)[0],
+                               rtol=1e-9)
+  c = curves["tau=0.1, N=64"].x
+  np.testing.assert_allclose(curves["tau=0.1, N=64"].closed,
+                             63 * 20 / (63 + np.exp(20 * c)), rtol=1e-12)  # Eq. 7
+  *learnable, clip = t.curves
+  for curve, n in zip(learnable, (2, 64), strict=True):
+    np.testing.assert_allclose(curve.closed, _scaled_free_np(curve.x, n, 1.0)[1], rtol=1e-9)
+    assert curve.autodiff[0] == 0.0 and curve.x[0] == 0.0  # C = 0: t gets no gradient
+  np.testing.assert_allclose(clip.closed, 2 * clip.x * np.exp(2.0)
+                             / (1 + np.exp(2 * clip.x * np.exp(2.0))), rtol=1e-12)  # Eq. 10
+  assert clip.autodiff[0] == 0.0
 
 
 def test_plot_draws_a_line_and_points_per_curve():

@@ -1,4 +1,5 @@
-r"""The gradient-scale figures of Sections 3-4 (Figures 2-5, Eq. 10) and their sigmoid analogues.
+r"""The gradient-scale figures of Sections 3-4 (Figures 2-5, Eq. 10), the same for the scaled free
+maps (`mappings.n_aware_free`, `mappings.learnable_free`), and their sigmoid analogues.
 
 Each function returns a `Figure`: for every curve, the closed form on a fine grid (a line) and,
 at a few points, the same closed form beside the autodiff value through the library's loss
@@ -21,13 +22,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import mappings
-from tfcl_jax.analysis import closed_forms, gradients, sigmoid
+from tfcl_jax import losses, mappings
+from tfcl_jax.analysis import closed_forms, gradients, pattern, sigmoid
 
 
 @dataclasses.dataclass(frozen=True)
 class Curve:
-  """One curve: the closed form `line_y` over `line_x`; `closed` and `autodiff` at `x`."""
+  """One curve: the closed form `line_y` over `line_x`; `closed` and `autodiff` at `x`.
+
+  `color` and `linestyle` are matplotlib's; a None color takes the curve's place in the cycle.
+  """
 
   label: str
   line_x: np.ndarray
@@ -35,11 +39,13 @@ class Curve:
   x: np.ndarray
   closed: np.ndarray
   autodiff: np.ndarray
+  color: str | None = None
+  linestyle: str = "-"
 
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
-  """A figure: its file `name`, `title`, axes and curves."""
+  """A figure: its file `name`, `title`, axes, curves and where its legend goes (matplotlib's)."""
 
   name: str
   title: str
@@ -47,6 +53,8 @@ class Figure:
   curves: tuple[Curve, ...]
   ylabel: str = "gradient scale"
   xscale: str = "linear"
+  legend_loc: str = "best"
+  legend_columns: int = 1
 
 
 def _c_points(points: int, c_one_offset: float, *, start: float) -> np.ndarray:
@@ -66,6 +74,18 @@ def _by_n(mapping, c: np.ndarray, ns: Sequence[int]) -> list[np.ndarray]:
   """Autodiff |dL/dC| for each N (static: a Python loop) in one compiled program."""
   fn = jax.jit(lambda c: [gradients.gradient_scale(mapping, c, n) for n in ns])
   return [np.asarray(scale) for scale in fn(jnp.asarray(c))]
+
+
+def _by_n_t(mapping: mappings.Mapping, c: np.ndarray, ns: Sequence[int]) -> list[np.ndarray]:
+  """Autodiff |dL/dt| of `mapping.params["t"]`, at its bound value, for each N, one program."""
+
+  def row0(bound, c, n):
+    z1, z2 = pattern.pattern_embeddings(pattern.paper_pattern(c, n))
+    return losses.info_nce(z1, z2, mapping=bound, reduction="none")[0]
+
+  fn = jax.jit(lambda c: [
+      jax.vmap(lambda ci, n=n: jax.grad(row0)(mapping, ci, n).params["t"])(c) for n in ns])
+  return [np.abs(np.asarray(scale)) for scale in fn(jnp.asarray(c))]
 
 
 def figure2(*, taus: Sequence[float] = (0.1, 0.25, 0.5, 1.0), points: int = 20,
@@ -149,6 +169,128 @@ def eq10_figure(*, ts: Sequence[float] = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 
                 title="Eq. 10: |dL/dt| of CLIP's learnable exp(t) (N = 2), zero at C = 0")
 
 
+def scaled_free_figure(*, ns: Sequence[int] = (2, 64, 512), tau: float = 0.1, points: int = 20,
+                       line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
+  r"""`|dL/dC|` of the N-aware free map beside free (Eq. 13) and `cos / tau` (Eq. 7), per N.
+
+  For each N: free (`s = 1`, Eq. 13), `mappings.n_aware_free(num_candidates=N)` (Eq. 13 with
+  the scale `s(N) = mappings.free_scale(N)`, `analysis.scaled_free_gradient_scale`; left out at
+  N = 2, where it is free) and `mappings.temperature(tau)` (Eq. 7). One colour per N, one line
+  style per map:
+
+  .. math:: \left|\frac{\partial L_i}{\partial C}\right|
+            = \frac{4 s}{1 - C^2} \frac{(N - 1) r^{2s}}{1 + (N - 1) r^{2s}},
+            \qquad r = \frac{1 - C}{1 + C}
+
+  The autodiff side differentiates `losses.info_nce` with each map itself
+  (`gradients.gradient_scale`); its cost grows as `N^3` (the pattern's embeddings are
+  `[N, N + 1]`).
+
+  Examples:
+    >>> import jax
+    >>> from tfcl_jax.analysis import figures
+    >>> with jax.enable_x64(True):
+    ...   fig = figures.scaled_free_figure(ns=(2, 10), points=4, line_points=8)
+    >>> [curve.label for curve in fig.curves]
+    ['free, N=2', 'tau=0.1, N=2', 'free, N=10', 'free_n, N=10 (s=2)', 'tau=0.1, N=10']
+    >>> max(float(abs(c.closed - c.autodiff).max()) for c in fig.curves) < 1e-12
+    True
+
+  Args:
+    ns: candidate counts, Python ints >= 2.
+    tau: the fixed temperature drawn beside them, > 0.
+    points: autodiff points per curve.
+    line_points: closed-form points per curve.
+    c_one_offset: the last autodiff point is `C = 1 - c_one_offset`.
+
+  Returns:
+    A `Figure` named `scaled_free_scale`.
+
+  References:
+    Kim & Kim, arXiv 2501.17683, Eq. 7, 11, 12 and 13.
+  """
+  x = _c_points(points, c_one_offset, start=0.025)
+  line_x = np.linspace(0.0, 1.0, line_points)
+  free = _by_n(mappings.temperature_free(), x, ns)
+  fixed = _by_n(mappings.temperature(tau), x, ns)
+  curves = []
+  for k, n in enumerate(ns):
+    color = f"C{k}"
+    curves.append(Curve(f"free, N={n}", line_x, np.asarray(closed_forms.eq13(line_x, n)), x,
+                        np.asarray(closed_forms.eq13(x, n)), free[k], color, "-"))
+    if n > 2:
+      s = mappings.free_scale(n)
+      # The last line point is C = 1, where the closed form's open interval ends: 0 there.
+      line_y = np.append(np.asarray(closed_forms.scaled_free_gradient_scale(line_x[:-1], n, s)),
+                         0.0)
+      (auto,) = _by_n(mappings.n_aware_free(num_candidates=n), x, (n,))
+      curves.append(Curve(f"free_n, N={n} (s={s:.3g})", line_x, line_y, x,
+                          np.asarray(closed_forms.scaled_free_gradient_scale(x, n, s)), auto,
+                          color, "--"))
+    curves.append(Curve(f"tau={tau:g}, N={n}", line_x, np.asarray(closed_forms.eq7(line_x, tau, n)),
+                        x, np.asarray(closed_forms.eq7(x, tau, n)), fixed[k], color, ":"))
+  return Figure(name="scaled_free_scale", xlabel="C", curves=tuple(curves),
+                legend_loc="upper right", legend_columns=2,
+                title=f"|dL/dC| at [C, -C, ...]: free (-), free_n (--), tau = {tau:g} (:), "
+                      "a colour per N")
+
+
+def learnable_free_t_figure(*, ns: Sequence[int] = (2, 64, 512),
+                            clip_t: float = round(math.log(1 / 0.07), 4), points: int = 20,
+                            line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
+  r"""`|dL/dt|` of `mappings.learnable_free` at its start `t = 0`, per N, beside Eq. 10 at `clip_t`.
+
+  .. math:: \left|\frac{\partial L_i}{\partial t}\right|
+            = 4 s \operatorname{artanh}(C) \frac{(N - 1) r^{2s}}{1 + (N - 1) r^{2s}},
+            \qquad s = e^t, \; r = \frac{1 - C}{1 + C}
+
+  (`analysis.learnable_free_t_gradient_scale`), zero at `C = 0` as CLIP's Eq. 10, which is drawn
+  at N = 2 and CLIP's start `t = log(1 / 0.07)` (`analysis.eq10`). The autodiff side
+  differentiates `losses.info_nce` in the map's own parameter `t`
+  (`gradients.temperature_gradient_scale` for CLIP's).
+
+  Examples:
+    >>> import jax
+    >>> from tfcl_jax.analysis import figures
+    >>> with jax.enable_x64(True):
+    ...   fig = figures.learnable_free_t_figure(ns=(2, 10), points=4, line_points=8)
+    >>> [curve.label for curve in fig.curves]
+    ['learnable_free t=0, N=2', 'learnable_free t=0, N=10', 'CLIP t=2.6593 (tau=0.07), N=2']
+    >>> [float(curve.autodiff[0]) for curve in fig.curves]  # C = 0: no gradient on t
+    [0.0, 0.0, 0.0]
+
+  Args:
+    ns: candidate counts for `learnable_free`, Python ints >= 2.
+    clip_t: CLIP's log-scale for the Eq. 10 curve (its start `log(1 / 0.07)` by default).
+    points: autodiff points per curve.
+    line_points: closed-form points per curve.
+    c_one_offset: the last autodiff point is `C = 1 - c_one_offset`.
+
+  Returns:
+    A `Figure` named `learnable_free_t`.
+
+  References:
+    Kim & Kim, arXiv 2501.17683, Eq. 8, 10, 11 and 12.
+  """
+  x = _c_points(points, c_one_offset, start=0.0)
+  line_x = np.linspace(0.0, 1.0, line_points)
+  learnable = _by_n_t(mappings.learnable_free(), x, ns)
+  curves = []
+  for k, n in enumerate(ns):
+    line_y = np.append(
+        np.asarray(closed_forms.learnable_free_t_gradient_scale(line_x[:-1], n, 0.0)), 0.0)
+    curves.append(Curve(f"learnable_free t=0, N={n}", line_x, line_y, x,
+                        np.asarray(closed_forms.learnable_free_t_gradient_scale(x, n, 0.0)),
+                        learnable[k], f"C{k}", "-"))
+  curves.append(Curve(f"CLIP t={clip_t:g} (tau={np.exp(-clip_t):.3g}), N=2", line_x,
+                      np.asarray(closed_forms.eq10(line_x, clip_t)), x,
+                      np.asarray(closed_forms.eq10(x, clip_t)),
+                      np.asarray(gradients.temperature_gradient_scale(x, clip_t)), "k", "--"))
+  return Figure(name="learnable_free_t", xlabel="C", ylabel="|dL/dt|", curves=tuple(curves),
+                title="|dL/dt| at [C, -C, ...]: learnable_free from t = 0 (free) and CLIP's exp(t) "
+                      "(Eq. 10)")
+
+
 def sigmoid_figure(*, n: int = 16, taus: Sequence[float] = (0.1, 0.5, 1.0), points: int = 20,
                    line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
   """`|dL/dC|` of the sigmoid loss at [C, -C, ...]: division by tau (b = 0), the free map with
@@ -203,8 +345,8 @@ def plot(figure: Figure, ax=None):
   if ax is None:
     _, ax = plt.subplots(figsize=(5.5, 4.0))
   for k, curve in enumerate(figure.curves):
-    color = f"C{k}"
-    ax.plot(curve.line_x, curve.line_y, color=color, label=curve.label)
+    color = curve.color or f"C{k}"
+    ax.plot(curve.line_x, curve.line_y, color=color, linestyle=curve.linestyle, label=curve.label)
     ax.plot(curve.x, curve.autodiff, "o", color=color, markersize=3.5, markerfacecolor="none")
   ax.plot([], [], "ko", markersize=3.5, markerfacecolor="none", label="autodiff (the loss)")
   ax.set_xscale(figure.xscale)
@@ -213,5 +355,5 @@ def plot(figure: Figure, ax=None):
   ax.set_title(figure.title, fontsize=9)
   ax.set_ylim(bottom=0.0)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, loc=figure.legend_loc, ncols=figure.legend_columns)
   return ax
