@@ -74,7 +74,7 @@ def markdown(result: Mapping) -> str:
             "| candidate | screening rows run | worst-case regret (row) | mean regret "
             "| rows within noise | goes on to every row |", "|---|---|---|---|---|---|"]
   for s in result["screen_summary"]:
-    going = result["verdict"].get(s["candidate"], "in every row already")
+    going = result["verdict"].get(s["candidate"], "every row (not screened)")
     lines.append(f"| `{s['candidate']}` | {s['rows']}/{s['of_rows']} | {_fmt(s['worst'])} "
                  f"({s['worst_row'] or '-'}) | {_fmt(s['mean'])} | "
                  f"{s['within_noise']}/{s['rows']} | {going} |")
