@@ -3,6 +3,7 @@ the rules of `docs/regret.md`, on small made-up tables; and the committed study 
 
 import csv
 import math
+import os
 
 import numpy as np
 import pytest
@@ -147,3 +148,19 @@ def test_check_names_a_stale_output(tmp_path, monkeypatch):
   _write(tmp_path / "toy.csv", _runs({"tau=0.1": [0.8] * 4, "free": [0.75] * 4}))
   assert report.differs(str(tmp_path)) == ["regret.md", "regret.csv"]
   assert math.isclose(float(next(csv.DictReader(open(tmp_path / "regret.csv")))["regret"]), 10.0)
+
+
+def test_readme_shows_the_committed_summary():
+  with open(os.path.join(os.path.dirname(study.RESULTS), os.pardir, "README.md")) as f:
+    readme = f.read()
+  table = "\n".join(report.summary_table(study.study()))
+  assert table in readme, "README's regret summary differs from python -m experiments.regret"
+
+
+def test_no_reference_before_the_whole_grid_is_committed(tmp_path):
+  row = study.Row("c", "c", "acc", 4, ("toy", "grid", "regret_toy"), grid_tables=2)
+  _write(tmp_path / "toy.csv", _runs({"tau=0.1": [0.8] * 4, "free": [0.7] * 4}))
+  assert study.RowRuns.read(row, str(tmp_path)).pair("free") is None
+  _write(tmp_path / "grid.csv", _runs({"tau=0.05": [0.9] * 4}))
+  runs = study.RowRuns.read(row, str(tmp_path))
+  assert runs.reference == "tau=0.05" and runs.pair("free")["pairs"] == "across sweeps"

@@ -50,6 +50,17 @@ def csv_rows(result: Mapping) -> list[dict]:
           + [dict(c, stage="screening") for c in result["screen"]])
 
 
+def summary_table(result: Mapping) -> list[str]:
+  """The summary over every row, one line per candidate (the README shows the same lines)."""
+  lines = ["| candidate | rows run | worst-case regret (row) | mean regret | rows within noise |",
+           "|---|---|---|---|---|"]
+  for s in result["full_summary"]:
+    lines.append(f"| `{s['candidate']}` | {s['rows']}/{s['of_rows']} | "
+                 f"{_fmt(s['worst'])} ({s['worst_row'] or '-'}) | {_fmt(s['mean'])} | "
+                 f"{s['within_noise']}/{s['rows']} |")
+  return lines
+
+
 def markdown(result: Mapping) -> str:
   all_runs = result["all_runs"]
   lines = [
@@ -60,13 +71,8 @@ def markdown(result: Mapping) -> str:
       "F1, accuracy, ROC-AUC or top-100; 0.005 of NDCG@10): positive = the candidate is worse.",
       f"Within noise: regret ≤ 0 or paired t-test p > {ALPHA}.", "",
       "## Summary over every row", "",
-      "| candidate | rows run | worst-case regret (row) | mean regret | rows within noise |",
-      "|---|---|---|---|---|",
+      *summary_table(result),
   ]
-  for s in result["full_summary"]:
-    lines.append(f"| `{s['candidate']}` | {s['rows']}/{s['of_rows']} | "
-                 f"{_fmt(s['worst'])} ({s['worst_row'] or '-'}) | {_fmt(s['mean'])} | "
-                 f"{s['within_noise']}/{s['rows']} |")
   lines += ["", f"Recommended default by the decision rule: {result['decision']}.", "",
             "## Screening", "",
             "Screening rows: " + ", ".join(f"{r.key} (seeds 0-{r.screening_seeds - 1})"
@@ -86,7 +92,7 @@ def markdown(result: Mapping) -> str:
   by_cell = {(c["row"], c["candidate"]): c for c in result["full"]}
   for runs in all_runs:
     ref = (f"{runs.reference} ({100 * runs.grid[runs.reference]:.2f})"
-           if runs.reference else "not yet run")
+           if runs.reference else "grid not yet run")
     cellstr = []
     for candidate in CANDIDATES:
       c = by_cell.get((runs.row.key, candidate))
@@ -99,8 +105,8 @@ def markdown(result: Mapping) -> str:
     row = runs.row
     lines += [f"### {row.title}", ""]
     if runs.reference is None:
-      lines += ["No committed run yet (tables: " + ", ".join(f"`{t}.csv`" for t in row.tables)
-                + ").", ""]
+      grid = ", ".join(f"`{t}.csv`" for t in row.tables[:row.grid_tables])
+      lines += [f"No reference yet: its fixed-τ grid ({grid}) is not all committed.", ""]
       continue
     grid = ", ".join(f"{spec} {100 * mean:.2f}" for spec, mean in
                      sorted(runs.grid.items(), key=lambda kv: fixed_tau(kv[0])))

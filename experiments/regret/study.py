@@ -169,7 +169,8 @@ class RowRuns:
         if fixed_tau(spec) is not None and spec not in grid and len(seeds) >= row.seeds:
           grid[spec] = float(np.mean([seeds[s] for s in sorted(seeds)[:row.seeds]]))
           home[spec] = name
-    reference = max(grid, key=grid.get) if grid else None
+    complete = all(name in by_table for name in row.tables[:row.grid_tables])
+    reference = max(grid, key=grid.get) if grid and complete else None
     return cls(row, by_table, reference, home.get(reference), grid)
 
   def pair(self, candidate: str, *, seeds: int | None = None) -> dict | None:
