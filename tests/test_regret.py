@@ -197,15 +197,19 @@ def test_remaining_screens_at_the_screening_seeds_while_a_verdict_is_pending(tmp
   row = study.Row("g", "g", "acc", 20, ("toy", "regret_toy"), screening_seeds=5,
                   rerun_reference=False)
   _write(tmp_path / "toy.csv", _runs({s: [0.8] * 20 for s in study.CANDIDATES[:2]}))
-  _md(tmp_path / "toy.md", "python -m experiments.grace --config=g.py --config.seeds=20")
+  _md(tmp_path / "toy.md", "python -m experiments.grace --config=g.py --config.seeds=20 "
+      "--workdir=runs/g")
   runs = study.RowRuns.read(row, str(tmp_path))
   pending = {m: "pending (0/7 screening rows)" for m in study.NEW_MAPS}
   command = remaining.row_command(runs, pending, str(tmp_path))
   assert "--config.seeds=5 " in command and "tau=0.1," not in command
   assert "learnable_free=100,free_n" in command
   _write(tmp_path / "regret_toy.csv", _runs({s: [0.8] * 5 for s in study.CANDIDATES[2:]}))
+  _md(tmp_path / "regret_toy.md", "python -m experiments.grace --config=g.py --config.seeds=5 "
+      "--workdir=runs/screen")
   runs = study.RowRuns.read(row, str(tmp_path))
   assert remaining.row_command(runs, pending, str(tmp_path)) is None
   command = remaining.row_command(runs, dict.fromkeys(study.NEW_MAPS, "goes on"),
                                   str(tmp_path))
   assert "--config.seeds=20 " in command and "tau=0.1," not in command  # no rerun on GRACE
+  assert command.endswith("--workdir=runs/screen")  # the screening sweep grows

@@ -77,12 +77,15 @@ def row_command(runs: RowRuns, verdict: Mapping[str, str],
     if row.rerun_reference and reference and reference not in ours and reference not in specs:
       specs.insert(0, reference)
     specs = [spec for spec in ours if spec not in specs] + specs  # the sweep grows
-  base = (recorded_command(target, results) or recorded_command(row.tables[0], results)
-          or row.command)
+  grows = recorded_command(target, results)
+  base = grows or recorded_command(row.tables[0], results) or row.command
   if not base:
     raise ValueError(f"row {row.key!r}: no table records a command and the row names none.")
+  recorded = [a for a in shlex.split(base) if a.startswith("--workdir=")]
+  workdir = (recorded[0].removeprefix("--workdir=") if grows and recorded
+             else f"runs/regret/{target.removeprefix('regret_')}")
   return _command(base, losses=[row.prefix + spec for spec in specs], seeds=seeds,
-                  workdir=f"runs/regret/{target.removeprefix('regret_')}")
+                  workdir=workdir)
 
 
 def remaining(result: Mapping, results: str = RESULTS) -> list[tuple[str, str]]:
