@@ -115,7 +115,8 @@ def markdown(result: Mapping) -> str:
     lines += [f"Fixed-τ grid (mean over {row.seeds} seeds, metric × 100): {grid}. Reference: "
               f"`{row.prefix}{runs.reference}` from `{runs.reference_table}.csv`."]
     for table, diff in runs.reruns().items():
-      lines.append(f"Its rerun in `{table}.csv` differs from it by at most {diff:.3g} units "
+      lines.append(f"Its rerun in `{table}.csv` reproduces it exactly on every seed." if diff == 0
+                   else f"Its rerun in `{table}.csv` differs from it by at most {diff:.3g} units "
                    "per seed.")
     lines += ["", "| candidate | stage | seeds | regret (s.e.) | paired p | seeds won | runs |",
               "|---|---|---|---|---|---|---|"]
