@@ -185,9 +185,8 @@ def test_finished_runs_are_read_back_from_their_folders(tmp_path):
 
 def test_the_framework_imports_no_experiment_and_no_module_of_it_imports_itself_back():
   """`experiments.framework` imports itself and `tfcl_jax` only (`lowering`, which builds each
-  experiment's train step, excepted; `regenerate` finds an experiment by the module name its
-  table records), and its modules import each other without a cycle, at the top of a module or
-  inside its functions."""
+  experiment's train step, excepted), and its modules import each other without a cycle, at the
+  top of a module or inside its functions."""
   folder = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "framework"
   names = {path.stem for path in folder.glob("*.py")} - {"__init__"}
   graph = {}
