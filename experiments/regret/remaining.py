@@ -12,7 +12,6 @@ Run: python -m experiments.regret --remaining
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Mapping
 
@@ -23,13 +22,18 @@ _DATA_DIR = ("experiments.retrieval", "experiments.dcrec")
 
 
 def recorded_command(name: str, results: str = RESULTS) -> str | None:
-  """The command `results/NAME.md` records (`Command: \\`...\\``), or None."""
+  """The command `results/NAME.md` records (`experiments.regenerate.recorded_command`), or
+  None when there is no such table or it records none."""
+  from experiments import regenerate  # noqa: PLC0415  (regenerate imports the study's report)
+
   path = os.path.join(results, name + ".md")
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    found = re.search(r"^Command: `(.+)`$", f.read(), re.MULTILINE)
-  return found.group(1) if found else None
+    try:
+      return regenerate.recorded_command(f.read())
+    except ValueError:
+      return None
 
 
 def wanted(row: Row, verdict: Mapping[str, str]) -> list[str]:
