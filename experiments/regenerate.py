@@ -26,8 +26,8 @@ import sys
 
 import ml_collections
 
-from experiments.regret import report as regret
 from experiments.framework import cli, tables
+from experiments.regret import report as regret
 
 _EXPERIMENTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_EXPERIMENTS)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import simclr as experiment
 from experiments import regenerate
+from experiments import simclr as experiment
 from experiments.framework import plan, tables
 from experiments.simclr import train as simclr_train
 from tests import test_simclr_experiment as simclr_tests

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,10 @@ class Curve:
   linestyle: str = "-"
 
 
+LegendLoc = Literal["best", "upper right", "upper left", "lower left", "lower right", "right",
+                    "center left", "center right", "lower center", "upper center", "center"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Figure:
   """A figure: its file `name`, `title`, axes, curves and where its legend goes (matplotlib's)."""
@@ -53,7 +58,7 @@ class Figure:
   curves: tuple[Curve, ...]
   ylabel: str = "gradient scale"
   xscale: str = "linear"
-  legend_loc: str = "best"
+  legend_loc: LegendLoc = "best"
   legend_columns: int = 1
 
 
