@@ -93,6 +93,7 @@ def test_unknown_field_is_one_line_and_exit_2(tmp_path):
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_the_same_command_resumes_and_sigterm_stops_it_with_143(tmp_path):
   proc, log = _simclr(tmp_path, "--config.epochs=400", "--config.log_every=1")
   metrics = tmp_path / "runs" / "free" / "batch_size_256" / "seed0" / "metrics.csv"

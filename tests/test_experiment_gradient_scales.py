@@ -16,6 +16,7 @@ FIGURES = ("figure2_eq4", "figure3_eq4_tau", "figure4_eq7", "figure5_eq13", "eq1
            "scaled_free_scale", "learnable_free_t", "sigmoid_scale", "sigmoid_learnable_t")
 
 
+@pytest.mark.slow
 def test_gradient_scales_cli(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, MPLBACKEND="Agg", JAX_PLATFORMS="cpu")

@@ -62,11 +62,13 @@ def _info_nce_report(mapping, mode, implementation, n, d, dtype, platform):
   return lowering.inspect(lowering.lower(grad, *args, platform=platform), platform=platform)
 
 
-# The scaled free maps share free's tile code (a scalar scale in the tile): one mode each.
-ONE_MODE = {"learnable_free": ("all",), "free_n": ("cross",)}
-CASES = [(name, mode, implementation, platform) for name in MAPPINGS
-         for mode in ONE_MODE.get(name, MODES) for implementation in ("xla", "pallas")
-         for platform in PLATFORMS]
+# The map is code inside the tile, the mode the kernels around it: each map lowers in two modes
+# (the k-th map in modes k and k + 2, cyclically), so that every mode lowers with three or four
+# maps, and every pair is lowered by both implementations for both platforms.
+_MODE_NAMES = list(MODES)
+CASES = [(name, _MODE_NAMES[(k + shift) % len(MODES)], implementation, platform)
+         for k, name in enumerate(MAPPINGS) for shift in (0, 2)
+         for implementation in ("xla", "pallas") for platform in PLATFORMS]
 
 
 @pytest.mark.parametrize("name, mode, implementation, platform", CASES,

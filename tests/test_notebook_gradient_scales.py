@@ -13,7 +13,7 @@ from notebooks import nbtools
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-pytestmark = pytest.mark.notebook  # .ci/run runs these again to keep their outputs
+pytestmark = pytest.mark.notebook  # not in the default run; .ci/run runs them and keeps the outputs
 
 def test_gradient_scales_notebook_runs(tmp_path, monkeypatch):
   notebook = nbformat.read(os.path.join(ROOT, "notebooks", "gradient_scales.ipynb"), as_version=4)

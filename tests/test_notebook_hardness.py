@@ -8,7 +8,7 @@ import pytest
 
 from notebooks import nbtools
 
-pytestmark = pytest.mark.notebook  # .ci/run runs these again to keep their outputs
+pytestmark = pytest.mark.notebook  # not in the default run; .ci/run runs them and keeps the outputs
 
 
 def test_temperature_hardness_notebook_runs(tmp_path):

@@ -15,7 +15,7 @@ from tests import xla_flags
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 
 
-pytestmark = pytest.mark.notebook  # .ci/run runs these again to keep their outputs
+pytestmark = pytest.mark.notebook  # not in the default run; .ci/run runs them and keeps the outputs
 
 def test_quickstart_notebook_runs(monkeypatch):
   pytest.importorskip("ipykernel")
