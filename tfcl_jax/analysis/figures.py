@@ -44,7 +44,7 @@ class Curve:
   linestyle: str = "-"
 
 
-LegendLoc = Literal["best", "upper right", "upper left", "lower left", "lower right", "right",
+_LegendLoc = Literal["best", "upper right", "upper left", "lower left", "lower right", "right",
                     "center left", "center right", "lower center", "upper center", "center"]
 
 
@@ -58,7 +58,7 @@ class Figure:
   curves: tuple[Curve, ...]
   ylabel: str = "gradient scale"
   xscale: str = "linear"
-  legend_loc: LegendLoc = "best"
+  legend_loc: _LegendLoc = "best"
   legend_columns: int = 1
 
 
