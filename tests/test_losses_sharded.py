@@ -153,3 +153,21 @@ def test_gradient_taken_inside_shard_map_is_the_global_gradient():
   expected = jax.value_and_grad(lambda a, b: losses.info_nce(a, b, negatives="all"),
                                 argnums=(0, 1))(z1, z2)
   chex.assert_trees_all_close(step(z1, z2), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss_on_mesh", (losses.info_nce_on_mesh, losses.sigmoid_loss_on_mesh))
+def test_free_n_takes_the_global_candidate_count(loss_on_mesh):
+  """On 8 devices of 2 pairs each, `free_n` scales by the global batch's candidates (16 for
+  cross, 31 for all, plus a bank's 5), not a device's share."""
+  z1, z2, _, bank = _views()
+  mesh = _mesh()
+  cases = [("cross", None, 16), ("all", None, 31)]
+  if loss_on_mesh is losses.info_nce_on_mesh:
+    cases.append(("cross", bank, 21))
+  for negatives, extra, n in cases:
+    kwargs = dict(negatives=negatives, mesh=mesh)
+    if extra is not None:
+      kwargs["extra_negatives"] = extra
+    got = loss_on_mesh(z1, z2, mapping="free_n", **kwargs)
+    want = loss_on_mesh(z1, z2, mapping=mappings.n_aware_free(num_candidates=n), **kwargs)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -222,6 +222,36 @@ def test_info_nce_matches_a_dense_numpy_reference(name, negatives):
     np.testing.assert_allclose(spec(z1, z2, negatives=negatives), want, rtol=2e-5)
 
 
+def test_losses_fill_in_free_n_from_their_own_candidates():
+  """`mapping="free_n"` scales by the loss's candidates per anchor, counted here by hand:
+  cross 9, all 17, cross with a bank of 4 extra negatives 13; the supervised loss 8 (every
+  other row); the sigmoid loss 9 (its columns)."""
+  rows, dim = 9, 6
+  z1 = jax.random.normal(jax.random.key(12), (rows, dim))
+  z2 = z1 + 0.7 * jax.random.normal(jax.random.key(13), (rows, dim))
+  for negatives, n in (("cross", 9), ("all", 17)):
+    want = _info_nce_np(z1, z2, lambda c, n=n: _scaled_free_np(c, _scale(n)), negatives)
+    np.testing.assert_allclose(losses.info_nce(z1, z2, mapping="free_n", negatives=negatives),
+                               want, rtol=2e-5)
+  bank = jax.random.normal(jax.random.key(14), (4, dim))
+  np.testing.assert_allclose(
+      losses.info_nce(z1, z2, mapping="free_n", extra_negatives=bank),
+      losses.info_nce(z1, z2, mapping=mappings.n_aware_free(num_candidates=13),
+                      extra_negatives=bank), rtol=1e-6)
+  labels = jnp.array([0, 0, 1, 1, 2, 2, 3, 3, 3])
+  for form in ("ntxent", "supcon"):
+    np.testing.assert_allclose(
+        losses.supervised_info_nce(z1, labels, mapping="free_n", form=form),
+        losses.supervised_info_nce(z1, labels, form=form,
+                                   mapping=mappings.n_aware_free(num_candidates=8)), rtol=1e-6)
+  np.testing.assert_allclose(
+      losses.sigmoid_loss(z1, z2, mapping="free_n"),
+      losses.sigmoid_loss(z1, z2, mapping=mappings.n_aware_free(num_candidates=9)), rtol=1e-6)
+  # The count is positional, not the free_n of another batch size.
+  assert not np.isclose(losses.info_nce(z1, z2, mapping="free_n"),
+                        losses.info_nce(z1, z2, mapping="free_n=17"))
+
+
 @pytest.mark.parametrize("n", (1999, 8192))
 def test_info_nce_with_a_shifted_or_no_closed_form_matches_numpy(n):
   """s(1999) = 4.46: the closed form sums under a shift of 8 nats in float32; s(8192) = 5.1:
@@ -336,6 +366,12 @@ def test_spec_and_argument_errors():
     losses.from_spec("sigmoid/free_n")
   with pytest.raises(ValueError, match=r"n_aware_free\(num_candidates=N\)"):
     mappings.from_spec("free_n")
+  with pytest.raises(ValueError, match=r"mapping='free_n'"):
+    mappings.as_mapping("free_n")
+  with pytest.raises(ValueError, match="num_candidates"):
+    mappings.as_mapping("free_n", num_candidates=1)
+  with pytest.raises(ValueError, match="Accepted forms"):
+    mappings.as_mapping("free_m", num_candidates=9)
   with pytest.raises(ValueError, match="num_candidates"):
     mappings.from_spec("free_n=1")
   with pytest.raises(ValueError, match="max_scale"):

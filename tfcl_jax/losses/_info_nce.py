@@ -155,8 +155,9 @@ def info_nce(
     z1: `[N, D]` float embeddings of the first view.
     z2: `[N, D]` float embeddings of the second view; row `i` is the positive of `z1[i]`.
     mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`"free"`, `"tau=0.1"`:
-      `mappings.from_spec`) or any callable `cos -> logits`, applied elementwise; default
-      `mappings.temperature_free()`.
+      `mappings.from_spec`; `"free_n"` takes this loss's candidates per anchor, `N` for
+      `"cross"` and `2N - 1` for `"all"`, plus the `K` extra negatives) or any callable
+      `cos -> logits`, applied elementwise; default `mappings.temperature_free()`.
     negatives: `"cross"` or `"all"` (see above).
     symmetric: with `"cross"`, average both directions (CLIP); refused with `"all"`.
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row losses).
@@ -196,12 +197,13 @@ def info_nce(
     _layout.check_finite(z1, name="z1")
     _layout.check_finite(z2, name="z2")
   _layout.check_mode(negatives, symmetric, reduction)
-  mapping = mappings_lib.as_mapping(mapping)
-  if check_finite:
-    _layout.check_parameters(mapping)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
   bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
+  mapping = mappings_lib.as_mapping(
+      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank))
+  if check_finite:
+    _layout.check_parameters(mapping)
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)

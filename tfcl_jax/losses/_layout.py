@@ -207,6 +207,14 @@ def check_extra(extra_negatives, extra_where, dim: int):
   return bank, check_where(extra_where, bank.shape[0], name="extra_where")
 
 
+def candidates_per_anchor(n: int, negatives: str, bank: jax.Array | None = None) -> int:
+  """Candidates per anchor of a batch of `n` pairs (the static count, padding included):
+  `n` for `"cross"`, `2n - 1` for `"all"`, plus the bank's `K` rows. The `N` that the map
+  `free_n` takes from the loss."""
+  count = 2 * n - 1 if negatives == "all" else n
+  return count + (0 if bank is None else bank.shape[0])
+
+
 class Layout(NamedTuple):
   """The sides of the similarity matrix for one mode, and the positives' cosines.
 

@@ -70,7 +70,8 @@ def sharded_info_nce(
   Args:
     z1: `[n, D]` float, this device's first-view embeddings.
     z2: `[n, D]` float, this device's second-view embeddings (row i the positive of `z1[i]`).
-    mapping: `cos -> logits` (a `tfcl_jax.mappings.Mapping`); default temperature-free.
+    mapping: `cos -> logits` (a `tfcl_jax.mappings.Mapping` or a map spec; `"free_n"` counts
+      the global batch's candidates); default temperature-free.
     negatives: `"cross"` or `"all"` as in `losses.info_nce`, over the global batch.
     symmetric: CLIP's two-tower loss (with `"cross"`), as in `losses.info_nce`.
     axis_name: the mesh axis the batch is split over; must be bound by `shard_map`.
@@ -91,12 +92,13 @@ def sharded_info_nce(
   _layout.check_mode(negatives, symmetric, reduction)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
   block_size = _layout.check_block_size(block_size)
-  mapping = mappings_lib.as_mapping(mapping)
   n = z1.shape[0]
   if n * size < 2:
     raise ValueError(f"the global batch needs N >= 2 pairs to have a negative, got N = {n * size}.")
   valid = _layout.check_where(where, n)
   bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
+  mapping = mappings_lib.as_mapping(
+      mapping, num_candidates=_layout.candidates_per_anchor(n * size, negatives, bank))
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)

@@ -109,10 +109,13 @@ def _biased(mapping: mappings_lib.Mapping, bias, relative_bias) -> mappings_lib.
                               mapping.scheduled, mapping.step)
 
 
-def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, local=False):
-  z1, z2 = _layout.check_pair(z1, z2, local=local)
+def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices=None):
+  """Checks the inputs; `devices`: the axis size of a sharded loss (its `z1` a local share)."""
+  z1, z2 = _layout.check_pair(z1, z2, local=devices is not None)
   _layout.check_mode(negatives, False, reduction)
-  mapping = mappings_lib.as_mapping(mapping)
+  batch = z1.shape[0] * (devices or 1)
+  mapping = mappings_lib.as_mapping(
+      mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives))
   bias = _check_bias(bias)
   if relative_bias is not None:
     relative_bias = _check_bias(relative_bias, "relative_bias")
@@ -174,8 +177,9 @@ def sigmoid_loss(
   Args:
     z1: `[N, D]` float embeddings of the first view (images).
     z2: `[N, D]` float embeddings of the second view (texts); row `i` pairs with `z1[i]`.
-    mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`mappings.from_spec`) or a
-      callable `cos -> logits`; default `mappings.temperature_free()`.
+    mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`mappings.from_spec`; `"free_n"`
+      takes `N` candidates per anchor for `"cross"`, `2N - 1` for `"all"`) or a callable
+      `cos -> logits`; default `mappings.temperature_free()`.
     bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
       state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).
     relative_bias: `r` of the relative form instead of `bias`; a float or scalar array.
@@ -263,7 +267,8 @@ def sharded_sigmoid_loss(
     A scalar (mean, sum) or this device's per-row losses.
   """
   size = axis_size(axis_name, loss="sharded_sigmoid_loss", wrapper="sigmoid_loss_on_mesh")
-  z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, local=True)
+  z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction,
+                           devices=size)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
   n = z1.shape[0]
   if n * size < 2:

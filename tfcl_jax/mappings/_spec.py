@@ -147,16 +147,18 @@ def from_spec(text: str) -> Mapping:
   if parsed.needs_candidates:
     raise ValueError(
         f"Map spec {text!r} needs the candidates per anchor N, which only a loss knows: build "
-        f"it with mappings.n_aware_free(num_candidates=N), the map spec 'free_n=N', or the "
-        f"loss spec through losses.from_spec({parsed.spec!r}, num_candidates=N).")
+        f"it with mappings.n_aware_free(num_candidates=N) or the map spec 'free_n=N', or pass "
+        f"{parsed.spec!r} to a loss (mapping={parsed.spec!r}), which fills in its own N.")
   return parsed.build()
 
 
-def as_mapping(mapping: MappingLike | None) -> Mapping:
+def as_mapping(mapping: MappingLike | None, *, num_candidates: int | None = None) -> Mapping:
   """`mapping` as a `Mapping`: a `Mapping` as is, a map spec through `from_spec`, a plain
   callable `cos -> logits` wrapped, None as the default map of every loss (Eq. 11).
 
-  Every function that takes a `mapping` (the losses, the analysis) reads it here.
+  Every function that takes a `mapping` (the losses, the analysis) reads it here. A loss
+  passes its candidates per anchor as `num_candidates`, which fills in the spec `free_n`
+  (`n_aware_free`): `losses.info_nce(z1, z2, mapping="free_n")` scales by its own `N`.
 
   Examples:
     >>> from tfcl_jax import mappings
@@ -166,16 +168,32 @@ def as_mapping(mapping: MappingLike | None) -> Mapping:
     'tau=0.25'
     >>> mappings.as_mapping(None).spec
     'free'
+    >>> mappings.as_mapping("free_n", num_candidates=511).spec   # N from the loss
+    'free_n=511'
+
+  Args:
+    mapping: a `Mapping`, a map spec, a callable `cos -> logits`, or None.
+    num_candidates: the loss's candidates per anchor, an int >= 2, used only by the spec
+      `free_n`; None where no loss is in sight (then `free_n` needs its `N`: `free_n=N`).
 
   Raises:
     TypeError: `mapping` is neither a `Mapping`, a str, a callable nor None.
-    ValueError: a str that is not a map spec (the message lists `SPEC_FORMS`).
+    ValueError: a str that is not a map spec (the message lists `SPEC_FORMS`), or `free_n`
+      without `num_candidates`.
   """
   if mapping is None:
     return temperature_free()
   if isinstance(mapping, Mapping):
     return mapping
   if isinstance(mapping, str):
+    if num_candidates is not None:
+      try:
+        parsed = parse(mapping)
+      except ValueError:
+        parsed = None  # from_spec below says what is wrong, with the accepted forms
+      if parsed is not None and parsed.needs_candidates:
+        return parsed.build(_checks.positive_int(num_candidates, name="num_candidates",
+                                                 minimum=2))
     return from_spec(mapping)
   if not callable(mapping):
     raise TypeError(
