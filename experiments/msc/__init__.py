@@ -7,10 +7,12 @@ One normal class at a time (MSC's protocol; the others are the anomalies). Witho
 `--config.init_checkpoint`, first pretrains the encoder without labels with SimCLR (in
 `DIR/pretrain`). Then per (loss, seed, normal class) (`config.losses`: InfoNCE loss specs)
 MSC fine-tuning and the ROC-AUC of the kNN score (`train`). Writes `DIR/results.csv`,
-`DIR/results.md` (Table 4 layout) and `DIR/roc_auc.png` (`report`). Every check that can fail
-runs before the first step.
+`DIR/results.md` (the command and Table 4; `results_markdown`, which `experiments.regenerate`
+also calls) and `DIR/roc_auc.png` (`report`). Every check that can fail runs before the first
+step.
 """
 
+from experiments.msc.report import results_markdown
 from experiments.msc.train import check_config, train_and_evaluate
 
-__all__ = ["check_config", "train_and_evaluate"]
+__all__ = ["check_config", "results_markdown", "train_and_evaluate"]

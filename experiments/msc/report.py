@@ -82,10 +82,21 @@ def table4(results: list[dict], *, dataset: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def write(results: list[dict], workdir: str, *, dataset: str, figures: bool = True) -> None:
-  """`results.csv` (one row per run), `results.md` (`table4`) and, with `figures`, `roc_auc.png`."""
+def results_markdown(rows: list[dict], config, command: str) -> str:
+  """`results.md` of `rows` made with `config` by `command`: a title, the command and Table 4;
+  what a sweep writes and what `experiments.regenerate` rebuilds from `results.csv`."""
+  title = f"# MSC anomaly detection on {config.dataset}: ROC-AUC per normal class"
+  body = table4(rows, dataset=config.dataset)
+  return "\n".join([title, "", f"Command: `{command}`", "", body.rstrip()]) + "\n"
+
+
+def write(results: list[dict], workdir: str, *, config, command: str,
+          figures: bool = True) -> None:
+  """`results.csv` (one row per run), `results.md` (`results_markdown`) and, with `figures`,
+  `roc_auc.png`."""
+  dataset = config.dataset
   tables.write_results(
-      workdir, results, columns=COLUMNS, markdown=table4(results, dataset=dataset),
+      workdir, results, columns=COLUMNS, markdown=results_markdown(results, config, command),
       figures=[lambda path: write_plot(results, path, dataset=dataset)] if figures else ())
 
 

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments.framework import plan, sweep
+from experiments.framework import plan, sweep, tables
 from experiments.msc import report
 from experiments.simclr import train as simclr_train
 from tfcl_jax import data, losses, models
@@ -299,15 +299,18 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> str:
   return run.directory(directory)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       command: str | None = None) -> list[dict]:
   """Fine-tunes every run of `config` (`check_config` passed) not yet finished in `workdir`,
   after the checks the data, devices and checkpoint decide; pretrains first where needed;
-  writes `results.csv`, `results.md` and `roc_auc.png` (`report.write`).
+  writes `results.csv`, `results.md` (recording `command`, default the one running) and
+  `roc_auc.png` (`report.write`).
 
   Raises:
     ConfigError: a class too small, a batch that does not split over the devices, a
       checkpoint that does not fit the encoder, or a workdir made with another config.
   """
+  command = tables.command_line() if command is None else command
   mesh = simclr_train.make_mesh(config)
   runs = plan_runs(config)
   with plan.config_errors():  # a checkpoint that is absent or does not fit the encoder too
@@ -319,4 +322,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> list[
       config, workdir, runs=runs, plan_fields=PLAN_FIELDS, outputs=(PRETRAIN_DIR,),
       train_run=lambda run: experiment.train(run, workdir), desc="MSC runs",
       write_tables=lambda results: report.write(
-          results, workdir, dataset=config.dataset, figures=len(results) == len(runs)))
+          results, workdir, config=config, command=command,
+          figures=len(results) == len(runs)))
