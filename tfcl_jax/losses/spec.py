@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from tfcl_jax import _checks
 from tfcl_jax import mappings as mappings_lib
+from tfcl_jax.losses import _layout
 from tfcl_jax.losses._dot import dot_product_softmax
 from tfcl_jax.losses._info_nce import info_nce
 from tfcl_jax.losses._sigmoid import BIAS_INITS, sigmoid_bias_init, sigmoid_loss
@@ -183,7 +184,7 @@ def num_candidates(batch_size: int, *, negatives: str) -> int:
   """
   if negatives not in ("all", "cross"):
     raise ValueError(f"negatives must be 'all' or 'cross', got {negatives!r}.")
-  return 2 * batch_size - 1 if negatives == "all" else batch_size
+  return _layout.candidates_per_anchor(batch_size, negatives)
 
 
 class _Parsed(NamedTuple):
