@@ -120,8 +120,8 @@ class SupConTest(parameterized.TestCase):
     def dense(z, params):
       return dense_supcon(z, labels, mapping.bind(params=params))
 
-    got = jax.grad(tiled, argnums=(0, 1))(z, mapping.params)
-    want = jax.grad(dense, argnums=(0, 1))(z, mapping.params)
+    got = jax.jit(jax.grad(tiled, argnums=(0, 1)))(z, mapping.params)
+    want = jax.jit(jax.grad(dense, argnums=(0, 1)))(z, mapping.params)
     chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-6)
 
   def test_jit_and_traced_labels(self):
@@ -178,8 +178,8 @@ class LogQTest(parameterized.TestCase):
       logits = logits + jax.lax.stop_gradient(bias)[None, :]
       return jnp.mean(jax.nn.logsumexp(logits, axis=1) - jnp.diag(logits))
 
-    got = jax.grad(tiled, argnums=(0, 1, 2, 3))(z1, z2, mapping.params, bias)
-    want = jax.grad(dense, argnums=(0, 1, 2, 3))(z1, z2, mapping.params, bias)
+    got = jax.jit(jax.grad(tiled, argnums=(0, 1, 2, 3)))(z1, z2, mapping.params, bias)
+    want = jax.jit(jax.grad(dense, argnums=(0, 1, 2, 3)))(z1, z2, mapping.params, bias)
     chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(got[3], 0.0)
 

@@ -5,6 +5,7 @@ specs and their errors, finite values and gradients at cos = +-1."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import chex
@@ -177,7 +178,7 @@ def test_learnable_free_gradient_scales_match_their_closed_forms(t):
       return losses.info_nce(z1, z2, mapping=bound, reduction="none")[0]
 
     z1, z2 = z_pattern(jnp.asarray(CS))
-    got = jax.vmap(jax.grad(row0), (None, 0, 0))(jnp.float64(t), z1, z2)
+    got = jax.jit(jax.vmap(jax.grad(row0), (None, 0, 0)))(jnp.float64(t), z1, z2)
   np.testing.assert_allclose(np.abs(got), _grad_scale_t(CS, n, s), rtol=1e-9, atol=1e-15)
   assert float(got[0]) == 0.0  # C = 0: no gradient on t, as Eq. 10
 
@@ -325,9 +326,9 @@ def test_pallas_equals_xla_values_and_gradients(name, mode):
     return losses.info_nce(a, b, mapping=mapping, block_size=16, implementation=implementation,
                            **kwargs)
 
-  grad = jax.value_and_grad(loss, argnums=(0, 1, 2))
-  expected = grad(z1, z2, PALLAS_MAPS[name], "xla")
-  got = jax.jit(grad, static_argnums=3)(z1, z2, PALLAS_MAPS[name], "pallas")
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+  expected, got = (grad(z1, z2, PALLAS_MAPS[name], implementation)
+                   for implementation in ("xla", "pallas"))
   chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -412,16 +413,16 @@ def test_finite_values_and_gradients_at_cos_plus_minus_one(name, dtype):
   chex.assert_tree_all_finite(jax.grad(lambda m: jnp.sum(m(edges)))(m))
   # Identical and opposite views: every cosine at +-1, through the losses' closed forms.
   z = jax.random.normal(jax.random.key(0), (6, 8)).astype(dtype)
+
+  @jax.jit
+  def values_and_grads(a, b, m):  # every loss in one program
+    return [jax.value_and_grad(lambda a, b, m, loss=loss: loss(a, b, mapping=m),
+                               argnums=(0, 1, 2))(a, b, m) for loss in (
+        functools.partial(losses.info_nce, negatives="cross"),
+        functools.partial(losses.info_nce, negatives="all"), losses.sigmoid_loss)]
+
   for other in (z, -z):
-    for negatives in ("cross", "all"):
-      value, grads = jax.value_and_grad(
-          lambda a, b, m, negatives=negatives: losses.info_nce(a, b, mapping=m,
-                                                                negatives=negatives),
-          argnums=(0, 1, 2))(z, other, m)
-      chex.assert_tree_all_finite((value, grads))
-    value, grads = jax.value_and_grad(
-        lambda a, b, m: losses.sigmoid_loss(a, b, mapping=m), argnums=(0, 1, 2))(z, other, m)
-    chex.assert_tree_all_finite((value, grads))
+    chex.assert_tree_all_finite(values_and_grads(z, other, m))
 
 
 @pytest.mark.parametrize("n", (2, 511))
@@ -440,18 +441,19 @@ def test_analysis_closed_forms_match_numpy_and_autodiff(n):
         analysis.scaled_free_gradient_scale(jnp.asarray(CS), n, _scale(n)),
         analysis.gradient_scale(mappings.n_aware_free(num_candidates=n), jnp.asarray(CS), n),
         rtol=1e-9)
+    m = mappings.learnable_free()
+
+    def row0(t_value, c):
+      z1, z2 = analysis.pattern.pattern_embeddings(analysis.pattern.paper_pattern(c, n))
+      return losses.info_nce(z1, z2, mapping=m.bind(params={"t": t_value}),
+                             reduction="none")[0]
+
+    autodiff = jax.jit(jax.vmap(jax.grad(row0), (None, 0)))  # one program for every t
     for t in (-0.5, 0.0, 1.0):
       got = analysis.learnable_free_t_gradient_scale(jnp.asarray(CS), n, t)
       np.testing.assert_allclose(got, _grad_scale_t(CS, n, math.exp(t)), rtol=1e-12)
-      m = mappings.learnable_free()
-
-      def row0(t_value, c, m=m):
-        z1, z2 = analysis.pattern.pattern_embeddings(analysis.pattern.paper_pattern(c, n))
-        return losses.info_nce(z1, z2, mapping=m.bind(params={"t": t_value}),
-                               reduction="none")[0]
-
-      autodiff = jax.vmap(jax.grad(row0), (None, 0))(jnp.float64(t), jnp.asarray(CS))
-      np.testing.assert_allclose(got, np.abs(autodiff), rtol=1e-9, atol=1e-15)
+      np.testing.assert_allclose(got, np.abs(autodiff(jnp.float64(t), jnp.asarray(CS))),
+                                 rtol=1e-9, atol=1e-15)
   with pytest.raises(ValueError, match="s must be finite and > 0"):
     analysis.scaled_free_gradient_scale(0.5, n, 0.0)
   with pytest.raises(ValueError, match="C must lie in"):
