@@ -47,7 +47,7 @@ def test_nnx_step_equals_functional_sgd_step():
                            mapping=mappings.temperature_free(), negatives="all")
 
   expected = jax.tree.map(lambda p, g: p - 0.1 * g, params_before,
-                          jax.grad(functional_loss)(params_before))
+                          jax.jit(jax.grad(functional_loss))(params_before))
   optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
   train_step(model, optimizer, x1, x2)
   chex.assert_trees_all_close(nnx.state(model, nnx.Param), expected, rtol=1e-5, atol=1e-6)

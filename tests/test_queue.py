@@ -39,7 +39,7 @@ def test_queue_feeds_info_nce_and_takes_no_gradient():
     q = queue.push(state, a)  # pushed rows are stop_gradient'ed
     return losses.info_nce(a, z2, extra_negatives=q.vectors, extra_where=q.valid)
 
-  value, grad = jax.value_and_grad(loss)(z1)
+  value, grad = jax.jit(jax.value_and_grad(loss))(z1)
   filled = losses.info_nce(z1, z2, extra_negatives=jnp.concatenate([z1[2:], z1, z1[:0]]))
   np.testing.assert_allclose(value, filled, rtol=1e-6)  # slots: z1[2:], then z1 wraps round
   chex.assert_tree_all_finite(grad)
