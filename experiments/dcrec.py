@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
 
 import jax
 import numpy as np
@@ -195,7 +194,6 @@ def train_run(config, data: sequences.SequenceData, graphs: dict, evaluators: di
             for metric, value in evaluators[name](params, splits[name], eval_key).items()}
 
   run_dir = run.directory(workdir)
-  start = time.perf_counter()
   training.train(
       state, train_step=train_step,
       batches=lambda first: epoch_batches(data.train, batch_size=config.batch_size,
@@ -203,7 +201,7 @@ def train_run(config, data: sequences.SequenceData, graphs: dict, evaluators: di
       num_steps=num_steps, key=train_key, mesh=mesh, checkpoint_every=steps_per_epoch,
       eval_every=steps_per_epoch, eval_fn=eval_fn, log_every=config.log_every,
       examples_per_step=config.batch_size, **sweep.train_arguments(config, run, workdir))
-  seconds = time.perf_counter() - start
+  seconds = training.outputs.training_seconds(run_dir)  # the parts before a resume included
   history = training.outputs.read_csv(os.path.join(run_dir, training.outputs.METRICS_FILE))
   evals = tables.read_csv(os.path.join(run_dir, training.outputs.EVAL_FILE))
   best = best_epoch(evals, steps_per_epoch=steps_per_epoch)

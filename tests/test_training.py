@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import os
@@ -195,6 +196,38 @@ def test_resume_equals_uninterrupted_run(tmp_path):
   np.testing.assert_array_equal(rows["step"], np.arange(1, 9))  # no duplicated or lost rows
   uninterrupted = outputs.read_csv(str(tmp_path / "a" / outputs.METRICS_FILE))
   np.testing.assert_allclose(rows["loss"], uninterrupted["loss"], rtol=1e-5)
+
+
+def _set_column(path, column, value):
+  """Rewrites `column` of every row of the CSV at `path` to `value`, or drops it (None)."""
+  with open(path, newline="") as f:
+    rows = list(csv.DictReader(f))
+  fields = [k for k in rows[0] if value is not None or k != column]
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fields, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows([{**row, column: value} for row in rows])
+
+
+def test_training_seconds_add_the_seconds_before_a_resume(tmp_path):
+  with pytest.raises(_Interrupted):
+    _run(tmp_path / "b", stop_after=5)
+  metrics = tmp_path / "b" / outputs.METRICS_FILE
+  first = outputs.read_csv(str(metrics))[outputs.SECONDS]
+  assert np.all(first > 0) and np.all(np.diff(first) >= 0)
+  _set_column(metrics, outputs.SECONDS, "1000.0")  # as if the first part had taken 1000 s
+  _run(tmp_path / "b", resume=True)  # resumes from the checkpoint of step 3
+  seconds = outputs.read_csv(str(metrics))[outputs.SECONDS]
+  np.testing.assert_array_equal(seconds[:3], 1000.0)  # the rows through step 3 are kept
+  assert np.all(seconds[3:] > 1000.0) and np.all(np.diff(seconds) >= 0)
+  assert outputs.training_seconds(str(tmp_path / "b")) == seconds[-1]
+  # A run begun without the column: the seconds before its resume are unknown, not 0.
+  with pytest.raises(_Interrupted):
+    _run(tmp_path / "c", stop_after=5)
+  _set_column(tmp_path / "c" / outputs.METRICS_FILE, outputs.SECONDS, None)
+  _run(tmp_path / "c", resume=True)
+  assert np.isnan(outputs.training_seconds(str(tmp_path / "c")))
+  assert np.isnan(outputs.training_seconds(str(tmp_path / "none")))
 
 
 def test_existing_run_is_not_overwritten_and_resume_checks_config(tmp_path):

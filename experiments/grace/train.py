@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import time
 
 import jax
 
@@ -78,14 +77,13 @@ def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Gr
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
   train_step = make_train_step(config, model, loss, mesh)
   batch = training.sharding.shard_batch(batch, mesh, sharded=False)
-  start = time.perf_counter()
   state = training.train(
       state, train_step=train_step,
       batches=lambda first: itertools.repeat(batch, config.epochs - first),
       num_steps=config.epochs, key=train_key, mesh=mesh, batch_sharded=False,
       checkpoint_every=config.checkpoint_every, log_every=config.log_every,
       **sweep.train_arguments(config, run, workdir))
-  seconds = time.perf_counter() - start
+  seconds = training.outputs.training_seconds(run.directory(workdir))  # resumes included
   history = training.outputs.read_csv(
       os.path.join(run.directory(workdir), training.outputs.METRICS_FILE))["loss"]
   params = state.params

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -194,7 +193,6 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
   evaluate = make_evaluator(model, data, cosine=loss.scores_cosines)
   run_dir = run.directory(workdir)
   scale_start = _scale(loss.params, loss)
-  start = time.perf_counter()
   final = training.train(
       state, train_step=train_step,
       batches=lambda first: batches(start=first), num_steps=num_steps, key=train_key,
@@ -203,7 +201,7 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
                          "scale": _scale(jax.device_get(s.params["loss"]), loss)},
       log_every=config.log_every, examples_per_step=config.batch_size,
       **sweep.train_arguments(config, run, workdir))
-  seconds = time.perf_counter() - start
+  seconds = training.outputs.training_seconds(run_dir)  # the parts before a resume included
   history = training.outputs.read_csv(os.path.join(run_dir, training.outputs.METRICS_FILE))
   evals = tables.read_csv(os.path.join(run_dir, training.outputs.EVAL_FILE))
   scale_end = _scale(final.params["loss"], loss)

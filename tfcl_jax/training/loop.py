@@ -89,6 +89,8 @@ class _MetricsWindow:
     self.pending: list[dict] = []
     self.last_finite: tuple[int, float] | None = None  # (step, loss)
     self.start = time.perf_counter()
+    # Seconds since step 0: this process's, after those of the processes before a resume.
+    self.origin = self.start - out.seconds_before()
 
   def add(self, metrics: dict):
     self.pending.append(metrics)
@@ -99,12 +101,14 @@ class _MetricsWindow:
     if not self.pending:
       return
     rows = jax.device_get(self.pending)
-    elapsed = time.perf_counter() - self.start
+    now = time.perf_counter()
+    elapsed = now - self.start
     # Throughput only where the examples per step are known (a full-graph step has none).
-    rate = {} if self.examples_per_step is None else {
+    timing = {} if self.examples_per_step is None else {
         "examples_per_sec": len(rows) * self.examples_per_step / max(elapsed, 1e-9)}
+    timing[outputs.SECONDS] = now - self.origin
     rows = [{"step": step_number - len(rows) + 1 + i, **{k: float(v) for k, v in row.items()},
-             **rate} for i, row in enumerate(rows)]
+             **timing} for i, row in enumerate(rows)]
     self.outputs.metrics.write(rows)
     for row in rows:
       bad = [name for name in ("loss", "grad_norm")
@@ -119,8 +123,8 @@ class _MetricsWindow:
       self.last_finite = (row["step"], row["loss"])
     self.outputs.scalars("train", rows)
     postfix = {"loss": f"{rows[-1]['loss']:.4f}"}
-    if rate:
-      postfix["ex_per_s"] = f"{rate['examples_per_sec']:.0f}"
+    if "examples_per_sec" in timing:
+      postfix["ex_per_s"] = f"{timing['examples_per_sec']:.0f}"
     self.outputs.bar.set_postfix(postfix)
     self.outputs.bar.update(len(rows))
     self.pending, self.start = [], time.perf_counter()
@@ -201,7 +205,9 @@ def train(
   """Runs `train_step` from the state's step (or the latest checkpoint) to `num_steps`.
 
   Files in `workdir`: `config.json` (checked on resume), `metrics.csv` (one row per step: `step`,
-  the step's metrics, `examples_per_sec` when `examples_per_step` is given), `eval.csv`
+  the step's metrics, `examples_per_sec` when `examples_per_step` is given, and `seconds`, the
+  wall seconds of training from step 0 at the flush that wrote the row, the seconds before a
+  resume included: `outputs.training_seconds`), `eval.csv`
   (`eval_fn` results every `eval_every` steps and at the end), `checkpoints/` (orbax, every
   `checkpoint_every` steps and at the end), `tensorboard/` (the metrics and evaluations as
   TensorBoard scalars, when `tensorboardX` is installed); `outputs` writes all but the

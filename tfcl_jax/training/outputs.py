@@ -20,6 +20,7 @@ import numpy as np
 from tfcl_jax.training.files import DiskFull, atomic_open, is_disk_full
 
 METRICS_FILE = "metrics.csv"  #: the training metrics, one row per step, in the workdir
+SECONDS = "seconds"  #: metrics column: training wall seconds from step 0, across resumes
 EVAL_FILE = "eval.csv"  #: the evaluations, one row per evaluation, in the workdir
 TENSORBOARD_DIR = "tensorboard"  #: TensorBoard's events files, in the workdir
 
@@ -50,6 +51,24 @@ def read_csv(path: str) -> dict[str, np.ndarray]:
                            for row in rows]) for key in rows[0]}
 
 
+def training_seconds(workdir: str) -> float:
+  """A run's training wall seconds from step 0 to its last metrics row, summed over every
+  process that trained it (a run resumed after a stop counts both parts): the `seconds` of the
+  last row of `workdir/metrics.csv`; NaN without one.
+
+  Examples:
+    >>> import os, tempfile
+    >>> from tfcl_jax.training import outputs
+    >>> workdir = tempfile.mkdtemp()
+    >>> with open(os.path.join(workdir, outputs.METRICS_FILE), "w") as f:
+    ...   _ = f.write("step,loss,seconds\\n1,0.5,2.5\\n2,0.25,4.0\\n")
+    >>> outputs.training_seconds(workdir)
+    4.0
+  """
+  column = read_csv(os.path.join(workdir, METRICS_FILE)).get(SECONDS)
+  return float(column[-1]) if column is not None and len(column) else float("nan")
+
+
 class _CsvLog:
   """Appends rows to a CSV; on resume, drops rows past the restored step (they are redone)."""
 
@@ -57,12 +76,14 @@ class _CsvLog:
     self.path = path
     self.fields: Sequence[str] | None = None
     self.enabled = jax.process_index() == 0
+    self.last_kept: dict[str, str] | None = None  # the last row kept on resume
     if self.enabled and os.path.exists(path):
       with open(path, newline="") as f:
         reader = csv.DictReader(f)
         self.fields = reader.fieldnames
         rows = [row for row in reader if int(float(row["step"])) <= keep_through_step]
       self._rewrite(rows)
+      self.last_kept = rows[-1] if rows else None
 
   def _text(self, rows, *, header: bool) -> str:
     buffer = io.StringIO(newline="")
@@ -241,6 +262,18 @@ class Outputs:
     self.summaries = (None if encode is None else
                       _Summaries(os.path.join(workdir, TENSORBOARD_DIR), encode))
     self.bar = _progress_bar(total=num_steps, initial=start, desc=desc, enabled=progress)
+    self.start = start
+
+  def seconds_before(self) -> float:
+    """Training seconds the run spent before `start` (the `seconds` of its `metrics.csv` row
+    at `start`): 0 from step 0; NaN where that row or column is missing (a run begun before the
+    column existed, or another process than 0, which keeps no files)."""
+    if self.start == 0:
+      return 0.0
+    row = self.metrics.last_kept
+    if row is None or int(float(row["step"])) != self.start or row.get(SECONDS) in ("", None):
+      return float("nan")
+    return float(row[SECONDS])
 
   def scalars(self, prefix: str, rows: list[dict[str, float]]):
     """Adds each row's values to TensorBoard as `<prefix>/<name>` at the row's `step`."""
