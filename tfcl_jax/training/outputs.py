@@ -20,7 +20,7 @@ import numpy as np
 from tfcl_jax.training.files import DiskFull, atomic_open, is_disk_full
 
 METRICS_FILE = "metrics.csv"  #: the training metrics, one row per step, in the workdir
-SECONDS = "seconds"  #: metrics column: training wall seconds from step 0, across resumes
+SECONDS = "seconds"  #: the metrics column of the training wall seconds from step 0, across resumes
 EVAL_FILE = "eval.csv"  #: the evaluations, one row per evaluation, in the workdir
 TENSORBOARD_DIR = "tensorboard"  #: TensorBoard's events files, in the workdir
 
