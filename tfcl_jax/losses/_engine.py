@@ -126,12 +126,14 @@ def no_grad(side: Side | None, dvectors) -> Side | None:
   return Side(dvectors, None, None, None, bias)  # pyright: ignore[reportArgumentType]
 
 
-def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> np.ndarray:
+def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+  """The tiles in scan order: their row-block and column-block indices, two int32 vectors."""
   if kind == "symmetric":
-    return np.array([(i, j) for i in range(num_row_blocks) for j in range(i, num_row_blocks)],
-                    np.int32)
-  return np.array([(i, j) for i in range(num_row_blocks) for j in range(num_col_blocks)],
-                  np.int32)
+    pairs = [(i, j) for i in range(num_row_blocks) for j in range(i, num_row_blocks)]
+  else:
+    pairs = [(i, j) for i in range(num_row_blocks) for j in range(num_col_blocks)]
+  rows, cols = np.array(pairs, np.int32).T
+  return rows, cols
 
 
 # Block `index` (a traced scalar, always in range) of stacked blocks. Reads are dynamic slices:
@@ -190,8 +192,7 @@ def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, 
       col_stats = _set(col_stats, j, new_cols)
     return (row_stats, col_stats), None
 
-  (row_stats, col_stats), _ = jax.lax.scan(step, (row_stats, col_stats),
-                                           (pairs[:, 0], pairs[:, 1]))
+  (row_stats, col_stats), _ = jax.lax.scan(step, (row_stats, col_stats), pairs)
   flat = lambda stats: jax.tree.map(lambda x: x.reshape(-1), stats)  # noqa: E731
   return flat(row_stats), None if col_stats is None else flat(col_stats)
 
@@ -241,7 +242,7 @@ def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_l
     return (drows, dcols, dparams, dconsts), None
 
   (drows, dcols, dparams, dconsts), _ = jax.lax.scan(
-      step, (drows, dcols, dparams, dconsts), (pairs[:, 0], pairs[:, 1]))
+      step, (drows, dcols, dparams, dconsts), pairs)
   return (drows.reshape(-1, drows.shape[-1]),
           None if dcols is None else dcols.reshape(-1, dcols.shape[-1]), dparams, dconsts)
 
