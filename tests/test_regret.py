@@ -133,6 +133,20 @@ def test_decision_rule_ties_under_half_a_unit():
   assert study.decision(full, ["free", "free_n"]).startswith("pending")
 
 
+def test_decision_settles_when_no_missing_cell_can_change_it():
+  # free_n has run 1 of 2 rows: its worst case can only grow from 3.0.
+  full = [_summary("free", 2.0, 1), _summary("free_n", 3.0, 2, rows=1)]
+  assert study.settled(full, ["free", "free_n"]) == "free"
+  assert study.decision(full, ["free", "free_n"]).startswith("`free`, settled")
+  full[1]["worst"] = 2.4  # within TIE: the missing row could still tie and then reorder
+  assert study.settled(full, ["free", "free_n"]) is None
+  assert study.decision(full, ["free", "free_n"]).startswith("pending")
+  full[1]["worst"], full[0]["rows"] = 3.0, 1  # nobody has every row: nothing is settled
+  assert study.decision(full, ["free", "free_n"]).startswith("pending")
+  full[0]["rows"], full[1]["rows"], full[1]["worst"] = 2, 0, math.nan  # a candidate with no row
+  assert study.settled(full, ["free", "free_n"]) is None
+
+
 def test_committed_study_is_what_the_csvs_give():
   assert report.differs() == []
 

@@ -294,14 +294,38 @@ def goes_on(screen: Sequence[dict], screening_rows: int) -> dict[str, str]:
   return verdict
 
 
+def settled(full: Sequence[dict], finalists: Sequence[str]) -> str | None:
+  """The candidate the decision rule picks whatever the missing cells hold, or None.
+
+  A row can only raise a candidate's worst-case regret, so a candidate's worst case over the
+  rows it has run is a lower bound of its worst case over every row. A candidate that has every
+  row wins outright if each other finalist's bound is at least TIE above its worst case: then
+  no missing cell can make a tie or reverse the order.
+  """
+  by = {s["candidate"]: s for s in full}
+  for candidate in finalists:
+    mine = by[candidate]
+    if mine["rows"] < mine["of_rows"]:
+      continue
+    if all(by[other]["rows"] > 0 and by[other]["worst"] - mine["worst"] >= TIE
+           for other in finalists if other != candidate):
+      return candidate
+  return None
+
+
 def decision(full: Sequence[dict], finalists: Sequence[str]) -> str:
-  """The decision rule of `docs/regret.md` over the candidates that have every row, or what is
-  still missing."""
+  """The decision rule of `docs/regret.md` over the candidates that have every row; before
+  then, the winner if no missing cell can change it (`settled`), else what is still missing."""
   by = {s["candidate"]: s for s in full}
   missing = [c for c in finalists if by[c]["rows"] < by[c]["of_rows"]]
   if missing:
-    return ("pending: " + ", ".join(f"`{c}` has {by[c]['rows']}/{by[c]['of_rows']} rows"
-                                    for c in missing))
+    still = ", ".join(f"`{c}` has {by[c]['rows']}/{by[c]['of_rows']} rows" for c in missing)
+    winner = settled(full, finalists)
+    if winner is not None:
+      return (f"`{winner}`, settled before every cell has run: each other candidate's worst "
+              f"case over the rows it has run is already at least {TIE} above its "
+              f"{by[winner]['worst']:+.2f} ({still})")
+    return "pending: " + still
   ranked = sorted((by[c] for c in finalists), key=lambda s: s["worst"])
   best = ranked[0]
   tied = [s for s in ranked if s["worst"] - best["worst"] < TIE]
