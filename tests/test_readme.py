@@ -18,8 +18,12 @@ def run_block(heading: str) -> dict:
 
 
 def test_quickstart_block_runs():
-  loss = float(run_block("## Quickstart")["loss"])
+  namespace = run_block("## Quickstart")
+  loss = float(namespace["loss"])
   assert np.isfinite(loss) and 0.0 < loss < np.log(2 * 256 - 1) + 1e-3
+  assert set(namespace["params"]) == {"model", "loss"}
+  t = float(namespace["params"]["loss"]["t"])
+  assert 1e-4 < abs(t) < 1e-2  # one Adam step of 1e-3 moved the scale's t from free's 0
 
 
 def test_nnx_learnable_temperature_block_runs():
