@@ -26,6 +26,12 @@ def test_quickstart_block_runs():
   assert 1e-4 < abs(t) < 1e-2  # one Adam step of 1e-3 moved the scale's t from free's 0
 
 
+def test_docs_index_shows_the_readme_quickstart():
+  index = README.parent / "docs" / "index.md"
+  block = re.compile(r"## Quickstart.*?(```python\n.*?```)", re.S)
+  assert block.search(index.read_text()).group(1) == block.search(README.read_text()).group(1)
+
+
 def test_nnx_learnable_temperature_block_runs():
   namespace = run_block("### With Flax NNX")
   loss, scale = float(namespace["loss"]), float(namespace["scale"])
