@@ -43,15 +43,18 @@ MODES = {"all": ("all", False), "cross": ("cross", False), "symmetric": ("cross"
 
 def _ours(spec: str, mode: str):
   negatives, symmetric = MODES[mode]
-  mapping = mappings.from_spec(spec)
 
   def loss(z1, z2, mapping):
     if symmetric is None:  # SigLIP's loss, bias 0: the free map's closed form applies
       return losses.sigmoid_loss(z1, z2, mapping=mapping, negatives=negatives)
     return losses.info_nce(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric)
 
+  if spec == "free_n":  # the loss fills in its own candidate count; no parameter
+    grad = jax.jit(jax.value_and_grad(lambda z1, z2: loss(z1, z2, spec), argnums=(0, 1)))
+    return grad
   # Gradients reach both views and, for a learnable map, its t.
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+  mapping = mappings.from_spec(spec)
   return lambda z1, z2: grad(z1, z2, mapping)
 
 
