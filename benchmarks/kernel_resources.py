@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import losses, mappings
+from tfcl_jax.training.lowering import lower
 
 # Largest shared memory one block may use (bytes), per compute capability.
 SHARED_LIMIT = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448}
@@ -55,8 +56,8 @@ def triton_modules(spec: str, mode: str, n: int, d: int, dtype) -> list[dict]:
   shape = jax.ShapeDtypeStruct((n, d), dtype)
   lowering.lower_jaxpr_to_triton_module = record
   try:
-    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(
-        shape, shape, mapping).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower(jax.value_and_grad(loss, argnums=(0, 1, 2)), shape, shape, mapping,
+                 platform="cuda").as_text()
   finally:
     lowering.lower_jaxpr_to_triton_module = lower_module
   # Each custom call's compiler options, by kernel name (the module's symbol).

@@ -5,8 +5,9 @@ Most of the suite's time is XLA compiling small programs. The tests compile with
 optimisation level 0 (`--xla_backend_optimization_level=0`; XLA's own HLO passes, fusion
 included, still run) and with XLA:CPU's elemental IR emitters for fused loops instead of its
 MLIR fusion emitters (`--xla_cpu_use_fusion_emitters=false`, about half the compile time of a
-loss and its gradient): every test passes with the same tolerances. Benchmarks and experiments
-run with XLA's defaults. Either flag given in `XLA_FLAGS` is kept.
+loss and its gradient): every test passes with the same tolerances. Each is set only where the
+installed XLA knows it (newer jaxlib releases no longer have the second). Benchmarks and
+experiments run with XLA's defaults. Either flag given in `XLA_FLAGS` is kept.
 
 The cache (a fresh temporary folder, removed at the end) is shared by the pytest-xdist workers
 and the processes the tests start (command lines, two-process runs, notebooks), which compile
@@ -16,17 +17,36 @@ given in `JAX_COMPILATION_CACHE_DIR` is used as is and kept.
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+
+# Compile-time flags of the tests, each kept only where the installed XLA knows it (XLA aborts
+# the process at its first computation on a flag it does not know, e.g. jaxlib >= 0.11 on
+# --xla_cpu_use_fusion_emitters).
+_QUICK_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def _xla_knows(flags: str) -> bool:
+  """Whether a fresh process with these XLA_FLAGS starts JAX's CPU backend."""
+  env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+  probe = [sys.executable, "-c", "import jax; jax.devices()"]
+  return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   _flags += " --xla_force_host_platform_device_count=8"
-if "xla_backend_optimization_level" not in _flags:
-  _flags += " --xla_backend_optimization_level=0"
-if "xla_cpu_use_fusion_emitters" not in _flags:
-  _flags += " --xla_cpu_use_fusion_emitters=false"
-os.environ["XLA_FLAGS"] = _flags.strip()
+# Checked once, by pytest's controller: the xdist workers and subprocesses inherit the result.
+_wanted = []
+if not os.environ.get("TFCL_JAX_TEST_FLAGS_CHECKED"):
+  _wanted = [flag for flag in _QUICK_COMPILE if flag.split("=")[0] not in _flags]
+  if _wanted and not _xla_knows(" ".join(_wanted)):
+    _wanted = [flag for flag in _wanted if _xla_knows(flag)]
+  os.environ["TFCL_JAX_TEST_FLAGS_CHECKED"] = "1"
+_flags = " ".join([_flags.strip(), *_wanted]).strip()
+os.environ["XLA_FLAGS"] = _flags
 
 # Set by the first process that imports this file (pytest's controller); the xdist workers and
 # every subprocess inherit it.

@@ -9,6 +9,7 @@ reports what would not run there: float64 values, host callbacks, CPU-only libra
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import re
 from typing import Any
@@ -24,6 +25,8 @@ MOSAIC_TPU_KERNEL = "tpu_custom_call"
 #: Custom calls of JAX's own partitioning, valid on every platform.
 SHARDING_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
 _CPU_ONLY = re.compile(r"lapack|ducc|cpu")
+#: The GPU a Triton kernel is lowered for on a host without one (sm_90, the Hopper generation).
+ABSTRACT_GPU = "NVIDIA H100"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +99,38 @@ def lower(fn, *args: Any, platform: str, **kwargs: Any) -> jax.stages.Lowered:
   if platform not in PLATFORMS:
     raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}.")
   jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
-  return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
+  with target_device(platform):
+    return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
+
+
+def target_device(platform: str) -> contextlib.AbstractContextManager:
+  """The device a Pallas kernel is lowered for, where the host has none of `platform`.
+
+  Triton's lowering asks the GPU for its compute capability. On a host without a GPU, newer
+  JAX releases need an abstract device to ask instead (`jax.sharding.AbstractDevice`, set by
+  `jax.sharding.use_abstract_mesh`): `ABSTRACT_GPU`, sm_90. The mesh it sets has no axes, so a
+  program's own shardings are unchanged. A no-op for other platforms, where a GPU is present,
+  or where a mesh is already set.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import losses
+    >>> from tfcl_jax.training import lowering
+    >>> z = jax.ShapeDtypeStruct((512, 128), jnp.float32)
+    >>> loss = jax.jit(lambda a, b: losses.info_nce(a, b, implementation="pallas"))
+    >>> with lowering.target_device("cuda"):
+    ...   text = loss.trace(z, z).lower(lowering_platforms=("cuda",)).as_text()
+    >>> lowering.TRITON_KERNEL in text
+    True
+  """
+  if platform not in ("cuda", "rocm") or any(d.platform == "gpu" for d in jax.devices()):
+    return contextlib.nullcontext()
+  abstract_device = getattr(jax.sharding, "AbstractDevice", None)
+  if abstract_device is None or not jax.sharding.get_abstract_mesh().empty:
+    return contextlib.nullcontext()  # older JAX lowers Triton for sm_90 without a GPU
+  kind = ABSTRACT_GPU if platform == "cuda" else "gfx942"
+  device = abstract_device(device_kind=kind, num_cores=None, platform="gpu")
+  return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=device))
 
 
 def inspect(lowered: jax.stages.Lowered, *, platform: str) -> LoweringReport:
