@@ -61,7 +61,8 @@ PAIR_LOSSES = {
     "info_nce_symmetric": lambda a, b, **kw: losses.info_nce(a, b, symmetric=True, **kw),
     "sigmoid_loss": losses.sigmoid_loss,
     "sigmoid_loss_biased": lambda a, b, **kw: losses.sigmoid_loss(a, b, bias=-1.0, **kw),
-    "loss_spec": lambda a, b, **kw: losses.from_spec("sigmoid/free/learn_b=-1")(a, b, **kw),
+    "loss_spec": lambda a, b, **kw: losses.from_spec("sigmoid/free/learn_b=-1")(
+        a, b, params={"bias": -1.0}, **kw),
 }
 MESH_LOSSES = {
     "sharded_info_nce": _sharded(losses.sharded_info_nce),

@@ -157,7 +157,9 @@ def info_nce(
     mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`"free"`, `"tau=0.1"`:
       `mappings.from_spec`; `"free_n"` takes this loss's candidates per anchor, `N` for
       `"cross"` and `2N - 1` for `"all"`, plus the `K` extra negatives) or any callable
-      `cos -> logits`, applied elementwise; default `mappings.temperature_free()`.
+      `cos -> logits`, applied elementwise; default `mappings.temperature_free()`. A map
+      with trainable params is passed built and bound (`m.bind(params=...)`): its spec
+      string is refused, since a string cannot hold the params.
     negatives: `"cross"` or `"all"` (see above).
     symmetric: with `"cross"`, average both directions (CLIP); refused with `"all"`.
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row losses).
@@ -200,7 +202,7 @@ def info_nce(
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
   bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
-  mapping = mappings_lib.as_mapping(
+  mapping = _layout.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank))
   if check_finite:
     _layout.check_parameters(mapping)

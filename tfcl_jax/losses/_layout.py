@@ -183,6 +183,32 @@ def check_parameters(mapping: mappings_lib.Mapping) -> None:
       checkify.check(check.valid, message, check.value)
 
 
+def loss_mapping(mapping: mappings_lib.MappingLike | None, *, num_candidates: int
+                 ) -> mappings_lib.Mapping:
+  """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`); a spec string of a map with
+  trainable params is refused.
+
+  A string cannot hold parameters: the map would be built afresh at their initial values on
+  every call (`learnable_free=100`'s `t = 0`, the temperature-free map itself) and nothing
+  would ever train them. The error says how to hold them.
+
+  Raises:
+    ValueError: `mapping` is a spec string of a map with trainable params.
+  """
+  built = mappings_lib.as_mapping(mapping, num_candidates=num_candidates)
+  if isinstance(mapping, str) and built.learnable:
+    spec, names = built.spec, sorted(built.params)
+    raise ValueError(
+        f"mapping={mapping!r} has trainable params {names}, which a spec string cannot hold: "
+        f"the loss would use their initial values on every call and never train them. Build "
+        f"the map once, m = mappings.from_spec({spec!r}), keep m.params with the trainable "
+        f"params (e.g. params['loss']) and pass mapping=m.bind(params=params['loss']) (the "
+        f"README's quickstart), or name the loss by its loss spec, losses.from_spec({spec!r}), "
+        f"whose params go into the train state; to evaluate at the initial values, pass "
+        f"mapping=mappings.from_spec({spec!r}).")
+  return built
+
+
 def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:
   _checks.one_of(negatives, NEGATIVES, name="negatives")
   _checks.one_of(reduction, REDUCTIONS, name="reduction")

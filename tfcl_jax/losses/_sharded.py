@@ -97,7 +97,7 @@ def sharded_info_nce(
     raise ValueError(f"the global batch needs N >= 2 pairs to have a negative, got N = {n * size}.")
   valid = _layout.check_where(where, n)
   bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
-  mapping = mappings_lib.as_mapping(
+  mapping = _layout.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(n * size, negatives, bank))
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)

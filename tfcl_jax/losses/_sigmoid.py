@@ -114,7 +114,7 @@ def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, device
   z1, z2 = _layout.check_pair(z1, z2, local=devices is not None)
   _layout.check_mode(negatives, False, reduction)
   batch = z1.shape[0] * (devices or 1)
-  mapping = mappings_lib.as_mapping(
+  mapping = _layout.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives))
   bias = _check_bias(bias)
   if relative_bias is not None:
@@ -179,7 +179,8 @@ def sigmoid_loss(
     z2: `[N, D]` float embeddings of the second view (texts); row `i` pairs with `z1[i]`.
     mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`mappings.from_spec`; `"free_n"`
       takes `N` candidates per anchor for `"cross"`, `2N - 1` for `"all"`) or a callable
-      `cos -> logits`; default `mappings.temperature_free()`.
+      `cos -> logits`; default `mappings.temperature_free()`. A map with trainable params
+      is passed built and bound (`m.bind(params=...)`); its spec string is refused.
     bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
       state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).
     relative_bias: `r` of the relative form instead of `bias`; a float or scalar array.

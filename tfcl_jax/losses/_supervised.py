@@ -114,7 +114,8 @@ def supervised_info_nce(
     labels: `[B]` integer labels; equal labels are positives.
     mapping: a `Mapping`, a map spec (`mappings.from_spec`; `"free_n"` takes `B - 1`
       candidates per anchor) or a callable `cos -> logits`; default
-      `mappings.temperature_free()`.
+      `mappings.temperature_free()`. A map with trainable params is passed built and bound
+      (`m.bind(params=...)`); its spec string is refused.
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
     check_finite: check that every input embedding is finite, and that the map's
@@ -145,7 +146,7 @@ def supervised_info_nce(
     raise ValueError(f"labels must have shape [B] = ({z.shape[0]},), got {labels.shape}.")
   _checks.one_of(form, FORMS, name="form")
   block_size = _layout.check_block_size(block_size)
-  mapping = mappings_lib.as_mapping(mapping, num_candidates=z.shape[0] - 1)
+  mapping = _layout.loss_mapping(mapping, num_candidates=z.shape[0] - 1)
   if check_finite:
     _layout.check_parameters(mapping)
   if _checks.is_concrete(labels):

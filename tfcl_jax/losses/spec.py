@@ -115,7 +115,8 @@ class LossSpec:
     Args:
       z1, z2: `[N, D]` float embeddings; row `i` of `z2` is the positive of `z1[i]`.
       params: the trainable scalars (`self.params`' keys), e.g. the train state's
-        `params["loss"]`.
+        `params["loss"]`; required when the loss has any (`self.params` holds their initial
+        values), so that a train step cannot leave them untrained by leaving them out.
       step: the training step a scheduled map reads.
       log_q: `[N]` float log sampling probabilities of the rows of `z2` as candidates; needed by
         a `+logq` loss (each candidate's logit minus `log_q[j]`), refused by the others.
@@ -127,7 +128,8 @@ class LossSpec:
       The loss, as the family's function returns it.
 
     Raises:
-      ValueError: `log_q` missing for a `+logq` loss or given to another.
+      ValueError: `log_q` missing for a `+logq` loss or given to another; `params` missing for
+        a loss with trainable params.
     """
     if self.logq and log_q is None:
       raise ValueError(f"loss {self.spec!r} needs log_q, the candidates' log sampling "
@@ -143,6 +145,11 @@ class LossSpec:
                          f"negatives must be 'cross', got {negatives!r}.")
       return dot_product_softmax(z1, z2, candidate_bias=candidate_bias, **kwargs)
     assert self.mapping is not None  # every family but dot has a map (__post_init__)
+    if params is None and self.params:
+      raise ValueError(
+          f"loss {self.spec!r} has trainable params {sorted(self.params)}: pass params=..., "
+          "e.g. the train state's params['loss'] (loss.params holds their initial values, "
+          "params=loss.params evaluates at them).")
     params = dict(self.params if params is None else params)
     bias = params.pop("bias", self.bias)
     mapping = self.mapping.bind(params=params, step=step)

@@ -168,7 +168,8 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
   if concrete and initial is None:
     initial = math.exp(-float(np.asarray(t)))
   spec = "learnable" if initial is None else f"learnable={format_number(initial)}"
-  if max_scale is not None and concrete:
+  # Built inside a trace (jit, shard_map), `t` from a concrete `tau` is traced, its spec not.
+  if max_scale is not None and initial is not None:
     spec = f"{spec}:{format_number(max_scale)}"
   return Mapping(spec, _Learnable(max_scale),
                  params={"t": jnp.asarray(t, float) if concrete else t})
