@@ -331,7 +331,7 @@ def test_a_sweep_killed_at_random_instants_ends_with_the_uninterrupted_table(tmp
     assert first == second, run
 
 
-# -- 4. non-finite inputs to the losses (`check_finite=True`) -----------------------------------
+# -- 4. non-finite inputs to the losses (`check_finite`) ----------------------------------------
 
 
 def _views():
@@ -356,7 +356,7 @@ def test_check_finite_names_the_view_eagerly_and_under_checkify_jit(name, bad):
   loss = CALLS[name]
   with pytest.raises(ValueError, match=f"^{bad} must be finite .* the first in row 4"):
     loss(views["z1"], views["z2"], check_finite=True)
-  checked = checkify.checkify(jax.jit(lambda a, b: loss(a, b, check_finite=True)))
+  checked = checkify.checkify(jax.jit(lambda a, b: loss(a, b, check_finite="checkify")))
   error, _ = checked(views["z1"], views["z2"])
   assert error.get() is not None and error.get().startswith(f"{bad} must be finite")
   error, value = checked(z1, z2)
@@ -376,7 +376,8 @@ def test_check_finite_of_the_supervised_loss_names_z():
     def loss(z, labels, form=form, **kw):
       return losses.supervised_info_nce(z, labels, form=form, **kw)
 
-    checked = checkify.checkify(jax.jit(lambda z, labels: loss(z, labels, check_finite=True)))
+    checked = checkify.checkify(jax.jit(lambda z, labels: loss(z, labels,
+                                                               check_finite="checkify")))
     assert checked(bad, LABELS)[0].get().startswith("z must be finite")
     error, value = checked(z, LABELS)
     assert error.get() is None and value == jax.jit(loss)(z, LABELS)

@@ -1,5 +1,5 @@
 """Input checks of the losses: an empty feature axis (D = 0), and the map's parameters under
-`check_finite=True` (a traced tau <= 0, a non-finite learnable t, schedule or bias), against
+`check_finite` (a traced tau <= 0, a non-finite learnable t, schedule or bias), against
 NumPy references of the losses written here."""
 
 import chex
@@ -131,10 +131,10 @@ class EmptyFeaturesTest(chex.TestCase):
 
 
 def _checked(loss, mapping_of):
-  """`checkify(jit(tau -> loss(z1, z2, mapping=mapping_of(tau), check_finite=True)))`."""
+  """`checkify(jit(tau -> loss(z1, z2, mapping=mapping_of(tau), check_finite="checkify")))`."""
   z1, z2 = _views()
   return checkify.checkify(jax.jit(
-      lambda value: loss(z1, z2, mapping=mapping_of(value), check_finite=True)))
+      lambda value: loss(z1, z2, mapping=mapping_of(value), check_finite="checkify")))
 
 
 class TracedTemperatureTest(parameterized.TestCase):
@@ -144,14 +144,14 @@ class TracedTemperatureTest(parameterized.TestCase):
     error, _ = _checked(CHECKED[name], mappings.temperature)(tau)
     assert error.get() is not None
     assert error.get().startswith(
-        f"tau must be finite and > 0 (check_finite=True), got {tau} (mapping 'tau=<traced>')")
+        f"tau must be finite and > 0 (check_finite), got {tau} (mapping 'tau=<traced>')")
     with pytest.raises(checkify.JaxRuntimeError, match=r"^tau must be finite and > 0"):
       error.throw()
 
   @parameterized.parameters(float("nan"), float("inf"))
   def test_traced_non_finite_tau_fails(self, tau):
     error, _ = _checked(losses.info_nce, mappings.temperature)(tau)
-    assert error.get().startswith(f"tau must be finite and > 0 (check_finite=True), got {tau}")
+    assert error.get().startswith(f"tau must be finite and > 0 (check_finite), got {tau}")
 
   @parameterized.parameters(*sorted(CHECKED))
   def test_valid_traced_tau_passes_and_equals_the_eager_loss(self, name):
@@ -176,7 +176,7 @@ class TracedTemperatureTest(parameterized.TestCase):
     def loss(tau, check_finite):
       return losses.info_nce(z1, z2, mapping=mappings.temperature(tau), check_finite=check_finite)
 
-    error, grad = checkify.checkify(jax.jit(jax.grad(lambda t: loss(t, True))))(0.5)
+    error, grad = checkify.checkify(jax.jit(jax.grad(lambda t: loss(t, "checkify"))))(0.5)
     assert error.get() is None
     # d/dtau of NumPy's loss, by a central difference in float64.
     step = 1e-5
@@ -200,12 +200,29 @@ class TracedTemperatureTest(parameterized.TestCase):
         lambda tau: losses.info_nce(z1, z2, mapping=mappings.temperature(tau))))(0.0)
     assert error.get() is None
 
-  def test_check_finite_under_jit_needs_checkify(self):
-    # The existing contract of check_finite=True under jit: JAX refuses an unfunctionalized check.
+  @parameterized.parameters(*sorted(CHECKED))
+  def test_check_finite_true_under_a_trace_says_what_to_do(self, name):
+    # True checks concrete values; traced ones (jit, grad) are refused with the way to check
+    # them, naming check_finite, not JAX's generic message about unfunctionalized checks.
     z1, z2 = _views()
-    with pytest.raises(ValueError, match="checkify"):
-      jax.jit(lambda tau: losses.info_nce(z1, z2, mapping=mappings.temperature(tau),
-                                          check_finite=True))(0.5)
+    loss = CHECKED[name]
+    traced = "z" if name.startswith("supervised") else "z1"
+    for transform in (jax.jit, jax.grad):
+      with pytest.raises(ValueError, match=rf"^check_finite=True checks concrete values, but "
+                         rf"{traced} is traced .* check_finite='checkify' .*checkify.checkify"):
+        transform(lambda a: loss(a, z2, check_finite=True))(z1)
+    # The map's traced parameter, with concrete embeddings.
+    with pytest.raises(ValueError, match=r"but the parameter tau of mapping 'tau=<traced>' is "
+                                         r"traced"):
+      jax.jit(lambda tau: loss(z1, z2, mapping=mappings.temperature(tau),
+                               check_finite=True))(0.5)
+
+  @parameterized.parameters(1, "yes", None)
+  def test_check_finite_takes_its_three_values_only(self, value):
+    z1, z2 = _views()
+    with pytest.raises(ValueError, match=r"check_finite must be one of \(False, True, "
+                                         r"'checkify'\)"):
+      losses.info_nce(z1, z2, check_finite=value)
 
   def test_eager_non_positive_tau_is_refused_when_built(self):
     for tau in (0.0, -1.0):
@@ -219,14 +236,14 @@ class OtherMapParametersTest(parameterized.TestCase):
     z1, z2 = _views()
     base = mappings.learnable_temperature(tau=0.5)
 
-    def loss(m, check_finite=True):
+    def loss(m, check_finite="checkify"):
       return losses.info_nce(z1, z2, mapping=m, check_finite=check_finite)
 
     bad = base.bind(params={"t": jnp.asarray(jnp.nan)})
     error, _ = checkify.checkify(jax.jit(loss))(bad)  # the map's params are traced leaves
     assert error.get().startswith(
-        "t must be finite (check_finite=True), got nan (mapping 'learnable=0.5')")
-    with pytest.raises(ValueError, match=r"^t must be finite \(check_finite=True\), got nan"):
+        "t must be finite (check_finite), got nan (mapping 'learnable=0.5')")
+    with pytest.raises(ValueError, match=r"^t must be finite \(check_finite\), got nan"):
       loss(bad)  # concrete: raised at once
     assert np.isnan(loss(bad, check_finite=False))
     error, value = checkify.checkify(jax.jit(loss))(base)
@@ -239,14 +256,14 @@ class OtherMapParametersTest(parameterized.TestCase):
     annealed = mappings.annealed_temperature(lambda step: 0.5 - 0.1 * jnp.asarray(step, float),
                                              spec="falling")
     loss = jax.jit(lambda step: losses.info_nce(z1, z2, mapping=annealed.bind(step=step),
-                                                check_finite=True))
+                                                check_finite="checkify"))
     error, value = checkify.checkify(loss)(0)
     assert error.get() is None
     np.testing.assert_allclose(value, numpy_info_nce(z1, z2, 0.5), rtol=1e-5)
     for step in (5, 7):
       error, _ = checkify.checkify(loss)(step)
       assert error.get().startswith(
-          "tau = schedule(step) must be finite and > 0 (check_finite=True), got ")
+          "tau = schedule(step) must be finite and > 0 (check_finite), got ")
       assert "(mapping 'falling')" in error.get()
     with pytest.raises(ValueError, match=r"^tau = schedule\(step\) must be finite and > 0"):
       losses.info_nce(z1, z2, mapping=annealed.bind(step=6), check_finite=True)
@@ -255,10 +272,10 @@ class OtherMapParametersTest(parameterized.TestCase):
     z1, z2 = _views()
     for kw, name in (({"bias": jnp.asarray(jnp.nan)}, "bias"),
                      ({"relative_bias": jnp.asarray(jnp.inf)}, "relative_bias")):
-      loss = jax.jit(lambda kw: losses.sigmoid_loss(z1, z2, mapping="tau=0.5", check_finite=True,
-                                                    **kw))
+      loss = jax.jit(lambda kw: losses.sigmoid_loss(z1, z2, mapping="tau=0.5",
+                                                    check_finite="checkify", **kw))
       error, _ = checkify.checkify(loss)(kw)
-      assert error.get().startswith(f"{name} must be finite (check_finite=True)")
+      assert error.get().startswith(f"{name} must be finite (check_finite)")
     # The bias does not hide the map's own check.
     error, _ = _checked(lambda a, b, **kw: losses.sigmoid_loss(a, b, bias=jnp.asarray(-1.0),
                                                                **kw), mappings.temperature)(0.0)

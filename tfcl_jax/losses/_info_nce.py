@@ -85,7 +85,7 @@ def info_nce(
     extra_where: jax.typing.ArrayLike | None = None,
     implementation: str = "xla",
     candidate_bias: jax.typing.ArrayLike | None = None,
-    check_finite: bool = False,
+    check_finite: bool | str = False,
 ) -> jax.Array:
   r"""InfoNCE of two views with a pluggable similarity-to-logit map (Eq. 1, 11).
 
@@ -145,8 +145,8 @@ def info_nce(
     >>> losses.info_nce(bad, z2, check_finite=True)
     Traceback (most recent call last):
     ...
-    ValueError: z1 must be finite (check_finite=True), got 1 NaN/inf value(s), the first in row 3.
-    >>> jitted = jax.jit(lambda a, b: losses.info_nce(a, b, check_finite=True))
+    ValueError: z1 must be finite (check_finite), got 1 NaN/inf value(s), the first in row 3.
+    >>> jitted = jax.jit(lambda a, b: losses.info_nce(a, b, check_finite="checkify"))
     >>> error, loss = checkify.checkify(jitted)(bad, z2)
     >>> error.get().startswith("z1 must be finite")
     True
@@ -175,15 +175,16 @@ def info_nce(
     implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
       Pallas interpreter elsewhere, which is slow and meant for tests).
-    check_finite: check that every input embedding is finite, and that the map's
-      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` > 0, a
-      learnable `t` finite): `ValueError` naming the argument or parameter when called with
-      concrete arrays; under `jit`, a `jax.experimental.checkify` check, so wrap the caller:
-      `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()` (without the
-      wrapper JAX refuses to trace the check). Off by default: it costs a reduction over the
-      inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
-      `tau = 0` gives a NaN loss, `tau < 0` a finite but meaningless one (a concrete
-      `tau <= 0` is refused by `mappings.temperature` itself).
+    check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
+      that the map's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` >
+      0, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete arrays.
+      `True` checks concrete values only and refuses traced ones (inside `jit`, `grad`, `vmap`)
+      with a `ValueError` that says what to do; `"checkify"` checks traced values too, as
+      `jax.experimental.checkify` checks that the caller reports: `err, loss =
+      checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a reduction
+      over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
+      `tau = 0` gives a NaN loss, `tau < 0` a finite but meaningless one (a concrete `tau <= 0` is
+      refused by `mappings.temperature` itself).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or the per-row losses: `[N]` (`cross`) or
@@ -195,9 +196,9 @@ def info_nce(
     arXiv 2501.17683, Eq. 1, 11 and 12.
   """
   z1, z2 = _layout.check_pair(z1, z2)
-  if check_finite:
-    _layout.check_finite(z1, name="z1")
-    _layout.check_finite(z2, name="z2")
+  if _layout.check_finite_mode(check_finite):
+    _layout.check_finite(z1, name="z1", mode=check_finite)
+    _layout.check_finite(z2, name="z2", mode=check_finite)
   _layout.check_mode(negatives, symmetric, reduction)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
@@ -205,7 +206,7 @@ def info_nce(
   mapping = _layout.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank))
   if check_finite:
-    _layout.check_parameters(mapping)
+    _layout.check_parameters(mapping, mode=check_finite)
 
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)

@@ -139,46 +139,79 @@ def check_pair(z1, z2, *, local: bool = False, names: tuple[str, str] = ("z1", "
   return z1, z2
 
 
-def check_finite(x: jax.Array, *, name: str) -> None:
-  """`check_finite=True` of the losses: every value of `x` is finite (no NaN, no inf).
+#: The values of the losses' `check_finite`: off, checks of concrete values, or checks that
+#: `jax.experimental.checkify` reports from inside a trace.
+CHECK_FINITE = (False, True, "checkify")
 
-  Concrete `x` (called outside `jit`) raises at once; a traced `x` adds a
-  `jax.experimental.checkify` check, reported by the function that `checkify.checkify` wraps
-  (under `jit` the check must be functionalized that way; JAX refuses it otherwise).
+
+def check_finite_mode(check_finite) -> bool | str:
+  """`check_finite` checked: one of `CHECK_FINITE`.
 
   Raises:
-    ValueError: concrete `x` holds a NaN or an inf; names `name` and the first bad row.
+    ValueError: any other value.
+  """
+  if not any(check_finite is value or (isinstance(value, str) and check_finite == value)
+             for value in CHECK_FINITE):
+    raise ValueError(f"check_finite must be one of {CHECK_FINITE}, got {check_finite!r}.")
+  return check_finite
+
+
+def _traced(what: str) -> ValueError:
+  return ValueError(
+      f"check_finite=True checks concrete values, but {what} is traced (the loss is inside "
+      "jax.jit, grad, vmap or another transformation). A check inside a trace is reported only "
+      "through jax.experimental.checkify: pass check_finite='checkify' and wrap the traced "
+      "function, error, value = checkify.checkify(jax.jit(f))(...), then error.throw() raises "
+      "the first failed check.")
+
+
+def check_finite(x: jax.Array, *, name: str, mode: bool | str) -> None:
+  """`check_finite` of the losses: every value of `x` is finite (no NaN, no inf).
+
+  Concrete `x` (called outside any transformation) raises at once. A traced `x` adds a
+  `jax.experimental.checkify` check under `mode="checkify"`, reported by the function that
+  `checkify.checkify` wraps; under `mode=True` it is refused, since JAX can report a check
+  inside a trace only through checkify.
+
+  Raises:
+    ValueError: concrete `x` holds a NaN or an inf (names `name` and the first bad row); a
+      traced `x` under `mode=True` (says how to check it).
   """
   if _checks.is_concrete(x):
     bad = ~np.isfinite(np.asarray(x))
     if bad.any():
       row = int(np.argwhere(bad)[0][0])
-      raise ValueError(f"{name} must be finite (check_finite=True), got {int(bad.sum())} "
+      raise ValueError(f"{name} must be finite (check_finite), got {int(bad.sum())} "
                        f"NaN/inf value(s), the first in row {row}.")
     return
-  checkify.check(jnp.all(jnp.isfinite(x)), f"{name} must be finite (check_finite=True), got "
+  if mode != "checkify":
+    raise _traced(name)
+  checkify.check(jnp.all(jnp.isfinite(x)), f"{name} must be finite (check_finite), got "
                  "NaN/inf value(s).")
 
 
-def check_parameters(mapping: mappings_lib.Mapping) -> None:
-  """`check_finite=True` of the losses: the map's parameters meet its declared conditions.
+def check_parameters(mapping: mappings_lib.Mapping, *, mode: bool | str) -> None:
+  """`check_finite` of the losses: the map's parameters meet its declared conditions.
 
   `Mapping.parameter_checks`: a traced `tau` finite and > 0, a learnable `t` finite, ...
-  A concrete condition raises at once; a traced one adds a `jax.experimental.checkify` check,
-  as `check_finite` does. Without it a traced `tau = 0` gives a non-finite loss and `tau < 0`
-  a finite but meaningless one.
+  A concrete condition raises at once; a traced one adds a `jax.experimental.checkify` check
+  under `mode="checkify"` and is refused under `mode=True`, as `check_finite` does. Without it
+  a traced `tau = 0` gives a non-finite loss and `tau < 0` a finite but meaningless one.
 
   Raises:
-    ValueError: a concrete parameter fails its condition; names the parameter and the map.
+    ValueError: a concrete parameter fails its condition (names the parameter and the map);
+      a traced one under `mode=True`.
   """
   for check in mapping.parameter_checks():
     # `{}` is checkify's slot for the traced value; braces of the names are escaped.
-    condition = f"{check.name} must be {check.requirement} (check_finite=True)"
+    condition = f"{check.name} must be {check.requirement} (check_finite)"
     message = (condition.replace("{", "{{").replace("}", "}}") + ", got {} (mapping "
                + repr(mapping.spec).replace("{", "{{").replace("}", "}}") + ").")
     if _checks.is_concrete(check.valid):
       if not bool(check.valid):
         raise ValueError(message.format(np.asarray(check.value)))
+    elif mode != "checkify":
+      raise _traced(f"the parameter {check.name} of mapping {mapping.spec!r}")
     else:
       checkify.check(check.valid, message, check.value)
 

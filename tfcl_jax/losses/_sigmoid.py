@@ -136,7 +136,7 @@ def sigmoid_loss(
     reduction: str = "mean",
     where: jax.typing.ArrayLike | None = None,
     block_size: int | None = None,
-    check_finite: bool = False,
+    check_finite: bool | str = False,
 ) -> jax.Array:
   r"""The sigmoid contrastive loss (SigLIP) with a pluggable similarity-to-logit map.
 
@@ -172,7 +172,7 @@ def sigmoid_loss(
     >>> losses.sigmoid_loss(z1, z2.at[0, 0].set(jnp.inf), check_finite=True)
     Traceback (most recent call last):
     ...
-    ValueError: z2 must be finite (check_finite=True), got 1 NaN/inf value(s), the first in row 0.
+    ValueError: z2 must be finite (check_finite), got 1 NaN/inf value(s), the first in row 0.
 
   Args:
     z1: `[N, D]` float embeddings of the first view (images).
@@ -188,16 +188,17 @@ def sigmoid_loss(
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row sums).
     where: optional `[N]` bool mask of valid pairs (padded batches).
     block_size: the largest tile side, or None (automatic).
-    check_finite: check that every input embedding is finite, and that the map's
-      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` > 0, a
-      learnable `t` finite), and `bias` (or `relative_bias`) finite: `ValueError` naming the
-      argument or parameter when called with concrete arrays; under `jit`, a
-      `jax.experimental.checkify` check, so wrap the caller:
-      `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()` (without the
-      wrapper JAX refuses to trace the check). Off by default: it costs a reduction over the
-      inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
-      `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a finite but meaningless one
-      (a concrete `tau <= 0` is refused by `mappings.temperature` itself).
+    check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
+      that the map's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` >
+      0, a learnable `t` finite), and `bias` (or `relative_bias`) finite: `ValueError` naming the
+      argument or parameter on concrete arrays. `True` checks concrete values only and refuses
+      traced ones (inside `jit`, `grad`, `vmap`) with a `ValueError` that says what to do;
+      `"checkify"` checks traced values too, as `jax.experimental.checkify` checks that the caller
+      reports: `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by
+      default: it costs a reduction over the inputs. Without it a NaN input gives a NaN loss, and a
+      traced `tau` is not checked: `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a
+      finite but meaningless one (a concrete `tau <= 0` is refused by `mappings.temperature`
+      itself).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or `[N]` (`cross`) / `[2N]` (`all`)
@@ -208,10 +209,10 @@ def sigmoid_loss(
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
   z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction)
-  if check_finite:
-    _layout.check_finite(z1, name="z1")
-    _layout.check_finite(z2, name="z2")
-    _layout.check_parameters(mapping)
+  if _layout.check_finite_mode(check_finite):
+    _layout.check_finite(z1, name="z1", mode=check_finite)
+    _layout.check_finite(z2, name="z2", mode=check_finite)
+    _layout.check_parameters(mapping, mode=check_finite)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)

@@ -66,7 +66,7 @@ def supervised_info_nce(
     mapping: mappings_lib.MappingLike | None = None,
     form: str = "ntxent",
     block_size: int | None = None,
-    check_finite: bool = False,
+    check_finite: bool | str = False,
 ) -> jax.Array:
   r"""Supervised contrastive loss: positives share a label; `form` picks how they are scored.
 
@@ -107,7 +107,7 @@ def supervised_info_nce(
     >>> losses.supervised_info_nce(z.at[5, 1].set(jnp.nan), labels, check_finite=True)
     Traceback (most recent call last):
     ...
-    ValueError: z must be finite (check_finite=True), got 1 NaN/inf value(s), the first in row 5.
+    ValueError: z must be finite (check_finite), got 1 NaN/inf value(s), the first in row 5.
 
   Args:
     z: `[B, D]` float embeddings.
@@ -118,15 +118,16 @@ def supervised_info_nce(
       (`m.bind(params=...)`); its spec string is refused.
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
-    check_finite: check that every input embedding is finite, and that the map's
-      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` > 0, a
-      learnable `t` finite): `ValueError` naming the argument or parameter when called with
-      concrete arrays; under `jit`, a `jax.experimental.checkify` check, so wrap the caller:
-      `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()` (without the
-      wrapper JAX refuses to trace the check). Off by default: it costs a reduction over the
-      inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
-      `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a finite but meaningless one
-      (a concrete `tau <= 0` is refused by `mappings.temperature` itself).
+    check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
+      that the map's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` >
+      0, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete arrays.
+      `True` checks concrete values only and refuses traced ones (inside `jit`, `grad`, `vmap`)
+      with a `ValueError` that says what to do; `"checkify"` checks traced values too, as
+      `jax.experimental.checkify` checks that the caller reports: `err, loss =
+      checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a reduction
+      over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
+      `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a finite but meaningless one (a
+      concrete `tau <= 0` is refused by `mappings.temperature` itself).
 
   Returns:
     A float32 scalar (0 if there is no positive pair under `jit`; concrete labels with no
@@ -137,8 +138,8 @@ def supervised_info_nce(
     arXiv 2501.17683, Eq. 1 and 11.
   """
   z = _layout.check_embeddings(z, name="z", rows="B")
-  if check_finite:
-    _layout.check_finite(z, name="z")
+  if _layout.check_finite_mode(check_finite):
+    _layout.check_finite(z, name="z", mode=check_finite)
   labels = jnp.asarray(labels)
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise TypeError(f"labels must have an integer dtype, got {labels.dtype}.")
@@ -148,7 +149,7 @@ def supervised_info_nce(
   block_size = _layout.check_block_size(block_size)
   mapping = _layout.loss_mapping(mapping, num_candidates=z.shape[0] - 1)
   if check_finite:
-    _layout.check_parameters(mapping)
+    _layout.check_parameters(mapping, mode=check_finite)
   if _checks.is_concrete(labels):
     # NumPy: under `jit` jnp would trace even concrete labels (closed over) and not convert.
     values = np.asarray(labels)

@@ -138,9 +138,9 @@ class Mapping:
     infinite logits and a non-finite loss, and `tau < 0` finite logits of the wrong sign,
     hence a finite but meaningless loss. The map's `fn` declares its checks
     (`fn.parameter_checks(params, step)`, as it declares `exp_form`); the losses run them under
-    `check_finite=True` (a `jax.experimental.checkify` check under `jit`). Maps whose
-    parameters are concrete and checked when built (free, fixed `tau`, DySTreSS) and plain
-    callables declare none: `()`.
+    `check_finite` (under `jit`, `check_finite="checkify"`: a `jax.experimental.checkify`
+    check). Maps whose parameters are concrete and checked when built (free, fixed `tau`,
+    DySTreSS) and plain callables declare none: `()`.
 
     Examples:
       >>> import jax, jax.numpy as jnp

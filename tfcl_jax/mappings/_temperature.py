@@ -62,7 +62,7 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
   representational limit of Example 3.1.
 
   A traced `tau` (inside `jit`) is not known when the map is built: the losses check it
-  under `check_finite=True` (`Mapping.parameter_checks`, a `checkify` check). Without that
+  under `check_finite="checkify"` (`Mapping.parameter_checks`, a `checkify` check). Without that
   check a traced `tau = 0` gives infinite logits (NaN at `cos = 0`) and a non-finite loss
   (NaN for `losses.info_nce`), and `tau < 0` logits of the wrong sign: a finite but
   meaningless loss.
@@ -75,15 +75,15 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
     0.5
     >>> z = jax.random.normal(jax.random.key(0), (4, 8))
     >>> loss = jax.jit(lambda tau: losses.info_nce(z, z, mapping=mappings.temperature(tau),
-    ...                                            check_finite=True))
+    ...                                            check_finite="checkify"))
     >>> error, _ = checkify.checkify(loss)(0.0)
     >>> print(error.get())  # doctest: +ELLIPSIS
-    tau must be finite and > 0 (check_finite=True), got 0.0 (mapping 'tau=<traced>')...
+    tau must be finite and > 0 (check_finite), got 0.0 (mapping 'tau=<traced>')...
 
   Args:
     tau: temperature, > 0. May be a traced array (e.g. `schedule(step)`); a
       concrete value <= 0 raises `ValueError`, a traced one is checked by the losses'
-      `check_finite=True`.
+      `check_finite="checkify"`.
 
   Returns:
     A `Mapping`.
@@ -239,7 +239,7 @@ def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") 
   """Division by a scheduled temperature, `cos / schedule(step)`.
 
   The schedule's `tau` at the bound step is checked (finite, > 0) by the losses'
-  `check_finite=True`, like a traced `temperature(tau)`; the schedules of
+  `check_finite="checkify"`, like a traced `temperature(tau)`; the schedules of
   `tfcl_jax.schedules` stay above 0 by construction.
 
   Examples:
