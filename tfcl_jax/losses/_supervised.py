@@ -118,16 +118,10 @@ def supervised_info_nce(
       (`m.bind(params=...)`); its spec string is refused.
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
-    check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
-      that the map's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` >
-      0, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete arrays.
-      `True` checks concrete values only and refuses traced ones (inside `jit`, `grad`, `vmap`)
-      with a `ValueError` that says what to do; `"checkify"` checks traced values too, as
-      `jax.experimental.checkify` checks that the caller reports: `err, loss =
-      checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a reduction
-      over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
-      `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a finite but meaningless one (a
-      concrete `tau <= 0` is refused by `mappings.temperature` itself).
+    check_finite: `False`, `True` or `"checkify"`, as in `losses.info_nce`: every input
+      embedding finite and the map's parameters meet its conditions (`True`: concrete
+      values, a `ValueError` naming `z` and the first bad row; `"checkify"`: under `jit`
+      too, a `checkify` check the caller reports). Off by default.
 
   Returns:
     A float32 scalar (0 if there is no positive pair under `jit`; concrete labels with no
