@@ -9,6 +9,7 @@ import them all.
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import sys
 from collections.abc import Callable
@@ -66,6 +67,8 @@ def run_main(
       raise app.UsageError(usage)
     if quiet_logs:
       logging.set_verbosity(logging.WARNING)
+    # JAX's probe of absent backends ("Unable to initialize backend 'tpu'") is INFO, not a fault.
+    std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
     try:
       check_config(config.value)
     except plan.ConfigError as error:
