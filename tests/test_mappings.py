@@ -299,3 +299,52 @@ def test_logit_scale_is_refused_for_maps_without_one(spec):
 def test_as_mapping_reads_spec_strings():
   assert mappings.as_mapping("learnable=0.07:100").spec == "learnable=0.07:100"
   assert float(mappings.as_mapping(" tau=0.5 ")(0.25)) == pytest.approx(0.5)
+
+
+class MapFunctionContractTest(parameterized.TestCase):
+  """A map's optional forms are a declared contract (`MapFunction`), not looked up by name."""
+
+  def test_a_plain_function_is_wrapped_and_declares_nothing(self):
+    m = mappings.Mapping("double", lambda cos, params, step: 2.0 * cos)
+    assert isinstance(m.fn, mappings.MapFunction)
+    assert m.exp_form(jnp.float32) is None and m.log_sigmoid_form(jnp.float32) is None
+    assert m.parameter_checks() == ()
+    np.testing.assert_allclose(m(jnp.asarray([0.25, -0.5])), [0.5, -1.0])
+    with pytest.raises(TypeError, match="logit scale"):
+      mappings.logit_scale(m)
+
+  def test_a_map_function_must_be_callable(self):
+    class NoCall(mappings.MapFunction):
+      pass
+
+    with pytest.raises(TypeError, match="abstract"):
+      NoCall()
+    with pytest.raises(TypeError, match="fn must be a MapFunction or a callable"):
+      mappings.Mapping("three", 3)
+
+  def test_what_a_user_map_declares_reaches_the_library(self):
+    # 3 cos with its closed form exp(3c - 3) and scale 3: the loss through the declared form
+    # equals the NumPy loss, and logit_scale reads the declaration.
+    class Triple(mappings.MapFunction):
+      def __call__(self, cos, params, step):
+        return 3.0 * cos
+
+      def exp_form(self, dtype):
+        weight = lambda cos: jnp.exp(3.0 * cos - 3.0)  # noqa: E731
+        return mappings.ExpForm(3.0, weight, lambda cos: 3.0 * weight(cos))
+
+      def logit_scale(self, params):
+        return jnp.asarray(3.0)
+
+    from tfcl_jax import losses  # noqa: PLC0415
+
+    m = mappings.Mapping("triple", Triple())
+    assert m.exp_form(jnp.float32).shift == 3.0 and float(mappings.logit_scale(m)) == 3.0
+    z1 = np.random.default_rng(0).normal(size=(6, 4))
+    z2 = z1 + 0.5 * np.random.default_rng(1).normal(size=(6, 4))
+    u1 = z1 / np.linalg.norm(z1, axis=1, keepdims=True)
+    u2 = z2 / np.linalg.norm(z2, axis=1, keepdims=True)
+    logits = 3.0 * u1 @ u2.T
+    expected = np.mean(np.log(np.exp(logits).sum(1)) - np.diag(logits))
+    np.testing.assert_allclose(losses.info_nce(z1.astype(np.float32), z2.astype(np.float32),
+                                               mapping=m), expected, rtol=1e-5)

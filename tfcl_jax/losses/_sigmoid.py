@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -64,11 +63,11 @@ def _check_bias(bias, name: str = "bias"):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: the inner map may hold a tracer
-class _Biased:
+class _Biased(mappings_lib.MapFunction):
   """`f(c) + b`, or `f(c) - f(r)` (`relative`): the params are `f`'s and `"bias"` (`b`), or
   `"relative_bias"` (`r`), beside them."""
 
-  inner: Callable[..., jax.Array]
+  inner: mappings_lib.MapFunction
   relative: bool
 
   @property
@@ -91,9 +90,7 @@ class _Biased:
   def parameter_checks(self, params, step) -> tuple[mappings_lib.ParameterCheck, ...]:
     # The inner map's own checks, then the bias's: a NaN or infinite bias gives a non-finite loss.
     inner, bias = self.split(params)
-    declare = getattr(self.inner, "parameter_checks", None)
-    checks = () if declare is None else tuple(declare(inner, step))
-    return (*checks, finite_check(self.key, bias))
+    return (*self.inner.parameter_checks(inner, step), finite_check(self.key, bias))
 
 
 def _biased(mapping: mappings_lib.Mapping, bias, relative_bias) -> mappings_lib.Mapping:

@@ -3,7 +3,8 @@ r"""Similarity-to-logit maps for InfoNCE: fixed, free, learnable, dynamic and an
 Section 2 of Kim & Kim (arXiv 2501.17683) feeds `cos / tau` to the softmax
 (Eq. 1); Section 4 replaces it with the scaled log-odds `2 artanh(cos)` (Eq. 11).
 
-Every map is a `Mapping` (a pytree: learnable scalars are its leaves):
+Every map is a `Mapping` (a pytree: learnable scalars are its leaves) around a `MapFunction`,
+the pure map with the closed forms, checks and logit scale it declares to the losses:
 
 - `temperature(tau)`: `cos / tau` (Eq. 1);
 - `temperature_free()`: `2 artanh(cos)` (Eq. 11), the default of every loss;
@@ -21,6 +22,7 @@ Every map is a `Mapping` (a pytree: learnable scalars are its leaves):
 from tfcl_jax.mappings._base import (
     ExpForm,
     LogSigmoidForm,
+    MapFunction,
     Mapping,
     MappingLike,
     ParameterCheck,
@@ -40,6 +42,7 @@ __all__ = [
     "SPEC_FORMS",
     "ExpForm",
     "LogSigmoidForm",
+    "MapFunction",
     "Mapping",
     "MappingLike",
     "ParameterCheck",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Mapping as MappingType
@@ -9,12 +10,59 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tfcl_jax import _checks
 
 # Largest spread of logits, in nats, that a fixed shift may cover: `exp(f(c) - shift)` then
 # stays above exp(-60) ~ 1e-26, far from float32's smallest normal (1e-38).
 FIXED_SHIFT_RANGE = {4: 60.0, 8: 600.0}
+
+
+class MapFunction(abc.ABC):
+  """The pure map inside a `Mapping`, `fn(cos, params, step) -> logits`, and what it declares.
+
+  A map implements `__call__`; the other methods are its optional contract with the losses,
+  each declaring nothing by default: cheaper closed forms (`exp_form`, `log_sigmoid_form`),
+  conditions on its parameters (`parameter_checks`) and its logit scale (`logit_scale`).
+  `Mapping` wraps a plain function `fn(cos, params, step)` in one that declares nothing.
+  """
+
+  @abc.abstractmethod
+  def __call__(self, cos: jax.Array, params: MappingType[str, Any], step: jax.Array
+               ) -> jax.Array:
+    """The logits of `cos` under `params` at training `step`."""
+
+  def exp_form(self, dtype: np.dtype) -> ExpForm | None:
+    """`exp(f(c) - shift)` in closed form for cosines of `dtype`, or None (no such form)."""
+    del dtype
+    return None
+
+  def log_sigmoid_form(self, dtype: np.dtype) -> LogSigmoidForm | None:
+    """`-log sigmoid(s f(c))` in closed form for cosines of `dtype`, or None."""
+    del dtype
+    return None
+
+  def parameter_checks(self, params: MappingType[str, Any], step: jax.Array
+                       ) -> tuple[ParameterCheck, ...]:
+    """The conditions its parameters must meet (none for maps checked when built)."""
+    del params, step
+    return ()
+
+  def logit_scale(self, params: MappingType[str, Any]) -> jax.Array | None:
+    """The factor it multiplies cosines (or free's logits) by, or None (no single scale)."""
+    del params
+    return None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: a closure may hold a tracer
+class _Plain(MapFunction):
+  """A plain function `fn(cos, params, step)` as a `MapFunction` that declares nothing."""
+
+  fn: Callable[..., jax.Array]
+
+  def __call__(self, cos, params, step):
+    return self.fn(cos, params, step)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -45,20 +93,27 @@ class Mapping:
 
   Attributes:
     spec: its canonical map spec (`from_spec(mapping.spec)` rebuilds it; docs/specs.md).
-    fn: `fn(cos, params, step) -> logits`, the pure map.
+    fn: the pure map, a `MapFunction` (`fn(cos, params, step) -> logits` and its declared
+      forms); a plain function `fn(cos, params, step)` is wrapped in one that declares none.
     params: trainable scalars, `{}` for non-learnable maps.
     scheduled: whether the map depends on `step`.
     step: the step fixed by `bind` (None: 0).
   """
 
   spec: str
-  fn: Callable[..., jax.Array] = dataclasses.field(repr=False)
+  fn: MapFunction = dataclasses.field(repr=False)
   params: dict[str, Any] = dataclasses.field(default_factory=dict)
   scheduled: bool = False
   step: Any = dataclasses.field(default=None, repr=False)
 
-  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any],
-                                  tuple[str, Callable[..., jax.Array], bool]]:
+  def __post_init__(self):
+    if not isinstance(self.fn, MapFunction):
+      if not callable(self.fn):
+        raise TypeError(f"fn must be a MapFunction or a callable fn(cos, params, step), got "
+                        f"{type(self.fn).__name__}.")
+      object.__setattr__(self, "fn", _Plain(self.fn))
+
+  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any], tuple[str, MapFunction, bool]]:
     return (self.params, self.step), (self.spec, self.fn, self.scheduled)
 
   @classmethod
@@ -120,7 +175,7 @@ class Mapping:
     parameters (their gradient goes through `fn`), or its logits span more than the dtype can
     hold under one shift (e.g. `tau < 1/30` in float32).
     """
-    return self._declared("exp_form", dtype)
+    return None if self.params else self.fn.exp_form(jnp.dtype(dtype))
 
   def log_sigmoid_form(self, dtype: jax.typing.DTypeLike) -> LogSigmoidForm | None:
     """The map's closed form of `-log sigmoid(s f(c))`, `s = +-1`, if it has one.
@@ -128,7 +183,7 @@ class Mapping:
     The sigmoid (SigLIP) loss uses it instead of `softplus(-s f(c))`. Eq. 11 has one:
     `sigmoid(2 artanh c) = (1 + c) / 2`. None as for `exp_form`.
     """
-    return self._declared("log_sigmoid_form", dtype)
+    return None if self.params else self.fn.log_sigmoid_form(jnp.dtype(dtype))
 
   def parameter_checks(self) -> tuple[ParameterCheck, ...]:
     """The conditions the map's parameters must meet, at its `params` and bound `step`.
@@ -137,7 +192,7 @@ class Mapping:
     scheduled `tau` at a traced step) cannot check them when it is built: `cos / 0` gives
     infinite logits and a non-finite loss, and `tau < 0` finite logits of the wrong sign,
     hence a finite but meaningless loss. The map's `fn` declares its checks
-    (`fn.parameter_checks(params, step)`, as it declares `exp_form`); the losses run them under
+    (`MapFunction.parameter_checks`, as it declares `exp_form`); the losses run them under
     `check_finite` (under `jit`, `check_finite="checkify"`: a `jax.experimental.checkify`
     check). Maps whose parameters are concrete and checked when built (free, fixed `tau`,
     DySTreSS) and plain callables declare none: `()`.
@@ -159,16 +214,7 @@ class Mapping:
       One `ParameterCheck` per condition; `valid` is a traced bool scalar where the
       parameter is traced.
     """
-    declare = getattr(self.fn, "parameter_checks", None)
-    if declare is None:
-      return ()
-    return tuple(declare(self.params, self.bound_step()))
-
-  def _declared(self, name: str, dtype):
-    declare = getattr(self.fn, name, None)
-    if declare is None or self.params:
-      return None
-    return declare(jnp.dtype(dtype))
+    return tuple(self.fn.parameter_checks(self.params, self.bound_step()))
 
 
 class ParameterCheck(NamedTuple):
@@ -224,6 +270,13 @@ class LogSigmoidForm:
 MappingLike = Mapping | str | Callable[[jax.Array], jax.Array]
 """What the losses and the analysis accept as `mapping`: a `Mapping`, a map spec
 (`from_spec`), or a callable `cos -> logits` (`as_mapping` turns each into a `Mapping`)."""
+
+
+def capped_exp(t: jax.typing.ArrayLike, max_scale: float | None,
+               dtype: jax.typing.DTypeLike | None = None) -> jax.Array:
+  """`min(exp(t), max_scale)` (`exp(t)` without a cap), computed in `dtype`: a learnt scale."""
+  scale = jnp.exp(jnp.asarray(t, dtype))
+  return scale if max_scale is None else jnp.minimum(scale, max_scale)
 
 
 def format_number(x) -> str:

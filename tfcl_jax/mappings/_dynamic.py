@@ -9,7 +9,13 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
-from tfcl_jax.mappings._base import FIXED_SHIFT_RANGE, ExpForm, Mapping, format_number
+from tfcl_jax.mappings._base import (
+    FIXED_SHIFT_RANGE,
+    ExpForm,
+    MapFunction,
+    Mapping,
+    format_number,
+)
 
 
 def dynamic_tau(cos: jax.typing.ArrayLike, *, tau_min: float, tau_max: float) -> jax.Array:
@@ -29,7 +35,7 @@ def dynamic_tau(cos: jax.typing.ArrayLike, *, tau_min: float, tau_max: float) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class _Dynamic:
+class _Dynamic(MapFunction):
   """DySTreSS: `s / stop_gradient(tau(s))`."""
 
   tau_min: float

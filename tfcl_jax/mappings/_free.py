@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax.mappings._base import ExpForm, LogSigmoidForm, Mapping
+from tfcl_jax.mappings._base import ExpForm, LogSigmoidForm, MapFunction, Mapping
 
 # How many units in the last place below 1 the temperature-free map saturates.
 # A normalised dot product of a vector with itself lands within a few ulps of 1
@@ -54,7 +54,7 @@ def _weight_grad_of(low, high):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Free:
+class _Free(MapFunction):
   """Eq. 11, `log1p(c) - log1p(-c)` after an 8-ulp clamp; `exp` of it is `(1 + c) / (1 - c)`."""
 
   def __call__(self, cos, params, step):

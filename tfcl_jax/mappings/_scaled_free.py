@@ -12,12 +12,14 @@ import numpy as np
 
 from tfcl_jax import _checks
 from tfcl_jax.mappings._base import (
-    ExpForm,
-    LogSigmoidForm,
-    Mapping,
-    ParameterCheck,
-    finite_check,
-    format_number,
+  ExpForm,
+  LogSigmoidForm,
+  MapFunction,
+  Mapping,
+  ParameterCheck,
+  capped_exp,
+  finite_check,
+  format_number,
 )
 from tfcl_jax.mappings._free import _clip_slope, _Free, _free_margin, max_free_logit
 
@@ -36,13 +38,16 @@ def _free_logit(cos):
 
 
 @dataclasses.dataclass(frozen=True)
-class _ScaledFree:
+class _ScaledFree(MapFunction):
   """`scale * 2 artanh(c)` with a concrete `scale`; `exp` of it is `((1 + c)/(1 - c))^scale`."""
 
   scale: float
 
   def __call__(self, cos, params, step):
     return jnp.asarray(self.scale, cos.dtype) * _free_logit(cos)
+
+  def logit_scale(self, params) -> jax.Array:
+    return jnp.asarray(self.scale)
 
   def exp_form(self, dtype) -> ExpForm | None:
     if self.scale == 1.0:
@@ -160,16 +165,16 @@ def n_aware_free(*, num_candidates: int) -> Mapping:
 
 
 @dataclasses.dataclass(frozen=True)
-class _LearnableFree:
+class _LearnableFree(MapFunction):
   """`min(exp(t), max_scale) * 2 artanh(c)`, `t` in `params`."""
 
   max_scale: float | None = None
 
   def __call__(self, cos, params, step):
-    scale = jnp.exp(jnp.asarray(params["t"], cos.dtype))
-    if self.max_scale is not None:
-      scale = jnp.minimum(scale, self.max_scale)
-    return scale * _free_logit(cos)
+    return capped_exp(params["t"], self.max_scale, cos.dtype) * _free_logit(cos)
+
+  def logit_scale(self, params) -> jax.Array:
+    return capped_exp(params["t"], self.max_scale)
 
   def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
     # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from tfcl_jax import _checks, schedules
-from tfcl_jax.mappings._base import Mapping, MappingLike, format_number
+from tfcl_jax.mappings._base import Mapping, MappingLike, _Plain, format_number
 from tfcl_jax.mappings._dynamic import check_range, dynamic_temperature
 from tfcl_jax.mappings._free import temperature_free
 from tfcl_jax.mappings._scaled_free import learnable_free, n_aware_free
@@ -200,4 +200,4 @@ def as_mapping(mapping: MappingLike | None, *, num_candidates: int | None = None
         f"mapping must be a callable cos -> logits (a tfcl_jax.mappings.Mapping or a plain "
         f"function), a map spec string such as 'free' or 'tau=0.1' (mappings.from_spec), or "
         f"None (the temperature-free map); got {type(mapping).__name__}.")
-  return Mapping("callable", lambda cos, params, step: mapping(cos))
+  return Mapping("callable", _Plain(lambda cos, params, step: mapping(cos)))

@@ -13,23 +13,27 @@ from tfcl_jax import _checks, schedules
 from tfcl_jax.mappings._base import (
     FIXED_SHIFT_RANGE,
     ExpForm,
+    MapFunction,
     Mapping,
     ParameterCheck,
+    capped_exp,
     finite_check,
     format_number,
     positive_check,
 )
-from tfcl_jax.mappings._scaled_free import _LearnableFree, _ScaledFree
 
 
 @dataclasses.dataclass(frozen=True)
-class _Temperature:
+class _Temperature(MapFunction):
   """`cos / tau` with a concrete `tau` (Eq. 1)."""
 
   tau: float
 
   def __call__(self, cos, params, step):
     return cos / jnp.asarray(self.tau, cos.dtype)
+
+  def logit_scale(self, params) -> jax.Array:
+    return jnp.asarray(1.0 / self.tau)
 
   def exp_form(self, dtype) -> ExpForm | None:
     if 2.0 / self.tau > FIXED_SHIFT_RANGE[dtype.itemsize]:
@@ -43,7 +47,7 @@ class _Temperature:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, as a tracer must be
-class _TracedTemperature:
+class _TracedTemperature(MapFunction):
   """`cos / tau` with a traced `tau`, known only when the program runs."""
 
   tau: jax.Array
@@ -95,16 +99,16 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Learnable:
+class _Learnable(MapFunction):
   """`min(exp(t), max_scale) * cos` (Eq. 8), `t` in `params`."""
 
   max_scale: float | None = None
 
   def __call__(self, cos, params, step):
-    scale = jnp.exp(jnp.asarray(params["t"], cos.dtype))
-    if self.max_scale is not None:
-      scale = jnp.minimum(scale, self.max_scale)
-    return scale * cos
+    return capped_exp(params["t"], self.max_scale, cos.dtype) * cos
+
+  def logit_scale(self, params) -> jax.Array:
+    return capped_exp(params["t"], self.max_scale)
 
   def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
     # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.
@@ -207,15 +211,10 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
   Raises:
     TypeError: `mapping` has no single logit scale.
   """
-  fn = mapping.fn if isinstance(mapping, Mapping) else None
-  if isinstance(fn, _Temperature):
-    return jnp.asarray(1.0 / fn.tau)
-  if isinstance(fn, _ScaledFree):
-    return jnp.asarray(fn.scale)
-  if isinstance(fn, (_Learnable, _LearnableFree)):
-    params = mapping.params if params is None else params
-    scale = jnp.exp(jnp.asarray(params["t"]))
-    return scale if fn.max_scale is None else jnp.minimum(scale, fn.max_scale)
+  if isinstance(mapping, Mapping):
+    scale = mapping.fn.logit_scale(mapping.params if params is None else params)
+    if scale is not None:
+      return scale
   spec = mapping.spec if isinstance(mapping, Mapping) else type(mapping).__name__
   raise TypeError(f"mapping must be a fixed or learnable temperature (cos / tau, "
                   f"min(exp(t), max_scale) cos) or a scaled free map (s 2 artanh(cos)) to have "
@@ -223,7 +222,7 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Annealed:
+class _Annealed(MapFunction):
   """`cos / schedule(step)`."""
 
   schedule: schedules.Schedule
