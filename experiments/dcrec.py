@@ -33,7 +33,7 @@ import os
 import jax
 import numpy as np
 
-from experiments.framework import cli, plan, sweep, tables
+from experiments.framework import experiment, lowering, plan, sweep, tables
 from tfcl_jax import losses, training
 from tfcl_jax.data import movielens, sequences
 from tfcl_jax.evaluation import ranking
@@ -163,6 +163,29 @@ def initial_state(config, model: dcrec.DCRec, loss: losses.LossSpec, example: di
       tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
                                  total_steps=num_steps, schedule="constant"),
       apply_fn=model.apply, loss_params=loss.params)
+
+
+def abstract_step(config, mesh, *, spec: str = "free", num_users: int = 943,
+                  num_items: int = 1682, ratings_per_user: int = 106, seed: int = 0):
+  """The step with abstract `(state, batch, key)` (`framework.lowering`) on random
+  interactions of the given sizes (default: MovieLens-100K's 943 users, 1,682 items, ~100,000
+  ratings)."""
+  rng = np.random.default_rng(seed)
+  users = np.repeat(np.arange(num_users), ratings_per_user)
+  ratings = movielens.Ratings(user=users, item=rng.integers(0, num_items, users.size),
+                              rating=np.ones(users.size, np.float32),
+                              timestamp=np.arange(users.size), source="random")
+  data = sequences.build_sequences(ratings, max_length=config.max_length)
+  graphs = dcrec_objective.make_graphs(data, k=config.top_k, phase="train")
+  model = make_model(config, data)
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
+                                                                     negatives="cross"))
+  train_step = make_train_step(config, model, loss, graphs, mesh)
+  example = next(epoch_batches(data.train, batch_size=config.batch_size, seed=seed, start=0,
+                               num_steps=1))
+  initial = jax.eval_shape(functools.partial(initial_state, config, model, loss, example,
+                                             num_steps=10), jax.random.key(0))
+  return train_step.jitted, (initial, lowering.shapes(example), lowering.key())
 
 
 def train_run(config, data: sequences.SequenceData, graphs: dict, evaluators: dict,
@@ -353,6 +376,10 @@ def train_and_evaluate(config, workdir: str, *, command: str | None = None) -> l
                      write_tables=write_tables)
 
 
+EXPERIMENT = experiment.Experiment(
+    name="dcrec", kind="sweep", train_and_evaluate=train_and_evaluate, check_config=check_config,
+    configs=tuple(f"experiments/configs/dcrec_{name}.py" for name in ("ml100k", "ml1m", "ml20m")),
+    results_markdown=results_markdown, abstract_step=abstract_step, reads_files=True)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config,
-               usage="pass --config=experiments/configs/dcrec_ml100k.py --workdir=DIR")
+  EXPERIMENT.main()

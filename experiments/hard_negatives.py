@@ -24,7 +24,7 @@ import numpy as np
 import tqdm
 
 from experiments import studies
-from experiments.framework import cli, plan, tables
+from experiments.framework import experiment, plan, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -193,10 +193,10 @@ def check_config(config) -> None:
       mappings.from_spec(spec)
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
   """Trains every map's instances at every hard fraction (`check_config` passed); writes
   `results.csv`, `results.md` and `hard_negatives.png`."""
-  os.makedirs(workdir, exist_ok=True)
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   rows = []
   n_hard = jnp.asarray([round(h * config.negatives) for h in config.hard_fractions])
@@ -238,6 +238,10 @@ normalize(v + {config.augment} n), n ~ N(0, I/d) drawn afresh, so positives cann
 the cosines reported (and the separation) are those of the unperturbed vectors."""
 
 
+EXPERIMENT = experiment.Experiment(
+    name="hard_negatives", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/hard_negatives.py",),
+    default_config=DEFAULT_CONFIG, results_markdown=results_markdown)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
-               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")
+  EXPERIMENT.main()

@@ -24,7 +24,7 @@ import numpy as np
 import tqdm
 
 from experiments import studies
-from experiments.framework import cli, plan, tables
+from experiments.framework import experiment, plan, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -284,10 +284,10 @@ def check_config(config) -> None:
                            f"tau=<value> only, got {not_referenced}.")
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
   """Runs both parts (`check_config` passed); writes `results.csv`, `results.md`,
   `stuck_t.png` and `precision.png`."""
-  os.makedirs(workdir, exist_ok=True)
   stuck_rows, stuck_curves = stuck_t_study(config)
   precision_rows, precision_curves = precision_study(config)
   # One CSV for both parts: the union of their columns, blanks where a part has none.
@@ -332,6 +332,10 @@ positive pairs with 1 - cos below the free map's float32 clamp (4.8e-7: zero gra
 """
 
 
+EXPERIMENT = experiment.Experiment(
+    name="learnable_vs_free", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/learnable_vs_free.py",),
+    default_config=DEFAULT_CONFIG, results_markdown=results_markdown)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
-               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")
+  EXPERIMENT.main()

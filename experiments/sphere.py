@@ -25,7 +25,7 @@ import numpy as np
 import tqdm
 
 from experiments import studies
-from experiments.framework import cli, plan, tables
+from experiments.framework import experiment, plan, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 from tfcl_jax.analysis import geometry
 
@@ -218,10 +218,10 @@ def check_config(config) -> None:
       mappings.from_spec(spec.format(steps=config.steps))
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
   """Runs every (setting, map, optimizer) (`check_config` passed) and writes results.csv,
   results.md and PNGs."""
-  os.makedirs(workdir, exist_ok=True)
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   betas = {"sgd": float("inf"), "langevin": float(config.beta0)}
   rows, curves = [], {setting: {} for setting in config.settings}
@@ -275,6 +275,10 @@ the u_i at the simplex with that draw (a reference, not a proven optimum: it can
 """
 
 
+EXPERIMENT = experiment.Experiment(
+    name="sphere", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/sphere.py",),
+    default_config=DEFAULT_CONFIG, results_markdown=results_markdown)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
-               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")
+  EXPERIMENT.main()

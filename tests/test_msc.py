@@ -337,7 +337,7 @@ def test_the_pretraining_config_is_checked_as_simclr_checks_it():
 
 def test_experiment_rejects_empty_normal_class():
   mesh = sharding.make_mesh(jax.devices()[:1])
-  experiment = msc_train.Experiment(_config(), mesh)
+  experiment = msc_train.Trainer(_config(), mesh)
   labels = experiment.images.train_labels
   experiment.images = dataclasses.replace(experiment.images,
                                           train_labels=np.where(labels == 3, 4, labels))

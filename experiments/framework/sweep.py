@@ -9,15 +9,19 @@ end.
   disk) is not finished and the run is redone, with a one-line notice;
 - `train_arguments`: what one run passes to `tfcl_jax.training.train`, the same for every
   experiment (its folder, its recorded config, `resume`, `progress`, its label);
-- `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes).
+- `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes);
+- `study`: a study's `train_and_evaluate` (no runs: its tables computed in one go) under the
+  same workdir rules as a sweep: its lock held throughout, its config recorded and checked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -110,17 +114,38 @@ def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
   return results
 
 
+@contextlib.contextmanager
+def prepared(config, workdir: str, *, plan_fields: Sequence[str] = (),
+             outputs: Sequence[str] = ()) -> Iterator[None]:
+  """Within it, `workdir` is checked against `config` and holds its lock (`workdir.prepare`);
+  the lock is released on the way out unless it was held before."""
+  held = workdirs.holds(workdir)
+  try:
+    workdirs.prepare(workdir, config, plan_fields=plan_fields, outputs=outputs)
+    yield
+  finally:
+    if not held:
+      workdirs.release(workdir)
+
+
 def sweep(config, workdir: str, *, runs: Sequence[plan.Run], train_run: Callable[[plan.Run], dict],
           write_tables: Callable[[list[dict]], None] | None = None,
           plan_fields: Sequence[str] = (), outputs: Sequence[str] = (),
           desc: str = "runs") -> list[dict]:
-  """An experiment's whole sweep: `workdir.prepare` for `config`, then `run_all` of `runs`
-  (progress as `config.progress` says), holding the workdir's lock throughout."""
-  held = workdirs.holds(workdir)
-  try:
-    workdirs.prepare(workdir, config, plan_fields=plan_fields, outputs=outputs)
+  """An experiment's whole sweep: `run_all` of `runs` (progress as `config.progress` says)
+  within `prepared(config, workdir)`."""
+  with prepared(config, workdir, plan_fields=plan_fields, outputs=outputs):
     return run_all(runs, train_run, workdir=workdir, write_tables=write_tables,
                    progress=plan.progress(config), desc=desc)
-  finally:
-    if not held:
-      workdirs.release(workdir)
+
+
+def study(train_and_evaluate: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+  """A study's `train_and_evaluate(config, workdir)` run within `prepared(config, workdir)`:
+  one study at a time per workdir, and a workdir made with another config refused."""
+
+  @functools.wraps(train_and_evaluate)
+  def run(config, workdir: str):
+    with prepared(config, workdir):
+      return train_and_evaluate(config, workdir)
+
+  return run

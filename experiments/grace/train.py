@@ -14,7 +14,7 @@ import os
 
 import jax
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import lowering, plan, sweep, tables
 from experiments.grace import report
 from tfcl_jax import losses, training
 from tfcl_jax.data import planetoid
@@ -62,6 +62,15 @@ def make_train_step(config, model: gcn.GRACE, loss: losses.LossSpec, mesh):
                                             feature_rate=config.feature_rate,
                                             block_size=config.block_size)
   return training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
+
+
+def abstract_step(config, mesh, *, spec: str = "free"):
+  """The full-graph step with abstract `(state, batch, key)` (`framework.lowering`) on
+  `config`'s Planetoid graph (read from `config.data_dir`: its sizes and edges)."""
+  graph, batch = load_graph(config)
+  model, loss, initial, _ = build(config, graph, batch, plan.Run(spec, 0))
+  train_step = make_train_step(config, model, loss, mesh)
+  return train_step.jitted, (lowering.shapes(initial), lowering.shapes(batch), lowering.key())
 
 
 def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import lowering, plan, sweep, tables
 from experiments.retrieval import report
 from tfcl_jax import losses, mappings, training
 from tfcl_jax.data import interactions, movielens, movielens_features
@@ -175,6 +175,42 @@ def build(config, data: Data, loss: losses.LossSpec, example: dict, key: jax.Arr
                                           item_features=items, log_q=jnp.asarray(data.log_q),
                                           reduction=config.reduction)
   return model, state, training.make_train_step(loss_fn, mesh=mesh)
+
+
+# Vocabulary sizes (index 0 included) and bag lengths of MovieLens-100K's features.
+_ML100K_VOCAB = {"age": 8, "gender": 3, "occupation": 22, "zip": 12, "year": 10, "title": 611,
+                 "genres": 20}
+_ML100K_BAGS = {"title": 10, "genres": 6}
+
+
+def abstract_step(config, mesh, *, spec: str = "free", num_users: int = 943,
+                  num_items: int = 1682, num_pairs: int = 80_000, seed: int = 0):
+  """The step with abstract `(state, batch, key)` (`framework.lowering`): `config`'s towers,
+  objective and batch on random features of MovieLens-100K's sizes."""
+  rng = np.random.default_rng(seed)
+
+  def side(features: str, rows: int) -> movielens_features.Encoded:
+    categorical, bags, sizes = {}, {}, {}
+    for name in features.split(","):
+      size = rows + 1 if name.endswith("_id") else _ML100K_VOCAB[name]
+      if name in _ML100K_BAGS:
+        bags[name] = rng.integers(0, size, (rows, _ML100K_BAGS[name])).astype(np.int32)
+      else:
+        categorical[name] = rng.integers(0, size, rows).astype(np.int32)
+      sizes[name] = size
+    return movielens_features.Encoded(np.arange(rows), categorical, bags, sizes)
+
+  pairs = interactions.Pairs(rng.integers(0, num_users, num_pairs).astype(np.int32),
+                             rng.integers(0, num_items, num_pairs).astype(np.int32))
+  data = Data(pairs, pairs, num_users, num_items, side(config.query_features, num_users),
+              side(config.candidate_features, num_items), None, np.zeros(num_items, np.float32))
+  example = next(interactions.batches(pairs, batch_size=config.batch_size, seed=seed, start=0,
+                                      num_steps=1))
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
+                                                                     negatives="cross"))
+  _, initial, train_step = build(config, data, loss, example, jax.random.key(0), mesh=mesh,
+                                 num_steps=10)
+  return train_step.jitted, (lowering.shapes(initial), lowering.shapes(example), lowering.key())
 
 
 def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import lowering, plan, sweep, tables
 from experiments.simclr import report
 from tfcl_jax import augment, data, losses, models
 from tfcl_jax.analysis import geometry
@@ -324,3 +324,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       write_tables=lambda results: report.write(
           results, workdir, config=config, command=command, run_dirs=run_dirs[:len(results)],
           figures=len(results) == len(runs)))
+
+
+def abstract_step(config: ml_collections.ConfigDict, mesh, *, spec: str = "free"):
+  """The run's jitted train step with abstract `(state, batch, key)` (`framework.lowering`):
+  `config`'s encoder, views and batch size, no data."""
+  info, recipe, view_size = views(config)
+  model = make_model(config)
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(
+      config.batch_size, negatives=config.negatives))
+  train_step = make_train_step(config, model, loss, mesh, functools.partial(
+      augment.two_views, recipe=recipe, out_size=view_size))
+
+  def initial():
+    view = jnp.zeros((2, *info.example_shape(view_size)), jnp.float32)
+    variables = model.init(jax.random.key(0), view, train=False)
+    return state.create_train_state(
+        model_params=variables["params"],
+        model_state={k: v for k, v in variables.items() if k != "params"},
+        loss_params=loss.params,
+        tx=make_optimizer(config, batch_size=config.batch_size, steps_per_epoch=10))
+
+  batch = {"image": jax.ShapeDtypeStruct((config.batch_size, *info.example_shape()), jnp.uint8),
+           "label": jax.ShapeDtypeStruct((config.batch_size,), jnp.int32)}
+  return train_step.jitted, (jax.eval_shape(initial), batch, lowering.key())
