@@ -9,6 +9,9 @@ end.
   disk) is not finished and the run is redone, with a one-line notice;
 - `train_arguments`: what one run passes to `tfcl_jax.training.train`, the same for every
   experiment (its folder, its recorded config, `resume`, `progress`, its label);
+- `train_run`: one run trained the same way for every experiment that builds it as a
+  `Trainable` (its loss from its spec, its keys, the mesh, `tfcl_jax.training.train`) and its
+  result row's common columns (`loss`, `seed`, `final_loss`, `train_seconds`);
 - `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes);
 - `study`: a study's `train_and_evaluate` (no runs: its tables computed in one go) under the
   same workdir rules as a sweep: its lock held throughout, its config recorded and checked.
@@ -17,18 +20,21 @@ end.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from experiments.framework import plan
 from experiments.framework import workdir as workdirs
-from tfcl_jax.training import files
+from tfcl_jax import losses, training
+from tfcl_jax.training import files, outputs
 
 RESULT_FILE = "result.json"
 _NOTICES: set = set()  # result files already noticed in this process
@@ -78,6 +84,71 @@ def train_arguments(config, run: plan.Run, workdir: str, *,
   return {"workdir": run.directory(workdir), "desc": run.label(),
           "config": {**plan.recorded(config, plan_fields=plan_fields), **run.record()},
           "resume": plan.resume(config), "progress": plan.progress(config)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """What a trained run left: its final train state, the columns of its `metrics.csv` and
+  `eval.csv` (`tfcl_jax.training.outputs.read_csv`: float arrays, `{}` when absent) and its
+  training seconds (the parts before a resume included)."""
+
+  state: Any
+  metrics: dict[str, np.ndarray]
+  evaluations: dict[str, np.ndarray]
+  seconds: float
+
+  @property
+  def final_loss(self) -> float:
+    """The last logged training loss (NaN when none was logged)."""
+    history = self.metrics.get("loss", ())
+    return float(history[-1]) if len(history) else float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainable:
+  """One run as its experiment builds it, for `train_run`: the initial train state, the train
+  step, `batches(first_step)` (the batches after `first_step`), the step count, any other
+  keyword of `tfcl_jax.training.train` (`checkpoint_every`, `eval_every`, `eval_fn`,
+  `examples_per_step`, `batch_sharded`) and `result(trained) -> {column: value}`, the
+  experiment's own columns of the run's row."""
+
+  state: Any
+  train_step: Any
+  batches: Callable[[int], Iterable]
+  num_steps: int
+  result: Callable[[Trained], dict]
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
+              build: Callable[..., Trainable], keys: int = 3) -> dict:
+  """Trains `run` as every sweep does, and returns its result row.
+
+  The run's loss is `losses.from_spec(run.spec, num_candidates=...)` (the candidates per
+  anchor of the experiment's batch, `losses.num_candidates`); its seed splits into `keys`
+  keys (initialisation, training, then evaluation ones); the mesh spans
+  `config.num_devices` devices. `build(loss, run_keys, mesh) -> Trainable` makes the rest;
+  `tfcl_jax.training.train` trains it in the run's folder (`train_arguments`, logging every
+  `config.log_every` steps, resuming from its last checkpoint).
+
+  Returns:
+    `loss` (the run's spec), `seed`, `final_loss`, `train_seconds` and the columns of
+    `Trainable.result`.
+  """
+  loss = losses.from_spec(run.spec, num_candidates=num_candidates)
+  run_keys = tuple(jax.random.split(jax.random.key(run.seed), keys))
+  mesh = training.make_mesh(jax.devices()[:config.num_devices])
+  trainable = build(loss, run_keys, mesh)
+  final = training.train(
+      trainable.state, train_step=trainable.train_step, batches=trainable.batches,
+      num_steps=trainable.num_steps, key=run_keys[1], mesh=mesh, log_every=config.log_every,
+      **trainable.options, **train_arguments(config, run, workdir))
+  folder = run.directory(workdir)
+  trained = Trained(final, outputs.read_csv(os.path.join(folder, outputs.METRICS_FILE)),
+                    outputs.read_csv(os.path.join(folder, outputs.EVAL_FILE)),
+                    outputs.training_seconds(folder))
+  return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss,
+          "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
 
 
 def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,

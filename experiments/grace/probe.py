@@ -50,7 +50,9 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
           val_ratios: list[float], draws: int) -> list[dict]:
   """`report.PROBE_COLUMNS` rows of one run: its final encoder probed under each split,
   `draws` times."""
-  model, _, template, full = train.build(config, graph, batch, run)
+  init_key, _, eval_key = train.run_keys(run.seed)
+  model, template, full = train.build(config, graph, batch,
+                                      train.parse_spec(run.spec, graph.num_nodes), init_key)
   manager = checkpoint.make_manager(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))
   state = checkpoint.restore_latest(manager, template)
   if state is None or int(state.step) != config.epochs:
@@ -58,7 +60,6 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
                      f"{config.epochs}")
   embeddings = model.apply({"params": state.params["model"]}, batch.features, full,
                            method=gcn.GRACE.embed)
-  eval_key = train.run_keys(run.seed)[2]
   rows = []
   for val_ratio in val_ratios:
     test_nodes = len(logistic.random_split(graph.num_nodes, key=eval_key,
