@@ -56,7 +56,7 @@ def stuck_t_runner(mapping: mappings.Mapping, *, steps: int, lr: float, t_lr: fl
   """
 
   def loss_fn(views, params):
-    return studies.mean_loss(*views, lambda cos: mapping(cos, params=params), "cross")
+    return studies.mean_loss(*views, mapping.bind(params=params), "cross")
 
   def step(carry, _):
     views, params = carry

@@ -85,8 +85,7 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
 
   def loss_at(state, noise, params, step):
     z1, z2 = views_of(state, noise)
-    return studies.mean_loss(
-        z1, z2, lambda cos: mapping(cos, params=params, step=step), negatives)
+    return studies.mean_loss(z1, z2, mapping.bind(params=params, step=step), negatives)
 
   def at_optimum(state):
     # The geometric target: views (or instance points) on the simplex.
