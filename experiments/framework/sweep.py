@@ -11,7 +11,8 @@ end.
   experiment (its folder, its recorded config, `resume`, `progress`, its label);
 - `train_run`: one run trained the same way for every experiment that builds it as a
   `Trainable` (its loss from its spec, its keys, the mesh, `tfcl_jax.training.train`) and its
-  result row's common columns (`loss`, `seed`, `final_loss`, `train_seconds`);
+  result row's common columns (`loss`, `seed`, `final_loss`, `final_<param>`,
+  `train_seconds`);
 - `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes);
 - `study`: a study's `train_and_evaluate` (no runs: its tables computed in one go) under the
   same workdir rules as a sweep: its lock held throughout, its config recorded and checked.
@@ -132,7 +133,8 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   `config.log_every` steps, resuming from its last checkpoint).
 
   Returns:
-    `loss` (the run's spec), `seed`, `final_loss`, `train_seconds` and the columns of
+    `loss` (the run's spec), `seed`, `final_loss`, `final_<name>` for each of the loss's
+    trained values (`final_t`, `final_bias`), `train_seconds` and the columns of
     `Trainable.result`.
   """
   loss = losses.from_spec(run.spec, num_candidates=num_candidates)
@@ -147,7 +149,8 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   trained = Trained(final, outputs.read_csv(os.path.join(folder, outputs.METRICS_FILE)),
                     outputs.read_csv(os.path.join(folder, outputs.EVAL_FILE)),
                     outputs.training_seconds(folder))
-  return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss,
+  final = {f"final_{name}": float(value) for name, value in final.params["loss"].items()}
+  return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **final,
           "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
 
 

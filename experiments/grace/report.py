@@ -10,7 +10,7 @@ from experiments.framework import tables
 # `probe_best_epoch`: the linear probe's epoch with the best validation F1 (PyGCL's
 # LREvaluator), not a training epoch of GRACE.
 COLUMNS = ("dataset", "loss", "seed", "f1_micro", "f1_macro", "val_f1_micro",
-           "probe_best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_b")
+           "probe_best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_bias")
 
 # Table 3 (CiteSeer, 20 runs): F1-micro (std), F1-macro (std), in %.
 PAPER_TABLE3 = {

@@ -88,19 +88,15 @@ def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Gr
     replicated = training.sharding.shard_batch(batch, mesh, sharded=False)
 
     def result(trained: sweep.Trained) -> dict:
-      params = trained.state.params
-      embeddings = model.apply({"params": params["model"]}, replicated.features, full,
-                               method=gcn.GRACE.embed)
+      embeddings = model.apply({"params": trained.state.params["model"]}, replicated.features,
+                               full, method=gcn.GRACE.embed)
       scores = logistic.lr_evaluate(
           embeddings, graph.labels, key=keys[2], num_classes=graph.num_classes,
           train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.eval_epochs,
           learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
-      t, b = params["loss"].get("t"), params["loss"].get("bias")
       return {"dataset": graph.name, "f1_micro": scores["f1_micro"],
               "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"],
-              "probe_best_epoch": scores["best_epoch"],
-              "final_t": float(t) if t is not None else "", "epochs": config.epochs,
-              "final_b": float(b) if b is not None else ""}
+              "probe_best_epoch": scores["best_epoch"], "epochs": config.epochs}
 
     return sweep.Trainable(
         state, make_train_step(config, model, loss, mesh),
