@@ -297,7 +297,7 @@ def test_torchvision_resnet18_conversion_fits_our_resnet18():
 def _config(**overrides):
   config = msc_digits.get_config()
   config.progress = False
-  config.devices = 1
+  config.num_devices = 1
   for name, value in overrides.items():
     config[name] = value
   return config

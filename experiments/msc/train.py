@@ -28,8 +28,8 @@ from tfcl_jax.training import loop, optim, outputs, sharding, state, step
 PRETRAIN_DIR = "pretrain"
 # The normal classes: they choose which runs exist, as `losses` does.
 PLAN_FIELDS = ("classes",)
-_PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size", "devices",
-                    "progress", "resume")
+_PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size",
+                    "num_devices", "progress", "resume")
 
 
 def parse_classes(text, num_classes: int) -> list[int]:
@@ -80,7 +80,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """
   plan.check_fields(
       config, positive=("epochs", "batch_size", "knn_k", "log_every"),
-      non_negative=("width", "view_size", "eval_every_epochs", "devices"),
+      non_negative=("width", "view_size", "eval_every_epochs", "num_devices"),
       positive_numbers=("learning_rate",), non_negative_numbers=("momentum", "weight_decay"),
       choices={"optimizer": tuple(optim.OPTIMIZERS)})
   plan_runs(config)

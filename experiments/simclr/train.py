@@ -69,7 +69,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       config, positive=("epochs", "batch_size", "proj_hidden_dim", "proj_dim", "knn_k",
                         "log_every"),
       non_negative=("width", "view_size", "probe_epochs", "eval_every_epochs",
-                    "checkpoint_every_steps", "warmup_epochs", "devices"),
+                    "checkpoint_every", "warmup_epochs", "num_devices"),
       positive_numbers=("learning_rate", "knn_tau"),
       non_negative_numbers=("momentum", "weight_decay"),
       choices={"mode": MODES, "objective": tuple(OBJECTIVES), "negatives": ("all", "cross"),
@@ -104,8 +104,8 @@ def check_data(config: ml_collections.ConfigDict, runs: list[plan.Run], mesh) ->
 
 
 def make_mesh(config: ml_collections.ConfigDict):
-  """The mesh of `config.devices` devices (0: all)."""
-  return sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
+  """The mesh of `config.num_devices` devices (0: all)."""
+  return sharding.make_mesh(jax.devices()[:config.num_devices] if config.num_devices else None)
 
 
 def training_split(config: ml_collections.ConfigDict) -> str:
@@ -289,7 +289,7 @@ class Trainer:
 
     final = loop.train(
         initial, train_step=self.train_step(loss), batches=batches, num_steps=num_steps,
-        key=step_key, mesh=self.mesh, checkpoint_every=c.checkpoint_every_steps,
+        key=step_key, mesh=self.mesh, checkpoint_every=c.checkpoint_every,
         eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=self.evaluate,
         log_every=c.log_every, examples_per_step=batch_size,
         **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
