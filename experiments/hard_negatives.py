@@ -99,7 +99,7 @@ def make_runner(mapping: mappings.Mapping, *, config):
         return instance_loss(cosines(*views), lambda x: mapping(x, params=params))
 
       _, views, params, _ = studies.sphere_step(
-          loss_fn, views, params, lr=config.lr, t_lr=config.t_lr, scale=n)
+          loss_fn, views, params, lr=config.learning_rate, t_lr=config.t_learning_rate, scale=n)
       cos = cosines(*views)
       separated = cos[:, 0] - jnp.max(cos[:, 1:], axis=-1) >= config.margin
       first = jnp.where((first < 0) & separated, index + 1, first)
@@ -176,8 +176,8 @@ def check_config(config) -> None:
     ConfigError: naming the first bad field.
   """
   plan.check_fields(config, positive=("seeds", "instances", "negatives", "dim", "steps"),
-                    non_negative=("seed",), positive_numbers=("lr",),
-                    non_negative_numbers=("t_lr", "augment", "hard_gap", "easy_spread",
+                    non_negative=("seed",), positive_numbers=("learning_rate",),
+                    non_negative_numbers=("t_learning_rate", "augment", "hard_gap", "easy_spread",
                                           "margin"))
   values = config.instances * (config.negatives + 2) * config.dim
   if values > MAX_VALUES:
@@ -217,14 +217,15 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
   """`results.md` of `rows` made with `config` by `command` (default: the one running)."""
   return tables.study_markdown(
       rows, title="Hard negatives", columns=COLUMNS, command=command, notes=NOTES.format(
-          config=config, augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
+          config=config, lr=config.learning_rate,
+          augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
 
 
 NOTES = """\
 {config.seeds} seeds x {config.instances} instances, K = {config.negatives} negatives in d =
 {config.dim}; positive cosine {config.s_pos} at the start, hard negatives at cosine in
 [{config.s_pos} - {config.hard_gap}, {config.s_pos}], easy ones in [-{config.easy_spread},
-{config.easy_spread}]. Riemannian SGD, lr = {config.lr} on the per-instance loss, {config.steps}
+{config.easy_spread}]. Riemannian SGD, lr = {lr} on the per-instance loss, {config.steps}
 steps. `positive_pull` = mean |dL/ds_pos| at the start (the gradient scale of Eq. 4/7/13),
 `hard_share` = share of the total repulsion sum_j dL/ds_j that goes to hard negatives, `separated`
 = fraction of instances whose positive cosine exceeds every negative's by {config.margin} at some

@@ -88,8 +88,8 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
   z1s, z2s = (jnp.stack(views) for views in zip(*starts.values(), strict=True))
   for spec in tqdm.tqdm(config.stuck.maps, desc="stuck t"):
     mapping = mappings.from_spec(spec)
-    runner = stuck_t_runner(mapping, steps=config.stuck.steps, lr=config.stuck.lr,
-                            t_lr=config.stuck.t_lr)
+    runner = stuck_t_runner(mapping, steps=config.stuck.steps, lr=config.stuck.learning_rate,
+                            t_lr=config.stuck.t_learning_rate)
     batch = runner(z1s, z2s)
     for index, start in enumerate(starts):
       records = jax.tree.map(lambda x, i=index: np.asarray(x[i]), batch)
@@ -155,7 +155,7 @@ def precision_run(spec: str, dtype, *, key, config):
   def block(views, _):
     def step(views, _):
       _, views, _, grads = studies.sphere_step(
-          loss_fn, views, {}, lr=p.lr, t_lr=0.0, scale=p.m)
+          loss_fn, views, {}, lr=p.learning_rate, t_lr=0.0, scale=p.m)
       return views, None
 
     views, _ = jax.lax.scan(step, views, None, length=p.every)
@@ -258,7 +258,8 @@ def check_config(config) -> None:
       config, non_negative=("seed",),
       positive=("stuck.m", "stuck.d", "stuck.steps", "precision.m", "precision.d",
                 "precision.steps", "precision.every"),
-      positive_numbers=("stuck.lr", "precision.lr"), non_negative_numbers=("stuck.t_lr",))
+      positive_numbers=("stuck.learning_rate", "precision.learning_rate"),
+      non_negative_numbers=("stuck.t_learning_rate",))
   if config.stuck.d < 2 * config.stuck.m:
     raise plan.ConfigError(f"config.stuck.d must be >= 2 * config.stuck.m (orthogonal pairs), "
                            f"got m={config.stuck.m}, d={config.stuck.d}.")

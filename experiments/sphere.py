@@ -103,8 +103,9 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
     # The potential is the summed loss (m x the mean): each point's gradient is O(1) in m.
     # beta(t) = beta0 log(t + 2): logarithmic cooling (Theorem 1 of the annealing paper).
     _, state, params, _ = studies.sphere_step(
-        lambda state, params: loss_at(state, noise, params, step), state, params, lr=config.lr,
-        t_lr=config.t_lr, scale=m, key=noise_key, beta=beta0 * jnp.log(step + 2.0))
+        lambda state, params: loss_at(state, noise, params, step), state, params,
+        lr=config.learning_rate, t_lr=config.t_learning_rate, scale=m, key=noise_key,
+        beta=beta0 * jnp.log(step + 2.0))
     first_hit = jnp.where((first_hit < 0) & at_optimum(state), step + 1, first_hit)
     return (state, params, key, first_hit, beta0, carry[-1]), None
 
@@ -200,8 +201,8 @@ def check_config(config) -> None:
     ConfigError: naming the first bad field.
   """
   plan.check_fields(config, positive=("seeds", "steps", "eval_every"), non_negative=("seed",),
-                    positive_numbers=("lr", "beta0", "tol"),
-                    non_negative_numbers=("t_lr", "augment"))
+                    positive_numbers=("learning_rate", "beta0", "tol"),
+                    non_negative_numbers=("t_learning_rate", "augment"))
   if config.steps % config.eval_every:
     raise plan.ConfigError(f"config.steps ({config.steps}) must be a multiple of "
                            f"config.eval_every ({config.eval_every}).")
@@ -244,7 +245,7 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
 
 def results_markdown(rows: list[dict], config, command: str | None = None) -> str:
   """`results.md` of `rows` made with `config` by `command` (default: the one running)."""
-  notes = NOTES.format(seeds=config.seeds, steps=config.steps, lr=config.lr,
+  notes = NOTES.format(seeds=config.seeds, steps=config.steps, lr=config.learning_rate,
                        beta0=config.beta0, tol=config.tol)
   if config.augment:
     notes += AUGMENT_NOTES.format(augment=config.augment)
