@@ -35,7 +35,8 @@ import numpy as np
 from experiments.framework import plan
 from experiments.framework import workdir as workdirs
 from tfcl_jax import losses, training
-from tfcl_jax.training import files, outputs
+from tfcl_jax.training import files
+from tfcl_jax.training import outputs as run_outputs
 
 RESULT_FILE = "result.json"
 _NOTICES: set = set()  # result files already noticed in this process
@@ -141,16 +142,16 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   run_keys = tuple(jax.random.split(jax.random.key(run.seed), keys))
   mesh = training.make_mesh(jax.devices()[:config.num_devices])
   trainable = build(loss, run_keys, mesh)
-  final = training.train(
+  state = training.train(
       trainable.state, train_step=trainable.train_step, batches=trainable.batches,
       num_steps=trainable.num_steps, key=run_keys[1], mesh=mesh, log_every=config.log_every,
       **trainable.options, **train_arguments(config, run, workdir))
   folder = run.directory(workdir)
-  trained = Trained(final, outputs.read_csv(os.path.join(folder, outputs.METRICS_FILE)),
-                    outputs.read_csv(os.path.join(folder, outputs.EVAL_FILE)),
-                    outputs.training_seconds(folder))
-  final = {f"final_{name}": float(value) for name, value in final.params["loss"].items()}
-  return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **final,
+  trained = Trained(state, run_outputs.read_csv(os.path.join(folder, run_outputs.METRICS_FILE)),
+                    run_outputs.read_csv(os.path.join(folder, run_outputs.EVAL_FILE)),
+                    run_outputs.training_seconds(folder))
+  learnt = {f"final_{name}": float(value) for name, value in state.params["loss"].items()}
+  return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
           "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
 
 
