@@ -1,7 +1,7 @@
 """`experiments.registry`: every experiment listed once, with its configs, its kind and its
-command line; a study's workdir under a sweep's rules (its lock, its config checked); and the
-worked example of `docs/architecture.md` ("Adding an experiment") built from the page,
-registered and run end to end."""
+command line, and the framework importing none of them; a study's workdir under a sweep's rules
+(its lock, its config checked); and the worked example of `docs/architecture.md` ("Adding an
+experiment") built from the page, registered and run end to end."""
 
 from __future__ import annotations
 
@@ -37,6 +37,26 @@ def test_every_registered_experiment_is_its_module_and_owns_its_configs():
   configs = sorted(f"experiments/configs/{name}" for name in os.listdir(folder)
                    if name.endswith(".py") and name != "__init__.py")
   assert sorted(owned) == configs  # each config belongs to exactly one experiment
+
+
+def test_the_framework_imports_no_experiment():
+  """Imports at the top of a module and inside its functions alike, read with `ast`; nor does
+  it load one by name (`importlib`): experiments are found through `experiments.registry`."""
+  folder = os.path.join(ROOT, "experiments", "framework")
+  found = []
+  for name in sorted(os.listdir(folder)):
+    if not name.endswith(".py"):
+      continue
+    with open(os.path.join(folder, name)) as f:
+      source = f.read()
+    for node in ast.walk(ast.parse(source)):
+      modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      found += [f"{name}: {module}" for module in modules
+                if module.startswith("experiments") and not module.startswith(
+                    "experiments.framework")]
+    assert "import_module" not in source and "__import__" not in source, name
+  assert not found
 
 
 def test_an_unknown_name_lists_the_registered_ones():
