@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import typing
 
 import ml_collections
 import numpy as np
@@ -28,7 +29,7 @@ def test_every_registered_experiment_is_its_module_and_owns_its_configs():
   owned = []
   for module, found in experiments.items():
     assert module == f"experiments.{found.name}"
-    assert found.kind in experiment.KINDS
+    assert found.kind in typing.get_args(experiment.Kind)
     assert registry.get(found.name) is found and registry.owner(module) is found
     for path in found.configs:
       assert os.path.isfile(os.path.join(ROOT, path)), (found.name, path)

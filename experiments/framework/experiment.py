@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from experiments.framework import cli
 
 #: A sweep trains the runs of its plan (`sweep.sweep`); a study computes its tables in one go
 #: (`sweep.study`). Both hold their workdir's lock and record their config there.
-KINDS = ("sweep", "study")
+Kind = Literal["sweep", "study"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Experiment:
 
   Attributes:
     name: its name under `experiments` (`"grace"` for `python -m experiments.grace`).
-    kind: one of `KINDS`.
+    kind: `"sweep"` or `"study"` (`Kind`).
     train_and_evaluate: `(config, workdir) -> rows`, after `check_config` passed.
     check_config: `(config) -> None`, every check that needs no data; raises
       `plan.ConfigError` naming the field.
@@ -42,7 +42,7 @@ class Experiment:
   """
 
   name: str
-  kind: str
+  kind: Kind
   train_and_evaluate: Callable[[Any, str], Any]
   check_config: Callable[[Any], None]
   configs: tuple[str, ...]
@@ -53,8 +53,8 @@ class Experiment:
   command_tables: Mapping[str, Callable[..., str]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    if self.kind not in KINDS:
-      raise ValueError(f"Experiment {self.name!r}: kind must be one of {KINDS}, got "
+    if self.kind not in get_args(Kind):
+      raise ValueError(f"Experiment {self.name!r}: kind must be one of {get_args(Kind)}, got "
                        f"{self.kind!r}.")
     if not self.configs:
       raise ValueError(f"Experiment {self.name!r} names no config file.")
