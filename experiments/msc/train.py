@@ -19,11 +19,11 @@ import numpy as np
 from experiments.framework import lowering, plan, sweep, tables
 from experiments.msc import report
 from experiments.simclr import train as simclr_train
-from tfcl_jax import augment, data, losses, models
+from tfcl_jax import augment, data, losses, models, training
 from tfcl_jax.anomaly import msc, scores, weights
 from tfcl_jax.objectives import msc as msc_objective
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, outputs, sharding, state, step
+from tfcl_jax.training import optim, outputs, sharding, state, step
 
 PRETRAIN_DIR = "pretrain"
 # The normal classes: they choose which runs exist, as `losses` does.
@@ -251,7 +251,7 @@ class Trainer:
       return {"roc_auc": self.roc_auc(train_state.params["model"], train_state.model_state,
                                       normal_class)}
 
-    loop.train(
+    training.train(
         initial, train_step=self.train_step(loss),
         batches=lambda start: self.batches(normal, seed=run.seed, start_step=start),
         num_steps=num_steps, key=jax.random.key(run.seed), mesh=self.mesh,

@@ -24,11 +24,11 @@ import numpy as np
 
 from experiments.framework import lowering, plan, sweep, tables
 from experiments.simclr import report
-from tfcl_jax import augment, data, losses, models
+from tfcl_jax import augment, data, losses, models, training
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, outputs, sharding, state, step
+from tfcl_jax.training import optim, outputs, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
 # config.objective -> the `supervised` form of `objectives.simclr.make_simclr_loss`.
@@ -287,7 +287,7 @@ class Trainer:
                               num_epochs=c.epochs, data_dir=self.images.data_dir,
                               start_step=start_step)
 
-    final = loop.train(
+    final = training.train(
         initial, train_step=self.train_step(loss), batches=batches, num_steps=num_steps,
         key=step_key, mesh=self.mesh, checkpoint_every=c.checkpoint_every,
         eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=self.evaluate,
