@@ -71,7 +71,7 @@ def instance_loss(cos, logits_fn) -> jax.Array:
 
 def make_runner(mapping: mappings.Mapping, *, config):
   """A jitted `(keys [S], n_hard [H]) -> results [H, S]` for one map (one compilation)."""
-  n, k, d = config.instances, config.negatives, config.dim
+  n, k, d = config.instances, config.num_negatives, config.dim
 
   def run_one(key, n_hard):
     anchor, positive, negatives, hard = instances(key, n=n, k=k, d=d, n_hard=n_hard, config=config)
@@ -175,16 +175,16 @@ def check_config(config) -> None:
   Raises:
     ConfigError: naming the first bad field.
   """
-  plan.check_fields(config, positive=("seeds", "instances", "negatives", "dim", "steps"),
+  plan.check_fields(config, positive=("seeds", "instances", "num_negatives", "dim", "steps"),
                     non_negative=("seed",), positive_numbers=("learning_rate",),
                     non_negative_numbers=("t_learning_rate", "augment", "hard_gap", "easy_spread",
                                           "margin"))
-  values = config.instances * (config.negatives + 2) * config.dim
+  values = config.instances * (config.num_negatives + 2) * config.dim
   if values > MAX_VALUES:
     raise plan.ConfigError(
         f"config.dim={config.dim} with config.instances={config.instances} and "
-        f"config.negatives={config.negatives} makes {values:.3g} embedding values per seed; at "
-        f"most {MAX_VALUES:.3g} (lower dim, instances or negatives).")
+        f"config.num_negatives={config.num_negatives} makes {values:.3g} embedding values per "
+        f"seed; at most {MAX_VALUES:.3g} (lower dim, instances or negatives).")
   if not all(isinstance(h, (int, float)) and 0 <= h <= 1 for h in config.hard_fractions):
     raise plan.ConfigError(f"config.hard_fractions must be numbers in [0, 1], got "
                            f"{config.hard_fractions!r}.")
@@ -199,13 +199,13 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
   `results.csv`, `results.md` and `hard_negatives.png`."""
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   rows = []
-  n_hard = jnp.asarray([round(h * config.negatives) for h in config.hard_fractions])
+  n_hard = jnp.asarray([round(h * config.num_negatives) for h in config.hard_fractions])
   for spec in tqdm.tqdm(config.maps, desc="hard negatives"):
     mapping = mappings.from_spec(spec)
     results = make_runner(mapping, config=config)(keys, n_hard)
     for i, h in enumerate(config.hard_fractions):
       row = dict(map=mapping.spec, hard_fraction=h, seeds=config.seeds,
-                 instances=config.instances, negatives=config.negatives, steps=config.steps)
+                 instances=config.instances, num_negatives=config.num_negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)
   tables.write_results(workdir, rows, markdown=results_markdown(rows, config),
@@ -222,7 +222,7 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
 
 
 NOTES = """\
-{config.seeds} seeds x {config.instances} instances, K = {config.negatives} negatives in d =
+{config.seeds} seeds x {config.instances} instances, K = {config.num_negatives} negatives in d =
 {config.dim}; positive cosine {config.s_pos} at the start, hard negatives at cosine in
 [{config.s_pos} - {config.hard_gap}, {config.s_pos}], easy ones in [-{config.easy_spread},
 {config.easy_spread}]. Riemannian SGD, lr = {lr} on the per-instance loss, {config.steps}

@@ -16,7 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.seeds = 8
   config.seed = 0
   config.instances = 32
-  config.negatives = 16  # K per anchor.
+  config.num_negatives = 16  # K per anchor.
   config.dim = 32
   config.s_pos = 0.5  # initial anchor-positive cosine.
   config.hard_gap = 0.1  # hard negatives start at cosine in [s_pos - hard_gap, s_pos].
