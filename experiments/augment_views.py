@@ -19,7 +19,7 @@ import matplotlib
 import numpy as np
 import tqdm.auto as tqdm
 
-from experiments.framework import cli, plan, tables
+from experiments.framework import experiment, plan, sweep, tables
 from tfcl_jax import augment, data
 
 matplotlib.use("Agg")
@@ -102,11 +102,11 @@ def _figure(pairs: list[tuple], center: jax.Array, recipe: str, num_images: int,
   plt.close(figure)
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
   """Draws the views of `config` (`check_config` passed); writes `views.png`, `results.csv`
   and `results.md`. Nothing trains: the views are the experiment."""
   info, split, recipe, view_size = _settings(config)
-  os.makedirs(workdir, exist_ok=True)
   loader = data.make_loader(
       info.name, split, batch_size=config.stats_images, seed=config.seed,
       data_dir=config.data_dir or None, shard_index=0, shard_count=1)
@@ -124,6 +124,9 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
   return rows
 
 
+EXPERIMENT = experiment.Experiment(
+    name="augment_views", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/augment_views_digits.py",))
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config,
-               usage="pass --config=experiments/configs/augment_views_digits.py --workdir=DIR")
+  EXPERIMENT.main()

@@ -33,7 +33,7 @@ import os
 import jax
 import numpy as np
 
-from experiments.framework import cli, plan, sweep, tables
+from experiments.framework import experiment, lowering, plan, sweep, tables
 from tfcl_jax import losses, training
 from tfcl_jax.data import movielens, sequences
 from tfcl_jax.evaluation import ranking
@@ -131,10 +131,12 @@ def make_evaluator(model: dcrec.DCRec, graphs: dcrec_objective.DCRecGraphs, *,
   return evaluate
 
 
-def best_epoch(rows: list[dict], *, steps_per_epoch: int) -> dict:
-  """The `eval.csv` row with the highest validation NDCG@10 (the earliest among ties)."""
-  best = max(rows, key=lambda row: (float(row[f"valid_{SELECT_METRIC}"]), -float(row["step"])))
-  return {**best, "epoch": int(round(float(best["step"]) / steps_per_epoch))}
+def best_epoch(evaluations: dict[str, np.ndarray], *, steps_per_epoch: int) -> dict:
+  """The evaluation (`eval.csv` columns) with the highest validation NDCG@10, the earliest
+  among ties: `{column: float}` and its `epoch`."""
+  index = int(np.lexsort((evaluations["step"], -evaluations[f"valid_{SELECT_METRIC}"]))[0])
+  best = {name: float(values[index]) for name, values in evaluations.items()}
+  return {**best, "epoch": int(round(best["step"] / steps_per_epoch))}
 
 
 def make_model(config, data: sequences.SequenceData) -> dcrec.DCRec:
@@ -165,54 +167,75 @@ def initial_state(config, model: dcrec.DCRec, loss: losses.LossSpec, example: di
       apply_fn=model.apply, loss_params=loss.params)
 
 
+def abstract_step(config, mesh, *, spec: str = "free", num_users: int = 943,
+                  num_items: int = 1682, ratings_per_user: int = 106, seed: int = 0):
+  """The step with abstract `(state, batch, key)` (`framework.lowering`) on random
+  interactions of the given sizes (default: MovieLens-100K's 943 users, 1,682 items, ~100,000
+  ratings)."""
+  rng = np.random.default_rng(seed)
+  users = np.repeat(np.arange(num_users), ratings_per_user)
+  ratings = movielens.Ratings(user=users, item=rng.integers(0, num_items, users.size),
+                              rating=np.ones(users.size, np.float32),
+                              timestamp=np.arange(users.size), source="random")
+  data = sequences.build_sequences(ratings, max_length=config.max_length)
+  graphs = dcrec_objective.make_graphs(data, k=config.top_k, phase="train")
+  model = make_model(config, data)
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
+                                                                     negatives="cross"))
+  train_step = make_train_step(config, model, loss, graphs, mesh)
+  example = next(epoch_batches(data.train, batch_size=config.batch_size, seed=seed, start=0,
+                               num_steps=1))
+  initial = jax.eval_shape(functools.partial(initial_state, config, model, loss, example,
+                                             num_steps=10), jax.random.key(0))
+  return train_step.jitted, (initial, lowering.shapes(example), lowering.key())
+
+
 def train_run(config, data: sequences.SequenceData, graphs: dict, evaluators: dict,
               run: plan.Run, *, workdir: str) -> dict:
-  """Trains DCRec for `run` (`tfcl_jax.training`), scores both splits after every epoch and
+  """Trains DCRec for `run` (`sweep.train_run`), scores both splits after every epoch and
   returns the results row (test metrics at the best validation epoch).
 
   `evaluators`: `{"valid", "test"}` -> `make_evaluator(...)`, shared by every run.
   """
-  # The cross-view term scores each sequence against the batch's other views ("cross").
-  loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
-      config.batch_size, negatives="cross"))
-  model = make_model(config, data)
   steps_per_epoch = len(data.train) // config.batch_size
   num_steps = config.epochs * steps_per_epoch
-  init_key, train_key, eval_key = jax.random.split(jax.random.key(run.seed), 3)
-  example = next(epoch_batches(data.train, batch_size=config.batch_size, seed=run.seed,
-                               start=0, num_steps=1))
-  state = initial_state(config, model, loss, example, init_key, num_steps=num_steps)
-  mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  train_step = make_train_step(config, model, loss, graphs["train"], mesh)
   # Negatives are drawn once per seed: every loss of a seed meets the same candidates.
   splits = {name: evaluation_set(data, getattr(data, name), seed=run.seed,
                                  num_negatives=config.num_negatives)
             for name in ("valid", "test")}
-  def eval_fn(train_state):
-    params = train_state.params["model"]  # stays on the device for the jitted scorer
-    return {f"{name}_{metric}": value for name in ("valid", "test")
-            for metric, value in evaluators[name](params, splits[name], eval_key).items()}
 
-  run_dir = run.directory(workdir)
-  training.train(
-      state, train_step=train_step,
-      batches=lambda first: epoch_batches(data.train, batch_size=config.batch_size,
-                                          seed=run.seed, start=first, num_steps=num_steps),
-      num_steps=num_steps, key=train_key, mesh=mesh, checkpoint_every=steps_per_epoch,
-      eval_every=steps_per_epoch, eval_fn=eval_fn, log_every=config.log_every,
-      examples_per_step=config.batch_size, **sweep.train_arguments(config, run, workdir))
-  seconds = training.outputs.training_seconds(run_dir)  # the parts before a resume included
-  history = training.outputs.read_csv(os.path.join(run_dir, training.outputs.METRICS_FILE))
-  evals = tables.read_csv(os.path.join(run_dir, training.outputs.EVAL_FILE))
-  best = best_epoch(evals, steps_per_epoch=steps_per_epoch)
-  return {
-      "dataset": config.dataset, "loss": run.spec, "seed": run.seed,
-      **{metric: float(best[f"test_{metric}"]) for metric in METRICS},
-      "best_epoch": best["epoch"], f"valid_{SELECT_METRIC}": float(best[f"valid_{SELECT_METRIC}"]),
-      "final_loss": float(history["loss"][-1]), "epochs": config.epochs, "steps": num_steps,
-      "train_seconds": round(seconds, 2),
-      "seconds_per_epoch": round(seconds / config.epochs, 2),
-  }
+  def trainable(loss, keys, mesh) -> sweep.Trainable:
+    init_key, _, eval_key = keys
+    model = make_model(config, data)
+    example = next(epoch_batches(data.train, batch_size=config.batch_size, seed=run.seed,
+                                 start=0, num_steps=1))
+
+    def eval_fn(train_state):
+      params = train_state.params["model"]  # stays on the device for the jitted scorer
+      return {f"{name}_{metric}": value for name in ("valid", "test")
+              for metric, value in evaluators[name](params, splits[name], eval_key).items()}
+
+    def result(trained: sweep.Trained) -> dict:
+      best = best_epoch(trained.evaluations, steps_per_epoch=steps_per_epoch)
+      return {"dataset": config.dataset,
+              **{metric: best[f"test_{metric}"] for metric in METRICS},
+              "best_epoch": best["epoch"], f"valid_{SELECT_METRIC}": best[f"valid_{SELECT_METRIC}"],
+              "epochs": config.epochs, "steps": num_steps,
+              "seconds_per_epoch": round(trained.seconds / config.epochs, 2)}
+
+    return sweep.Trainable(
+        initial_state(config, model, loss, example, init_key, num_steps=num_steps),
+        make_train_step(config, model, loss, graphs["train"], mesh),
+        batches=lambda first: epoch_batches(data.train, batch_size=config.batch_size,
+                                            seed=run.seed, start=first, num_steps=num_steps),
+        num_steps=num_steps, result=result,
+        options={"checkpoint_every": steps_per_epoch, "eval_every": steps_per_epoch,
+                 "eval_fn": eval_fn, "examples_per_step": config.batch_size})
+
+  # The cross-view term scores each sequence against the batch's other views ("cross").
+  return sweep.train_run(config, run, workdir, build=trainable,
+                         num_candidates=losses.num_candidates(config.batch_size,
+                                                              negatives="cross"))
 
 
 def _cell(values) -> str:
@@ -353,6 +376,10 @@ def train_and_evaluate(config, workdir: str, *, command: str | None = None) -> l
                      write_tables=write_tables)
 
 
+EXPERIMENT = experiment.Experiment(
+    name="dcrec", kind="sweep", train_and_evaluate=train_and_evaluate, check_config=check_config,
+    configs=tuple(f"experiments/configs/dcrec_{name}.py" for name in ("ml100k", "ml1m", "ml20m")),
+    results_markdown=results_markdown, abstract_step=abstract_step, reads_files=True)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config,
-               usage="pass --config=experiments/configs/dcrec_ml100k.py --workdir=DIR")
+  EXPERIMENT.main()

@@ -24,7 +24,7 @@ import numpy as np
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402
 
-from experiments.framework import cli, plan, tables  # noqa: E402
+from experiments.framework import experiment, plan, sweep, tables  # noqa: E402
 from tfcl_jax.analysis import figures  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -85,10 +85,10 @@ def check_config(config) -> None:
                            f"got {config.figure3_tau_range!r}.")
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> dict:
   """Computes every figure (`check_config` passed), writes PNGs, `gradient_scales.csv`,
   `results.csv`, `results.md`. Nothing trains: the figures are gradients at fixed points."""
-  os.makedirs(workdir, exist_ok=True)
   rows, summary = [], []
   with jax.enable_x64(config.x64):
     made = make_figures(config)
@@ -129,6 +129,10 @@ def _markdown(summary, config) -> str:
   return "\n".join(lines) + "\n"
 
 
+EXPERIMENT = experiment.Experiment(
+    name="gradient_scales", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/gradient_scales_paper.py",),
+    default_config=DEFAULT_CONFIG)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
-               usage="pass --workdir=DIR [--config=FILE]")
+  EXPERIMENT.main()

@@ -24,7 +24,7 @@ import numpy as np
 import tqdm
 
 from experiments import studies
-from experiments.framework import cli, plan, tables
+from experiments.framework import experiment, plan, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -71,7 +71,7 @@ def instance_loss(cos, logits_fn) -> jax.Array:
 
 def make_runner(mapping: mappings.Mapping, *, config):
   """A jitted `(keys [S], n_hard [H]) -> results [H, S]` for one map (one compilation)."""
-  n, k, d = config.instances, config.negatives, config.dim
+  n, k, d = config.instances, config.num_negatives, config.dim
 
   def run_one(key, n_hard):
     anchor, positive, negatives, hard = instances(key, n=n, k=k, d=d, n_hard=n_hard, config=config)
@@ -99,7 +99,7 @@ def make_runner(mapping: mappings.Mapping, *, config):
         return instance_loss(cosines(*views), lambda x: mapping(x, params=params))
 
       _, views, params, _ = studies.sphere_step(
-          loss_fn, views, params, lr=config.lr, t_lr=config.t_lr, scale=n)
+          loss_fn, views, params, lr=config.learning_rate, t_lr=config.t_learning_rate, scale=n)
       cos = cosines(*views)
       separated = cos[:, 0] - jnp.max(cos[:, 1:], axis=-1) >= config.margin
       first = jnp.where((first < 0) & separated, index + 1, first)
@@ -175,16 +175,16 @@ def check_config(config) -> None:
   Raises:
     ConfigError: naming the first bad field.
   """
-  plan.check_fields(config, positive=("seeds", "instances", "negatives", "dim", "steps"),
-                    non_negative=("seed",), positive_numbers=("lr",),
-                    non_negative_numbers=("t_lr", "augment", "hard_gap", "easy_spread",
+  plan.check_fields(config, positive=("seeds", "instances", "num_negatives", "dim", "steps"),
+                    non_negative=("seed",), positive_numbers=("learning_rate",),
+                    non_negative_numbers=("t_learning_rate", "augment", "hard_gap", "easy_spread",
                                           "margin"))
-  values = config.instances * (config.negatives + 2) * config.dim
+  values = config.instances * (config.num_negatives + 2) * config.dim
   if values > MAX_VALUES:
     raise plan.ConfigError(
         f"config.dim={config.dim} with config.instances={config.instances} and "
-        f"config.negatives={config.negatives} makes {values:.3g} embedding values per seed; at "
-        f"most {MAX_VALUES:.3g} (lower dim, instances or negatives).")
+        f"config.num_negatives={config.num_negatives} makes {values:.3g} embedding values per "
+        f"seed; at most {MAX_VALUES:.3g} (lower dim, instances or negatives).")
   if not all(isinstance(h, (int, float)) and 0 <= h <= 1 for h in config.hard_fractions):
     raise plan.ConfigError(f"config.hard_fractions must be numbers in [0, 1], got "
                            f"{config.hard_fractions!r}.")
@@ -193,19 +193,19 @@ def check_config(config) -> None:
       mappings.from_spec(spec)
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
   """Trains every map's instances at every hard fraction (`check_config` passed); writes
   `results.csv`, `results.md` and `hard_negatives.png`."""
-  os.makedirs(workdir, exist_ok=True)
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   rows = []
-  n_hard = jnp.asarray([round(h * config.negatives) for h in config.hard_fractions])
+  n_hard = jnp.asarray([round(h * config.num_negatives) for h in config.hard_fractions])
   for spec in tqdm.tqdm(config.maps, desc="hard negatives"):
     mapping = mappings.from_spec(spec)
     results = make_runner(mapping, config=config)(keys, n_hard)
     for i, h in enumerate(config.hard_fractions):
       row = dict(map=mapping.spec, hard_fraction=h, seeds=config.seeds,
-                 instances=config.instances, negatives=config.negatives, steps=config.steps)
+                 instances=config.instances, num_negatives=config.num_negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)
   tables.write_results(workdir, rows, markdown=results_markdown(rows, config),
@@ -217,14 +217,15 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
   """`results.md` of `rows` made with `config` by `command` (default: the one running)."""
   return tables.study_markdown(
       rows, title="Hard negatives", columns=COLUMNS, command=command, notes=NOTES.format(
-          config=config, augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
+          config=config, lr=config.learning_rate,
+          augment_note=AUGMENT_NOTE.format(config=config) if config.augment else ""))
 
 
 NOTES = """\
-{config.seeds} seeds x {config.instances} instances, K = {config.negatives} negatives in d =
+{config.seeds} seeds x {config.instances} instances, K = {config.num_negatives} negatives in d =
 {config.dim}; positive cosine {config.s_pos} at the start, hard negatives at cosine in
 [{config.s_pos} - {config.hard_gap}, {config.s_pos}], easy ones in [-{config.easy_spread},
-{config.easy_spread}]. Riemannian SGD, lr = {config.lr} on the per-instance loss, {config.steps}
+{config.easy_spread}]. Riemannian SGD, lr = {lr} on the per-instance loss, {config.steps}
 steps. `positive_pull` = mean |dL/ds_pos| at the start (the gradient scale of Eq. 4/7/13),
 `hard_share` = share of the total repulsion sum_j dL/ds_j that goes to hard negatives, `separated`
 = fraction of instances whose positive cosine exceeds every negative's by {config.margin} at some
@@ -238,6 +239,10 @@ normalize(v + {config.augment} n), n ~ N(0, I/d) drawn afresh, so positives cann
 the cosines reported (and the separation) are those of the unperturbed vectors."""
 
 
+EXPERIMENT = experiment.Experiment(
+    name="hard_negatives", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/hard_negatives.py",),
+    default_config=DEFAULT_CONFIG, results_markdown=results_markdown)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
-               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")
+  EXPERIMENT.main()

@@ -24,7 +24,7 @@ import numpy as np
 import tqdm
 
 from experiments import studies
-from experiments.framework import cli, plan, tables
+from experiments.framework import experiment, plan, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -56,7 +56,7 @@ def stuck_t_runner(mapping: mappings.Mapping, *, steps: int, lr: float, t_lr: fl
   """
 
   def loss_fn(views, params):
-    return studies.mean_loss(*views, lambda cos: mapping(cos, params=params), "cross")
+    return studies.mean_loss(*views, mapping.bind(params=params), "cross")
 
   def step(carry, _):
     views, params = carry
@@ -88,8 +88,8 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
   z1s, z2s = (jnp.stack(views) for views in zip(*starts.values(), strict=True))
   for spec in tqdm.tqdm(config.stuck.maps, desc="stuck t"):
     mapping = mappings.from_spec(spec)
-    runner = stuck_t_runner(mapping, steps=config.stuck.steps, lr=config.stuck.lr,
-                            t_lr=config.stuck.t_lr)
+    runner = stuck_t_runner(mapping, steps=config.stuck.steps, lr=config.stuck.learning_rate,
+                            t_lr=config.stuck.t_learning_rate)
     batch = runner(z1s, z2s)
     for index, start in enumerate(starts):
       records = jax.tree.map(lambda x, i=index: np.asarray(x[i]), batch)
@@ -155,7 +155,7 @@ def precision_run(spec: str, dtype, *, key, config):
   def block(views, _):
     def step(views, _):
       _, views, _, grads = studies.sphere_step(
-          loss_fn, views, {}, lr=p.lr, t_lr=0.0, scale=p.m)
+          loss_fn, views, {}, lr=p.learning_rate, t_lr=0.0, scale=p.m)
       return views, None
 
     views, _ = jax.lax.scan(step, views, None, length=p.every)
@@ -258,7 +258,8 @@ def check_config(config) -> None:
       config, non_negative=("seed",),
       positive=("stuck.m", "stuck.d", "stuck.steps", "precision.m", "precision.d",
                 "precision.steps", "precision.every"),
-      positive_numbers=("stuck.lr", "precision.lr"), non_negative_numbers=("stuck.t_lr",))
+      positive_numbers=("stuck.learning_rate", "precision.learning_rate"),
+      non_negative_numbers=("stuck.t_learning_rate",))
   if config.stuck.d < 2 * config.stuck.m:
     raise plan.ConfigError(f"config.stuck.d must be >= 2 * config.stuck.m (orthogonal pairs), "
                            f"got m={config.stuck.m}, d={config.stuck.d}.")
@@ -284,10 +285,10 @@ def check_config(config) -> None:
                            f"tau=<value> only, got {not_referenced}.")
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
   """Runs both parts (`check_config` passed); writes `results.csv`, `results.md`,
   `stuck_t.png` and `precision.png`."""
-  os.makedirs(workdir, exist_ok=True)
   stuck_rows, stuck_curves = stuck_t_study(config)
   precision_rows, precision_curves = precision_study(config)
   # One CSV for both parts: the union of their columns, blanks where a part has none.
@@ -332,6 +333,10 @@ positive pairs with 1 - cos below the free map's float32 clamp (4.8e-7: zero gra
 """
 
 
+EXPERIMENT = experiment.Experiment(
+    name="learnable_vs_free", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/learnable_vs_free.py",),
+    default_config=DEFAULT_CONFIG, results_markdown=results_markdown)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
-               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")
+  EXPERIMENT.main()

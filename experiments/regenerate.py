@@ -2,10 +2,11 @@ r"""The committed result tables rebuilt from their CSVs: `experiments/results/NA
 the experiment's `results_markdown` makes of `NAME.csv`, followed by an optional `## Notes`
 section written by hand (facts about the numbers that the CSV does not hold).
 
-Each table records the command that made it; the experiment, its config (the config file, or
-the experiment's `DEFAULT_CONFIG`, with the command's `--config.FIELD=VALUE` overrides) and the
-command text come from there. A probe table (`experiments.grace.probe`) is rebuilt with its
-sweep's CSV (`NAME_splits.csv` beside `NAME.csv`).
+Each table records the command that made it; the experiment (`experiments.registry`), its
+config (the config file, or the experiment's `default_config`, with the command's
+`--config.FIELD=VALUE` overrides) and the command text come from there. A table of an
+experiment's other command (`Experiment.command_tables`, e.g. `experiments.grace.probe`) is
+rebuilt by that command's table, which may read other committed tables.
 
 The regret study (`experiments.regret`: `regret.md`, `.csv`, `.png`) is rebuilt after the
 tables, from the same CSVs.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import os
 import re
 import shlex
@@ -26,6 +26,7 @@ import sys
 
 import ml_collections
 
+from experiments import registry
 from experiments.framework import cli, tables
 from experiments.regret import report as regret
 
@@ -33,7 +34,6 @@ _EXPERIMENTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_EXPERIMENTS)
 RESULTS = os.path.join(_EXPERIMENTS, "results")
 NOTES_HEADING = "\n## Notes\n"
-PROBE = "experiments.grace.probe"
 
 
 def recorded_command(markdown: str) -> str:
@@ -58,23 +58,36 @@ def _value(text: str, current):
   return text
 
 
-def config_of(command: str) -> tuple[str, ml_collections.ConfigDict]:
-  """`(module, config)` of an experiment command: its `-m` module, and the config file (or the
-  module's `DEFAULT_CONFIG`) with the command's overrides."""
+def _module(command: str) -> str:
   args = shlex.split(command)
   if args[:3] != ["python", "-m", args[2]] or not args[2].startswith("experiments."):
     raise ValueError(f"not an experiment command: {command!r}")
-  module = args[2]
-  options = dict(arg[2:].split("=", 1) for arg in args[3:] if arg.startswith("--") and "=" in arg)
-  path = options.get("config") or getattr(importlib.import_module(module), "DEFAULT_CONFIG", None)
+  return args[2]
+
+
+def config_of(command: str) -> tuple[str, ml_collections.ConfigDict]:
+  """`(module, config)` of an experiment command: its `-m` module, and the config file (or the
+  experiment's `default_config`) with the command's overrides."""
+  module = _module(command)
+  options = dict(arg[2:].split("=", 1) for arg in shlex.split(command)[3:]
+                 if arg.startswith("--") and "=" in arg)
+  path = options.get("config") or registry.owner(module).default_config
   if path is None:
-    raise ValueError(f"{command!r} names no --config and {module} has no DEFAULT_CONFIG.")
+    raise ValueError(f"{command!r} names no --config and {module} has no default config.")
   config = cli.load_config(os.path.join(_ROOT, path))
   for name, text in options.items():
     if name.startswith("config."):
       field = name[len("config."):]
       config[field] = _value(text, config[field])
   return module, config
+
+
+def committed(name: str) -> tuple[list[dict], ml_collections.ConfigDict]:
+  """`(rows, config)` of the committed table `results/NAME`: its CSV rows and the config of the
+  command it records."""
+  with open(os.path.join(RESULTS, name + ".md")) as f:
+    _, config = config_of(recorded_command(f.read()))
+  return tables.typed(tables.read_csv(os.path.join(RESULTS, name + ".csv"))), config
 
 
 def generate(name: str) -> str:
@@ -84,16 +97,13 @@ def generate(name: str) -> str:
   rows = tables.typed(tables.read_csv(os.path.join(RESULTS, name + ".csv")))
   if not rows:
     raise ValueError(f"{name}.csv holds no rows.")
-  if PROBE in command:
-    probe = importlib.import_module(PROBE)
-    sweep = name[:-len("_splits")]
-    with open(os.path.join(RESULTS, sweep + ".md")) as f:
-      _, sweep_config = config_of(recorded_command(f.read()))
-    recorded = tables.typed(tables.read_csv(os.path.join(RESULTS, sweep + ".csv")))
-    return probe.results_markdown(rows, command=command, recorded=recorded,
-                                  val_ratio=sweep_config.val_ratio)
-  module, config = config_of(command)
-  return importlib.import_module(module).results_markdown(rows, config, command)
+  module = _module(command)
+  experiment = registry.owner(module)
+  if module in experiment.command_tables:
+    return experiment.command_tables[module](rows, command=command, name=name,
+                                             committed=committed)
+  _, config = config_of(command)
+  return experiment.results_markdown(rows, config, command)
 
 
 def tables_with_csv() -> list[str]:

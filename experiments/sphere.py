@@ -25,7 +25,7 @@ import numpy as np
 import tqdm
 
 from experiments import studies
-from experiments.framework import cli, plan, tables
+from experiments.framework import experiment, plan, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 from tfcl_jax.analysis import geometry
 
@@ -85,8 +85,7 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
 
   def loss_at(state, noise, params, step):
     z1, z2 = views_of(state, noise)
-    return studies.mean_loss(
-        z1, z2, lambda cos: mapping(cos, params=params, step=step), negatives)
+    return studies.mean_loss(z1, z2, mapping.bind(params=params, step=step), negatives)
 
   def at_optimum(state):
     # The geometric target: views (or instance points) on the simplex.
@@ -104,8 +103,9 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
     # The potential is the summed loss (m x the mean): each point's gradient is O(1) in m.
     # beta(t) = beta0 log(t + 2): logarithmic cooling (Theorem 1 of the annealing paper).
     _, state, params, _ = studies.sphere_step(
-        lambda state, params: loss_at(state, noise, params, step), state, params, lr=config.lr,
-        t_lr=config.t_lr, scale=m, key=noise_key, beta=beta0 * jnp.log(step + 2.0))
+        lambda state, params: loss_at(state, noise, params, step), state, params,
+        lr=config.learning_rate, t_lr=config.t_learning_rate, scale=m, key=noise_key,
+        beta=beta0 * jnp.log(step + 2.0))
     first_hit = jnp.where((first_hit < 0) & at_optimum(state), step + 1, first_hit)
     return (state, params, key, first_hit, beta0, carry[-1]), None
 
@@ -201,8 +201,8 @@ def check_config(config) -> None:
     ConfigError: naming the first bad field.
   """
   plan.check_fields(config, positive=("seeds", "steps", "eval_every"), non_negative=("seed",),
-                    positive_numbers=("lr", "beta0", "tol"),
-                    non_negative_numbers=("t_lr", "augment"))
+                    positive_numbers=("learning_rate", "beta0", "tol"),
+                    non_negative_numbers=("t_learning_rate", "augment"))
   if config.steps % config.eval_every:
     raise plan.ConfigError(f"config.steps ({config.steps}) must be a multiple of "
                            f"config.eval_every ({config.eval_every}).")
@@ -218,10 +218,10 @@ def check_config(config) -> None:
       mappings.from_spec(spec.format(steps=config.steps))
 
 
+@sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
   """Runs every (setting, map, optimizer) (`check_config` passed) and writes results.csv,
   results.md and PNGs."""
-  os.makedirs(workdir, exist_ok=True)
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   betas = {"sgd": float("inf"), "langevin": float(config.beta0)}
   rows, curves = [], {setting: {} for setting in config.settings}
@@ -245,7 +245,7 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
 
 def results_markdown(rows: list[dict], config, command: str | None = None) -> str:
   """`results.md` of `rows` made with `config` by `command` (default: the one running)."""
-  notes = NOTES.format(seeds=config.seeds, steps=config.steps, lr=config.lr,
+  notes = NOTES.format(seeds=config.seeds, steps=config.steps, lr=config.learning_rate,
                        beta0=config.beta0, tol=config.tol)
   if config.augment:
     notes += AUGMENT_NOTES.format(augment=config.augment)
@@ -275,6 +275,10 @@ the u_i at the simplex with that draw (a reference, not a proven optimum: it can
 """
 
 
+EXPERIMENT = experiment.Experiment(
+    name="sphere", kind="study", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, configs=("experiments/configs/sphere.py",),
+    default_config=DEFAULT_CONFIG, results_markdown=results_markdown)
+
 if __name__ == "__main__":
-  cli.run_main(train_and_evaluate, check_config=check_config, default_config=DEFAULT_CONFIG,
-               quiet_logs=False, usage="pass --workdir=DIR [--config=FILE]")
+  EXPERIMENT.main()

@@ -13,10 +13,11 @@ import jax
 from tfcl_jax import langevin, losses
 
 
-def mean_loss(z1, z2, logits_fn, negatives: str) -> jax.Array:
-  """InfoNCE per anchor: symmetric over the two views for `cross` (both directions averaged),
-  NT-Xent for `all`."""
-  return losses.info_nce(z1, z2, mapping=logits_fn, negatives=negatives,
+def mean_loss(z1, z2, mapping, negatives: str) -> jax.Array:
+  """InfoNCE per anchor with `mapping` (a `tfcl_jax.mappings.Mapping`, its parameters bound by
+  `Mapping.bind`, so the loss keeps its closed forms): symmetric over the two views for `cross`
+  (both directions averaged), NT-Xent for `all`."""
+  return losses.info_nce(z1, z2, mapping=mapping, negatives=negatives,
                          symmetric=negatives == "cross")
 
 

@@ -81,8 +81,8 @@ print(f"loss after 10 steps: {float(loss):.3f}")"""),
 `simclr.make_simclr_loss` is a `loss_fn(params, model_state, batch, key, step)`;
 `step.make_train_step` compiles it into a sharded `jit` step (the batch split over the devices'
 `data` axis, parameters replicated) that also reports the gradient norm `||dL/dW||` and the mean
-positive and negative cosines. `experiments/simclr.py` runs the full sweep with checkpoints and
-result files; here we write the epoch loop by hand."""),
+positive and negative cosines. `python -m experiments.simclr` runs the full sweep with checkpoints
+and result files; here we write the epoch loop by hand."""),
     ("code", r"""info = data.get_info("digits")
 train_images, train_labels = data.load_arrays("digits", info.train_split)
 test_images, test_labels = data.load_arrays("digits", info.test_split)

@@ -74,7 +74,7 @@ def _simclr(workdir, *extra):
       [sys.executable, "-c", AS_IF_FROM_A_TERMINAL, f"--config={SIMCLR}", f"--workdir={workdir}",
        "--config.losses=free", "--config.seeds=1", "--config.width=4",
        "--config.probe_epochs=0", "--config.eval_every_epochs=0",
-       "--config.checkpoint_every_steps=5", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
+       "--config.checkpoint_every=5", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
       stderr=log, text=True)
   return proc, log
 

@@ -23,19 +23,16 @@ import textwrap
 
 import pytest
 
+from experiments import registry
 from experiments.framework import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = os.path.join(ROOT, "experiments", "configs")
-# Every experiment (`python -m experiments.NAME` calls `cli.run_main`), with a config of it.
-EXPERIMENTS = {
-    "simclr": "simclr_digits.py", "msc": "msc_digits.py", "grace": "grace_citeseer.py",
-    "dcrec": "dcrec_ml100k.py", "retrieval": "retrieval_ml100k.py",
-    "augment_views": "augment_views_digits.py", "gradient_scales": "gradient_scales_paper.py",
-    "hard_negatives": "hard_negatives.py", "learnable_vs_free": "learnable_vs_free.py",
-    "sphere": "sphere.py",
-}
-DATA_EXPERIMENTS = ("grace", "dcrec", "retrieval")  # those with a config.data_dir of files
+# Every experiment of the registry (`python -m experiments.NAME` runs `cli.run_main`), with its
+# first config, and those whose `config.data_dir` names files.
+EXPERIMENTS = {experiment.name: os.path.join(ROOT, experiment.configs[0])
+               for experiment in registry.experiments().values()}
+DATA_EXPERIMENTS = tuple(experiment.name for experiment in registry.experiments().values()
+                         if experiment.reads_files)
 CASES = 40
 # Found by this fuzz, in checks that belong to the experiment modules themselves (their
 # owners' to fix): (module, field) -> what happens.
@@ -95,7 +92,7 @@ def _hermetic_env(tmp_path) -> dict[str, str]:
 
 
 def _fields(module):
-  path = os.path.join(CONFIGS, EXPERIMENTS[module])
+  path = EXPERIMENTS[module]
   return path, cli._fields(cli.load_config(path))
 
 
@@ -203,14 +200,14 @@ DATA_ABSENT_CASES = [
 def test_bad_fields_are_named_with_the_data_absent(tmp_path):
   cases = [{"module": f"experiments.{module}", "named": field,
             "workdir": str(tmp_path / f"case{index}"),
-            "argv": [f"--config={os.path.join(CONFIGS, EXPERIMENTS[module])}",
+            "argv": [f"--config={EXPERIMENTS[module]}",
                      f"--workdir={tmp_path / f'case{index}'}",
                      f"--config.data_dir={tmp_path / 'absent'}", f"--config.{field}={value}"]}
            for index, (module, field, value) in enumerate(DATA_ABSENT_CASES)]
   # The same configs with no bad field stop at the data: the check above is not vacuous.
   cases += [{"module": f"experiments.{module}", "named": "data_dir",
              "workdir": str(tmp_path / f"valid_{module}"),
-             "argv": [f"--config={os.path.join(CONFIGS, EXPERIMENTS[module])}",
+             "argv": [f"--config={EXPERIMENTS[module]}",
                       f"--workdir={tmp_path / f'valid_{module}'}",
                       f"--config.data_dir={tmp_path / 'absent'}"]}
             for module in ("dcrec", "retrieval", "grace")]

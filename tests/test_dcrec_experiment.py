@@ -71,11 +71,10 @@ def test_table6_pairs_free_against_each_loss_by_seed():
 
 
 def test_test_metrics_come_from_the_best_validation_epoch():
-  rows = [{"step": "10", "valid_ndcg@10": "0.30", "test_ndcg@10": "0.50"},
-          {"step": "20", "valid_ndcg@10": "0.40", "test_ndcg@10": "0.20"},
-          {"step": "30", "valid_ndcg@10": "0.40", "test_ndcg@10": "0.90"}]
-  best = dcrec_experiment.best_epoch(rows, steps_per_epoch=10)
-  assert best["epoch"] == 2 and best["test_ndcg@10"] == "0.20"  # earliest of the tied best
+  columns = {"step": np.array([10.0, 20.0, 30.0]), "valid_ndcg@10": np.array([0.3, 0.4, 0.4]),
+             "test_ndcg@10": np.array([0.5, 0.2, 0.9])}
+  best = dcrec_experiment.best_epoch(columns, steps_per_epoch=10)
+  assert best["epoch"] == 2 and best["test_ndcg@10"] == 0.2  # earliest of the tied best
 
 
 def test_epoch_batches_visit_each_example_once_per_epoch_and_resume_in_place(tmp_path):

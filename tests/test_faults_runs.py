@@ -246,7 +246,7 @@ SIMCLR = [sys.executable, "-m", "experiments.simclr",
           f"--config={os.path.join(ROOT, 'experiments', 'configs', 'simclr_digits.py')}",
           "--config.losses=free,tau=0.5", "--config.seeds=2", "--config.width=4",
           "--config.epochs=1", "--config.probe_epochs=0", "--config.eval_every_epochs=0",
-          "--config.checkpoint_every_steps=2", "--config.log_every=1", "--config.progress=False"]
+          "--config.checkpoint_every=2", "--config.log_every=1", "--config.progress=False"]
 KILLS = 10
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from experiments.framework import lowering as experiment_steps
+from experiments import registry
 from tfcl_jax import losses, mappings
 from tfcl_jax.training import lowering, sharding
 
@@ -174,9 +174,10 @@ def test_sharded_losses_lower_on_eight_devices(platform):
 # -- each experiment's real train step ------------------------------------------------------
 
 
-def _lower_step(built, platform):
-  """An experiment's jitted step (its shardings and donation) lowered for `platform`."""
-  train_step, inputs = built
+def _lower_step(name, config, mesh, platform, **options):
+  """Experiment `name`'s jitted step (its shardings and donation, `Experiment.abstract_step`)
+  lowered for `platform`."""
+  train_step, inputs = registry.get(name).abstract_step(config, mesh, **options)
   report = lowering.inspect(lowering.lower(train_step, *inputs, platform=platform),
                             platform=platform)
   _check(report)
@@ -188,8 +189,7 @@ def test_simclr_resnet18_steps_lower_at_32_and_128_pixels(platform):
   from experiments.configs import simclr_cifar10, simclr_imagenette  # noqa: PLC0415
 
   for config_module, side in ((simclr_cifar10, 32), (simclr_imagenette, 128)):
-    report = _lower_step(experiment_steps.simclr(config_module.get_config(),
-                                                 sharding.make_mesh()), platform)
+    report = _lower_step("simclr", config_module.get_config(), sharding.make_mesh(), platform)
     assert f"tensor<512x{side}x{side}x3xf32>" in report.text  # two views of 256 images
 
 
@@ -197,7 +197,7 @@ def test_simclr_resnet18_steps_lower_at_32_and_128_pixels(platform):
 def test_msc_step_lowers(platform):
   from experiments.configs import msc_cifar10  # noqa: PLC0415
 
-  _lower_step(experiment_steps.msc(msc_cifar10.get_config(), sharding.make_mesh()), platform)
+  _lower_step("msc", msc_cifar10.get_config(), sharding.make_mesh(), platform)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -208,7 +208,7 @@ def test_grace_citeseer_step_lowers(platform):
   if not os.path.isdir(config.data_dir):
     pytest.skip(f"Planetoid files not found at {config.data_dir}")
   mesh = sharding.make_mesh(jax.devices()[:config.num_devices])
-  report = _lower_step(experiment_steps.grace(config, mesh), platform)
+  report = _lower_step("grace", config, mesh, platform)
   assert "tensor<3327x" in report.text  # CiteSeer's nodes
 
 
@@ -218,7 +218,7 @@ def test_dcrec_step_lowers_at_movielens_100k_shapes(platform):
 
   config = dcrec_ml100k.get_config()
   mesh = sharding.make_mesh(jax.devices()[:config.num_devices])
-  _lower_step(experiment_steps.dcrec(config, mesh), platform)
+  _lower_step("dcrec", config, mesh, platform)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -228,8 +228,7 @@ def test_supcon_steps_lower(platform, objective):
 
   config = supcon_mnist1d.get_config()
   config.objective = objective
-  report = _lower_step(experiment_steps.simclr(config, sharding.make_mesh(),
-                                               spec="learnable=0.07"), platform)
+  report = _lower_step("simclr", config, sharding.make_mesh(), platform, spec="learnable=0.07")
   assert "tensor<512x40x1xf32>" in report.text  # two views of 256 signals
 
 
@@ -241,6 +240,5 @@ def test_retrieval_steps_lower(platform, preset, spec):
   from experiments.configs import retrieval_ml100k  # noqa: PLC0415
 
   config = retrieval_ml100k.get_config(preset)
-  report = _lower_step(experiment_steps.retrieval(config, sharding.make_mesh(), spec=spec),
-                       platform)
+  report = _lower_step("retrieval", config, sharding.make_mesh(), platform, spec=spec)
   assert f"tensor<{config.batch_size}xi32>" in report.text  # the batch's user rows

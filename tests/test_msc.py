@@ -297,7 +297,7 @@ def test_torchvision_resnet18_conversion_fits_our_resnet18():
 def _config(**overrides):
   config = msc_digits.get_config()
   config.progress = False
-  config.devices = 1
+  config.num_devices = 1
   for name, value in overrides.items():
     config[name] = value
   return config
@@ -337,7 +337,7 @@ def test_the_pretraining_config_is_checked_as_simclr_checks_it():
 
 def test_experiment_rejects_empty_normal_class():
   mesh = sharding.make_mesh(jax.devices()[:1])
-  experiment = msc_train.Experiment(_config(), mesh)
+  experiment = msc_train.Trainer(_config(), mesh)
   labels = experiment.images.train_labels
   experiment.images = dataclasses.replace(experiment.images,
                                           train_labels=np.where(labels == 3, 4, labels))
@@ -361,11 +361,11 @@ def test_experiment_end_to_end_from_a_checkpoint_and_resume(tmp_path):
                    epochs=1)
   workdir = str(tmp_path / "work")
   results = _run(config, workdir)
-  assert [(r["loss"], r["seed"], r["class"]) for r in results] == [("free", 0, 0)]
+  assert [(r["loss"], r["seed"], r["normal_class"]) for r in results] == [("free", 0, 0)]
   assert 0.0 <= results[0]["roc_auc"] <= 1.0 and results[0]["steps"] == 142 // 32
   with open(os.path.join(workdir, "results.csv")) as f:
     header = f.readline().strip().split(",")
-  assert header[:4] == ["loss", "seed", "class", "roc_auc"]
+  assert header[:4] == ["loss", "seed", "normal_class", "roc_auc"]
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| free |" in table and "| pretrained (no MSC) |" in table
   assert os.path.getsize(os.path.join(workdir, "roc_auc.png")) > 0

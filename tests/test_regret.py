@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.regret import remaining, report, study
+from experiments.regret import report, study
 
 
 def _write(path, rows):
@@ -81,7 +81,7 @@ def test_unit_and_averaging_over_a_runs_rows(tmp_path):
   for loss, by_seed in {"tau=0.1": [(0.90, 0.94), (0.91, 0.95)],
                         "free": [(0.90, 0.92), (0.93, 0.92)]}.items():
     for seed, classes in enumerate(by_seed):
-      rows += [{"loss": loss, "seed": seed, "class": k, "roc_auc": v}
+      rows += [{"loss": loss, "seed": seed, "normal_class": k, "roc_auc": v}
                for k, v in enumerate(classes)]
   _write(tmp_path / "msc.csv", rows)
   cell = study.RowRuns.read(row, str(tmp_path)).pair("free")
@@ -178,52 +178,3 @@ def test_no_reference_before_the_whole_grid_is_committed(tmp_path):
   _write(tmp_path / "grid.csv", _runs({"tau=0.05": [0.9] * 4}))
   runs = study.RowRuns.read(row, str(tmp_path))
   assert runs.reference == "tau=0.05" and runs.pair("free")["pairs"] == "across sweeps"
-
-
-def _md(path, command):
-  path.write_text(f"# t\n\nCommand: `{command}`\n")
-
-
-def test_remaining_runs_the_grid_before_any_candidate_then_grows_the_sweep(tmp_path):
-  row = study.Row("c", "c", "acc", 4, ("toy", "grid", "regret_toy"), prefix="clip:",
-                  grid_tables=2, grid=("tau=0.05",))
-  _write(tmp_path / "toy.csv", _runs({"clip:tau=0.1": [0.8] * 4, "clip:free": [0.7] * 4}))
-  _md(tmp_path / "toy.md", "python -m experiments.retrieval --config=c.py --workdir=DIR "
-      "--config.losses=clip:tau=0.1,clip:free")
-  goes_on = {"learnable_free=100": "goes on", "free_n": "stops"}
-  runs = study.RowRuns.read(row, str(tmp_path))
-  assert remaining.row_command(runs, goes_on, str(tmp_path)) == (
-      "python -m experiments.retrieval --config=c.py --config.data_dir=DIR --config.seeds=4 "
-      "--config.losses=clip:tau=0.05 --workdir=runs/regret/grid")
-  _write(tmp_path / "grid.csv", _runs({"clip:tau=0.05": [0.9] * 4}))
-  _write(tmp_path / "regret_toy.csv", _runs({"clip:tau=0.05": [0.9] * 4,
-                                             "clip:tau=0.2": [0.85] * 4}))
-  runs = study.RowRuns.read(row, str(tmp_path))
-  command = remaining.row_command(runs, goes_on, str(tmp_path))
-  # Every candidate not yet run, after what the sweep holds; free_n stopped at screening.
-  assert command.endswith(
-      "--config.losses=clip:tau=0.05,clip:tau=0.2,clip:tau=0.5,clip:tau=1,"
-      "clip:learnable=0.07:100,clip:dynamic=0.1:0.2,clip:learnable_free=100 "
-      "--workdir=runs/regret/toy")
-
-
-def test_remaining_screens_at_the_screening_seeds_while_a_verdict_is_pending(tmp_path):
-  row = study.Row("g", "g", "acc", 20, ("toy", "regret_toy"), screening_seeds=5,
-                  rerun_reference=False)
-  _write(tmp_path / "toy.csv", _runs({s: [0.8] * 20 for s in study.CANDIDATES[:2]}))
-  _md(tmp_path / "toy.md", "python -m experiments.grace --config=g.py --config.seeds=20 "
-      "--workdir=runs/g")
-  runs = study.RowRuns.read(row, str(tmp_path))
-  pending = {m: "pending (0/7 screening rows)" for m in study.NEW_MAPS}
-  command = remaining.row_command(runs, pending, str(tmp_path))
-  assert "--config.seeds=5 " in command and "tau=0.1," not in command
-  assert "learnable_free=100,free_n" in command
-  _write(tmp_path / "regret_toy.csv", _runs({s: [0.8] * 5 for s in study.CANDIDATES[2:]}))
-  _md(tmp_path / "regret_toy.md", "python -m experiments.grace --config=g.py --config.seeds=5 "
-      "--workdir=runs/screen")
-  runs = study.RowRuns.read(row, str(tmp_path))
-  assert remaining.row_command(runs, pending, str(tmp_path)) is None
-  command = remaining.row_command(runs, dict.fromkeys(study.NEW_MAPS, "goes on"),
-                                  str(tmp_path))
-  assert "--config.seeds=20 " in command and "tau=0.1," not in command  # no rerun on GRACE
-  assert command.endswith("--workdir=runs/screen")  # the screening sweep grows

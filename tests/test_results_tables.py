@@ -31,7 +31,7 @@ def test_a_recorded_command_gives_the_experiment_and_its_config():
     regenerate.recorded_command("# t\n")
   markdown = "# t\n\n| a |\n\n## Notes\n\nhand\n"
   assert regenerate.split(markdown) == ("# t\n\n| a |\n", "## Notes\n\nhand\n")
-  # A study's command may leave out --config: its module's DEFAULT_CONFIG is read.
+  # A study's command may leave out --config: its experiment's default_config is read.
   module, config = regenerate.config_of("python -m experiments.sphere --workdir=w "
                                         "--config.seeds=2")
   assert (module, config.seeds, config.steps) == ("experiments.sphere", 2, 2000)

@@ -21,7 +21,7 @@ def tiny_config(**overrides):
   config = simclr_digits.get_config()
   config.update(dict(losses="learnable=0.2", seeds=2, epochs=1, batch_size=128, width=4,
                      proj_hidden_dim=8, proj_dim=8, probe_epochs=20, eval_every_epochs=0,
-                     knn_k=20, devices=2, progress=False))
+                     knn_k=20, num_devices=2, progress=False))
   config.update(overrides)
   return config
 
@@ -51,7 +51,7 @@ def test_bad_config_raises_before_anything_is_written(tmp_path, overrides, messa
     experiment.check_config(tiny_config(**overrides))
   workdir = tmp_path / "run"
   with pytest.raises(plan.ConfigError, match=message):
-    run(tiny_config(devices=8, **overrides), str(workdir))
+    run(tiny_config(num_devices=8, **overrides), str(workdir))
   assert not workdir.exists()
 
 
@@ -61,7 +61,7 @@ def test_bad_config_raises_before_anything_is_written(tmp_path, overrides, messa
 ])
 def test_what_the_devices_decide_is_checked_before_anything_is_written(tmp_path, mesh8,
                                                                        overrides, message):
-  config = tiny_config(devices=8, **overrides)
+  config = tiny_config(num_devices=8, **overrides)
   experiment.check_config(config)  # no data, no devices: nothing to refuse
   with pytest.raises(plan.ConfigError, match=message):
     simclr_train.check_data(config, simclr_train.plan_runs(config), mesh8)
@@ -110,7 +110,7 @@ def test_mnist1d_signals_run_through_the_same_experiment(tmp_path):
 
   config = simclr_mnist1d.get_config()
   config.update(dict(losses="free", seeds=1, epochs=1, width=4, proj_hidden_dim=8, proj_dim=8,
-                     probe_epochs=20, eval_every_epochs=0, devices=2, progress=False,
+                     probe_epochs=20, eval_every_epochs=0, num_devices=2, progress=False,
                      data_dir=str(tmp_path / "data")))
   (result,) = run(config, str(tmp_path / "run"))
   assert result["steps"] == 15  # 4000 signals, batch 256

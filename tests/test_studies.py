@@ -220,7 +220,7 @@ def test_hard_negatives_end_to_end(tmp_path):
   config = hard_negatives_config.get_config()
   config.maps = ("free",)
   config.hard_fractions = (0.0, 1.0)
-  config.seeds, config.instances, config.negatives, config.steps = 2, 4, 4, 10
+  config.seeds, config.instances, config.num_negatives, config.steps = 2, 4, 4, 10
   config.plots = False  # the sphere test covers the figures.
   config.augment = 0.3  # the perturbed path (it contains the plain one).
   hard_negatives.check_config(config)

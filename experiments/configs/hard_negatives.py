@@ -16,15 +16,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.seeds = 8
   config.seed = 0
   config.instances = 32
-  config.negatives = 16  # K per anchor.
+  config.num_negatives = 16  # K per anchor.
   config.dim = 32
   config.s_pos = 0.5  # initial anchor-positive cosine.
   config.hard_gap = 0.1  # hard negatives start at cosine in [s_pos - hard_gap, s_pos].
   config.easy_spread = 0.1  # easy negatives start at cosine in [-easy_spread, easy_spread].
   config.margin = 1.0  # separated: positive cosine - max negative cosine >= margin.
   config.steps = 400
-  config.lr = 0.05
-  config.t_lr = 0.05
+  config.learning_rate = 0.05
+  config.t_learning_rate = 0.05
   # > 0: the loss sees every vector perturbed afresh each step (augmented views), as in
   # experiments/results/hard_negatives_augmented.md (--config.augment=0.3).
   config.augment = 0.0

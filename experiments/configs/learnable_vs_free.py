@@ -18,8 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.stuck.d = 16  # >= 2m, so that the orthogonal start exists.
   config.stuck.maps = ("learnable=0.07", "learnable=1", "free")  # `mappings.from_spec` specs
   config.stuck.steps = 2000
-  config.stuck.lr = 0.01
-  config.stuck.t_lr = 0.1
+  config.stuck.learning_rate = 0.01
+  config.stuck.t_learning_rate = 0.1
   config.stuck.report_steps = (1, 10, 100, 1000)
 
   config.precision = ml_collections.ConfigDict()
@@ -29,5 +29,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.precision.dtypes = ("float32", "bfloat16")
   config.precision.steps = 5000
   config.precision.every = 10
-  config.precision.lr = 0.05
+  config.precision.learning_rate = 0.05
   return config

@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.squared = True  # faiss IndexFlatL2 (MSC) sums squared distances
   config.eval_every_epochs = 0  # ROC-AUC during training too; 0 = only at the end
   config.log_every = 10
-  config.devices = 0  # devices in the mesh; 0 = all
+  config.num_devices = 0  # devices in the mesh; 0 = all
   # Rerunning a command continues its workdir (see simclr_digits.py); False refuses it.
   config.resume = True
   config.progress = True

@@ -24,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.learning_rate = 0.06
   config.probe_epochs = 0
   config.eval_every_epochs = 50
-  config.checkpoint_every_steps = 2000
+  config.checkpoint_every = 2000
   config.log_every = 50
   config.seeds = 1
   return config

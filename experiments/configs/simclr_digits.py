@@ -49,9 +49,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.knn_tau = 0.1
   config.probe_epochs = 500  # full-batch Adam steps of the linear probe; 0 = no probe
   config.eval_every_epochs = 5  # kNN + alignment/uniformity during training; 0 = only at the end
-  config.checkpoint_every_steps = 50  # an interrupted run continues from here; 0 = at the end
+  config.checkpoint_every = 50  # an interrupted run continues from here; 0 = at the end
   config.log_every = 10
-  config.devices = 0  # devices in the mesh; 0 = all
+  config.num_devices = 0  # devices in the mesh; 0 = all
   # Rerunning a command continues its workdir: finished runs are kept, an interrupted one
   # resumes from its last checkpoint; a workdir made with another config is refused.
   # False refuses any workdir that already holds results.

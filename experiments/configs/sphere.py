@@ -32,8 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0
   config.steps = 2000
   config.eval_every = 50
-  config.lr = 0.05
-  config.t_lr = 0.05  # step size of the learnable log inverse temperature t (on the mean loss).
+  config.learning_rate = 0.05
+  config.t_learning_rate = 0.05  # of the learnable log inverse temperature t, on the mean loss
   config.beta0 = 2000.0  # Langevin inverse temperature beta(t) = beta0 log(t + 2).
   config.tol = 0.05  # cosine tolerance of "reached the optimum".
   # 0: both views are free points. > 0: one point u_i per instance, views

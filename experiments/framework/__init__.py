@@ -1,8 +1,6 @@
-"""The skeleton every experiment shares: the runs of a config (`plan`), one sweep per workdir
-(`workdir`), training the runs not yet finished (`sweep`), the results files (`tables`), the
-command line (`cli`) and each experiment's train step lowered without its data (`lowering`).
-The committed tables are rebuilt from their CSVs by `experiments.regenerate`.
-
-An experiment is a module (or a package) with `check_config(config)` and
-`train_and_evaluate(config, workdir)`; `python -m experiments.NAME` runs it through `cli`.
+"""The skeleton every experiment shares: what an experiment declares (`experiment`), the runs of a
+config (`plan`), one sweep per workdir (`workdir`), training the runs not yet finished
+(`sweep`), the results files (`tables`), the command line (`cli`) and the abstract inputs of a
+train step lowered without its data (`lowering`). It imports no experiment:
+`experiments.registry` lists them, and `experiments.regenerate` rebuilds the committed tables.
 """

@@ -9,22 +9,34 @@ end.
   disk) is not finished and the run is redone, with a one-line notice;
 - `train_arguments`: what one run passes to `tfcl_jax.training.train`, the same for every
   experiment (its folder, its recorded config, `resume`, `progress`, its label);
-- `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes).
+- `train_run`: one run trained the same way for every experiment that builds it as a
+  `Trainable` (its loss from its spec, its keys, the mesh, `tfcl_jax.training.train`) and its
+  result row's common columns (`loss`, `seed`, `final_loss`, `final_<param>`,
+  `train_seconds`);
+- `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes);
+- `study`: a study's `train_and_evaluate` (no runs: its tables computed in one go) under the
+  same workdir rules as a sweep: its lock held throughout, its config recorded and checked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from experiments.framework import plan
 from experiments.framework import workdir as workdirs
+from tfcl_jax import losses, training
 from tfcl_jax.training import files
+from tfcl_jax.training import outputs as run_outputs
 
 RESULT_FILE = "result.json"
 _NOTICES: set = set()  # result files already noticed in this process
@@ -76,6 +88,73 @@ def train_arguments(config, run: plan.Run, workdir: str, *,
           "resume": plan.resume(config), "progress": plan.progress(config)}
 
 
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """What a trained run left: its final train state, the columns of its `metrics.csv` and
+  `eval.csv` (`tfcl_jax.training.outputs.read_csv`: float arrays, `{}` when absent) and its
+  training seconds (the parts before a resume included)."""
+
+  state: Any
+  metrics: dict[str, np.ndarray]
+  evaluations: dict[str, np.ndarray]
+  seconds: float
+
+  @property
+  def final_loss(self) -> float:
+    """The last logged training loss (NaN when none was logged)."""
+    history = self.metrics.get("loss", ())
+    return float(history[-1]) if len(history) else float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainable:
+  """One run as its experiment builds it, for `train_run`: the initial train state, the train
+  step, `batches(first_step)` (the batches after `first_step`), the step count, any other
+  keyword of `tfcl_jax.training.train` (`checkpoint_every`, `eval_every`, `eval_fn`,
+  `examples_per_step`, `batch_sharded`) and `result(trained) -> {column: value}`, the
+  experiment's own columns of the run's row."""
+
+  state: Any
+  train_step: Any
+  batches: Callable[[int], Iterable]
+  num_steps: int
+  result: Callable[[Trained], dict]
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
+              build: Callable[..., Trainable], keys: int = 3) -> dict:
+  """Trains `run` as every sweep does, and returns its result row.
+
+  The run's loss is `losses.from_spec(run.spec, num_candidates=...)` (the candidates per
+  anchor of the experiment's batch, `losses.num_candidates`); its seed splits into `keys`
+  keys (initialisation, training, then evaluation ones); the mesh spans
+  `config.num_devices` devices. `build(loss, run_keys, mesh) -> Trainable` makes the rest;
+  `tfcl_jax.training.train` trains it in the run's folder (`train_arguments`, logging every
+  `config.log_every` steps, resuming from its last checkpoint).
+
+  Returns:
+    `loss` (the run's spec), `seed`, `final_loss`, `final_<name>` for each of the loss's
+    trained values (`final_t`, `final_bias`), `train_seconds` and the columns of
+    `Trainable.result`.
+  """
+  loss = losses.from_spec(run.spec, num_candidates=num_candidates)
+  run_keys = tuple(jax.random.split(jax.random.key(run.seed), keys))
+  mesh = training.make_mesh(jax.devices()[:config.num_devices])
+  trainable = build(loss, run_keys, mesh)
+  state = training.train(
+      trainable.state, train_step=trainable.train_step, batches=trainable.batches,
+      num_steps=trainable.num_steps, key=run_keys[1], mesh=mesh, log_every=config.log_every,
+      **trainable.options, **train_arguments(config, run, workdir))
+  folder = run.directory(workdir)
+  trained = Trained(state, run_outputs.read_csv(os.path.join(folder, run_outputs.METRICS_FILE)),
+                    run_outputs.read_csv(os.path.join(folder, run_outputs.EVAL_FILE)),
+                    run_outputs.training_seconds(folder))
+  learnt = {f"final_{name}": float(value) for name, value in state.params["loss"].items()}
+  return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
+          "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
+
+
 def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
             write_tables: Callable[[list[dict]], None] | None = None, progress: bool = True,
             desc: str = "runs") -> list[dict]:
@@ -110,17 +189,38 @@ def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
   return results
 
 
+@contextlib.contextmanager
+def prepared(config, workdir: str, *, plan_fields: Sequence[str] = (),
+             outputs: Sequence[str] = ()) -> Iterator[None]:
+  """Within it, `workdir` is checked against `config` and holds its lock (`workdir.prepare`);
+  the lock is released on the way out unless it was held before."""
+  held = workdirs.holds(workdir)
+  try:
+    workdirs.prepare(workdir, config, plan_fields=plan_fields, outputs=outputs)
+    yield
+  finally:
+    if not held:
+      workdirs.release(workdir)
+
+
 def sweep(config, workdir: str, *, runs: Sequence[plan.Run], train_run: Callable[[plan.Run], dict],
           write_tables: Callable[[list[dict]], None] | None = None,
           plan_fields: Sequence[str] = (), outputs: Sequence[str] = (),
           desc: str = "runs") -> list[dict]:
-  """An experiment's whole sweep: `workdir.prepare` for `config`, then `run_all` of `runs`
-  (progress as `config.progress` says), holding the workdir's lock throughout."""
-  held = workdirs.holds(workdir)
-  try:
-    workdirs.prepare(workdir, config, plan_fields=plan_fields, outputs=outputs)
+  """An experiment's whole sweep: `run_all` of `runs` (progress as `config.progress` says)
+  within `prepared(config, workdir)`."""
+  with prepared(config, workdir, plan_fields=plan_fields, outputs=outputs):
     return run_all(runs, train_run, workdir=workdir, write_tables=write_tables,
                    progress=plan.progress(config), desc=desc)
-  finally:
-    if not held:
-      workdirs.release(workdir)
+
+
+def study(train_and_evaluate: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+  """A study's `train_and_evaluate(config, workdir)` run within `prepared(config, workdir)`:
+  one study at a time per workdir, and a workdir made with another config refused."""
+
+  @functools.wraps(train_and_evaluate)
+  def run(config, workdir: str):
+    with prepared(config, workdir):
+      return train_and_evaluate(config, workdir)
+
+  return run

@@ -15,7 +15,15 @@ may be added, other fields are refused. `train`: the runs and the sweep; `report
 (`python -m experiments.grace.probe --workdir=DIR`).
 """
 
-from experiments.grace.report import results_markdown
-from experiments.grace.train import check_config, train_and_evaluate
+from experiments.framework.experiment import Experiment
+from experiments.grace.report import probe_committed_markdown, results_markdown
+from experiments.grace.train import abstract_step, check_config, train_and_evaluate
 
-__all__ = ["check_config", "results_markdown", "train_and_evaluate"]
+__all__ = ["EXPERIMENT", "check_config", "results_markdown", "train_and_evaluate"]
+
+EXPERIMENT = Experiment(
+    name="grace", kind="sweep", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, results_markdown=results_markdown, abstract_step=abstract_step,
+    configs=("experiments/configs/grace_citeseer.py", "experiments/configs/grace_cora.py"),
+    reads_files=True,
+    command_tables={"experiments.grace.probe": probe_committed_markdown})

@@ -25,16 +25,12 @@ import sys
 
 import jax
 import ml_collections
-import numpy as np
 
 from experiments.framework import plan, sweep, tables
 from experiments.grace import report, train
 from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
 from tfcl_jax.training import checkpoint, loop
-
-COLUMNS = ("dataset", "loss", "seed", "train_ratio", "val_ratio", "test_nodes", "draw",
-          "f1_micro", "f1_macro", "val_f1_micro")
 
 
 def finished_runs(workdir: str) -> list[plan.Run]:
@@ -52,8 +48,11 @@ def finished_runs(workdir: str) -> list[plan.Run]:
 
 def probe(config, graph, batch, run: plan.Run, *, workdir: str,
           val_ratios: list[float], draws: int) -> list[dict]:
-  """`COLUMNS` rows of one run: its final encoder probed under each split, `draws` times."""
-  model, _, template, full = train.build(config, graph, batch, run)
+  """`report.PROBE_COLUMNS` rows of one run: its final encoder probed under each split,
+  `draws` times."""
+  init_key, _, eval_key = train.run_keys(run.seed)
+  model, template, full = train.build(config, graph, batch,
+                                      train.parse_spec(run.spec, graph.num_nodes), init_key)
   manager = checkpoint.make_manager(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))
   state = checkpoint.restore_latest(manager, template)
   if state is None or int(state.step) != config.epochs:
@@ -61,7 +60,6 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
                      f"{config.epochs}")
   embeddings = model.apply({"params": state.params["model"]}, batch.features, full,
                            method=gcn.GRACE.embed)
-  eval_key = train.run_keys(run.seed)[2]
   rows = []
   for val_ratio in val_ratios:
     test_nodes = len(logistic.random_split(graph.num_nodes, key=eval_key,
@@ -78,49 +76,6 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
                    "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],
                    "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"]})
   return rows
-
-
-def split_name(train_ratio: float, val_ratio: float) -> str:
-  test = 1.0 - train_ratio - val_ratio
-  return f"{100 * train_ratio:.0f} / {100 * val_ratio:.0f} / {100 * test:.0f} %"
-
-
-def markdown(rows: list[dict], *, command: str, agreement: float | None) -> str:
-  """Per split: F1-micro at draw 0 over seeds, the std over draws within a run, and free minus
-  each loss paired by seed."""
-  specs = list(dict.fromkeys(r["loss"] for r in rows))
-  lines = [f"# GRACE on {rows[0]['dataset']}: the same encoders under other probe splits", "",
-           f"Command: `{command}`", "",
-           "Each run's final encoder, probed with PyGCL's LREvaluator under each split "
-           "(train / validation / test). Draw 0 uses the run's own evaluation key; the "
-           "within-run std is over the draws (new split and probe initialisation, same "
-           "encoder).", ""]
-  if agreement is not None:
-    lines += [f"Draw 0 under the workdir's own split reproduces `result.json`: largest "
-              f"|difference| {agreement:.2g} F1-micro.", ""]
-  for val_ratio in dict.fromkeys(r["val_ratio"] for r in rows):
-    split = [r for r in rows if r["val_ratio"] == val_ratio]
-    first = [r for r in split if r["draw"] == 0]
-    lines += [f"## Split {split_name(split[0]['train_ratio'], val_ratio)} "
-              f"({split[0]['test_nodes']} test nodes)", "",
-              "| loss | seeds | F1-micro, draw 0 (std over seeds) | F1-macro, draw 0 "
-              "| within-run std over draws |", "|---|---|---|---|---|"]
-    for spec in specs:
-      ours = [r for r in first if r["loss"] == spec]
-      micro = tables.mean_std([100 * r["f1_micro"] for r in ours])
-      macro = tables.mean_std([100 * r["f1_macro"] for r in ours])
-      within = [tables.mean_std([100 * r["f1_micro"] for r in split
-                                 if r["loss"] == spec and r["seed"] == seed])[1]
-                for seed in dict.fromkeys(r["seed"] for r in ours)]
-      spread = f"{np.sqrt(np.mean(np.square(within))):.2f}" if np.all(np.isfinite(within)) \
-          else "-"
-      lines.append(f"| {spec} | {len(ours)} | {report.cell(*micro)} | {report.cell(*macro)} "
-                   f"| {spread} |")
-    lines += tables.paired_markdown(
-        tables.paired_differences(first, specs, metric="f1_micro"),
-        caption="free minus each loss, F1-micro points at draw 0, paired by seed:")
-    lines.append("")
-  return "\n".join(lines)
 
 
 def evaluate(workdir: str, *, val_ratios: list[float], draws: int,
@@ -141,21 +96,10 @@ def evaluate(workdir: str, *, val_ratios: list[float], draws: int,
     rows += probe(config, graph, batch, run, workdir=workdir, val_ratios=val_ratios,
                   draws=draws)
   recorded = tables.typed(tables.read_csv(os.path.join(workdir, "results.csv")))
-  tables.write_results(workdir, rows, columns=COLUMNS, name="probe_splits",
-                       markdown=results_markdown(rows, command=command, recorded=recorded,
-                                                 val_ratio=config.val_ratio))
+  tables.write_results(workdir, rows, columns=report.PROBE_COLUMNS, name="probe_splits",
+                       markdown=report.probe_markdown(rows, command=command, recorded=recorded,
+                                                      val_ratio=config.val_ratio))
   return rows
-
-
-def results_markdown(rows: list[dict], *, command: str, recorded: list[dict],
-                     val_ratio: float) -> str:
-  """`probe_splits.md` of `rows`, checked against the sweep's `recorded` results: draw 0 under
-  the sweep's own split (`val_ratio`) should reproduce each run's F1-micro."""
-  own = {(r["loss"], int(r["seed"])): float(r["f1_micro"]) for r in recorded}
-  differences = [abs(r["f1_micro"] - own[r["loss"], r["seed"]]) for r in rows
-                 if r["val_ratio"] == val_ratio and r["draw"] == 0
-                 and (r["loss"], r["seed"]) in own]
-  return markdown(rows, command=command, agreement=max(differences) if differences else None)
 
 
 def main(argv=None) -> None:

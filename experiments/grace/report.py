@@ -1,5 +1,5 @@
 """Tables and plot of `experiments.grace`: Table 3 (F1 per loss beside the paper) and free minus
-each loss paired by seed; test F1-micro of every run."""
+each loss paired by seed; test F1-micro of every run; the probe's tables (`grace.probe`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from experiments.framework import tables
 # `probe_best_epoch`: the linear probe's epoch with the best validation F1 (PyGCL's
 # LREvaluator), not a training epoch of GRACE.
 COLUMNS = ("dataset", "loss", "seed", "f1_micro", "f1_macro", "val_f1_micro",
-           "probe_best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_b")
+           "probe_best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_bias")
 
 # Table 3 (CiteSeer, 20 runs): F1-micro (std), F1-macro (std), in %.
 PAPER_TABLE3 = {
@@ -102,3 +102,71 @@ def write_plot(file, rows: list[dict], specs: list[str], *, dataset: str) -> Non
 # What the sweep writes, and what `experiments.regenerate` rebuilds from `results.csv`.
 results_markdown = tables.sweep_markdown(table3, example=EXAMPLE)
 plot = tables.sweep_plot(write_plot, example=EXAMPLE)
+
+
+# -- the probe's tables (`experiments.grace.probe`) --------------------------------------------
+
+
+PROBE_COLUMNS = ("dataset", "loss", "seed", "train_ratio", "val_ratio", "test_nodes", "draw",
+                 "f1_micro", "f1_macro", "val_f1_micro")
+
+
+def split_name(train_ratio: float, val_ratio: float) -> str:
+  test = 1.0 - train_ratio - val_ratio
+  return f"{100 * train_ratio:.0f} / {100 * val_ratio:.0f} / {100 * test:.0f} %"
+
+
+def _probe_tables(rows: list[dict], *, command: str, agreement: float | None) -> str:
+  """Per split: F1-micro at draw 0 over seeds, the std over draws within a run, and free minus
+  each loss paired by seed."""
+  specs = list(dict.fromkeys(r["loss"] for r in rows))
+  lines = [f"# GRACE on {rows[0]['dataset']}: the same encoders under other probe splits", "",
+           f"Command: `{command}`", "",
+           "Each run's final encoder, probed with PyGCL's LREvaluator under each split "
+           "(train / validation / test). Draw 0 uses the run's own evaluation key; the "
+           "within-run std is over the draws (new split and probe initialisation, same "
+           "encoder).", ""]
+  if agreement is not None:
+    lines += [f"Draw 0 under the workdir's own split reproduces `result.json`: largest "
+              f"|difference| {agreement:.2g} F1-micro.", ""]
+  for val_ratio in dict.fromkeys(r["val_ratio"] for r in rows):
+    split = [r for r in rows if r["val_ratio"] == val_ratio]
+    first = [r for r in split if r["draw"] == 0]
+    lines += [f"## Split {split_name(split[0]['train_ratio'], val_ratio)} "
+              f"({split[0]['test_nodes']} test nodes)", "",
+              "| loss | seeds | F1-micro, draw 0 (std over seeds) | F1-macro, draw 0 "
+              "| within-run std over draws |", "|---|---|---|---|---|"]
+    for spec in specs:
+      ours = [r for r in first if r["loss"] == spec]
+      micro = tables.mean_std([100 * r["f1_micro"] for r in ours])
+      macro = tables.mean_std([100 * r["f1_macro"] for r in ours])
+      within = [tables.mean_std([100 * r["f1_micro"] for r in split
+                                 if r["loss"] == spec and r["seed"] == seed])[1]
+                for seed in dict.fromkeys(r["seed"] for r in ours)]
+      spread = f"{np.sqrt(np.mean(np.square(within))):.2f}" if np.all(np.isfinite(within)) \
+          else "-"
+      lines.append(f"| {spec} | {len(ours)} | {cell(*micro)} | {cell(*macro)} | {spread} |")
+    lines += tables.paired_markdown(
+        tables.paired_differences(first, specs, metric="f1_micro"),
+        caption="free minus each loss, F1-micro points at draw 0, paired by seed:")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def probe_markdown(rows: list[dict], *, command: str, recorded: list[dict],
+                   val_ratio: float) -> str:
+  """`probe_splits.md` of `rows`, checked against the sweep's `recorded` results: draw 0 under
+  the sweep's own split (`val_ratio`) should reproduce each run's F1-micro."""
+  own = {(r["loss"], int(r["seed"])): float(r["f1_micro"]) for r in recorded}
+  differences = [abs(r["f1_micro"] - own[r["loss"], r["seed"]]) for r in rows
+                 if r["val_ratio"] == val_ratio and r["draw"] == 0
+                 and (r["loss"], r["seed"]) in own]
+  return _probe_tables(rows, command=command,
+                       agreement=max(differences) if differences else None)
+
+
+def probe_committed_markdown(rows: list[dict], *, command: str, name: str, committed) -> str:
+  """`probe_markdown` of the committed table `NAME` (`NAME_splits` beside its sweep's `NAME`;
+  `committed(name) -> (rows, config)`): what `experiments.regenerate` rebuilds it with."""
+  recorded, config = committed(name.removesuffix("_splits"))
+  return probe_markdown(rows, command=command, recorded=recorded, val_ratio=config.val_ratio)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 
 import jax
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import lowering, plan, sweep, tables
 from experiments.grace import report
 from tfcl_jax import losses, training
 from tfcl_jax.data import planetoid
@@ -36,24 +35,25 @@ def load_graph(config) -> tuple[planetoid.PlanetoidGraph, grace_objective.GraphB
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The run's (initialisation, training, evaluation) keys: a seed fixes all three."""
+  """The run's (initialisation, training, evaluation) keys: a seed fixes all three
+  (`sweep.train_run` splits them alike)."""
   return tuple(jax.random.split(jax.random.key(seed), 3))
 
 
 def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
-          run: plan.Run
-          ) -> tuple[gcn.GRACE, losses.LossSpec, training.TrainState, gcn.Propagation]:
-  """The run's model, loss, initial train state and full-graph propagation."""
-  loss = parse_spec(run.spec, graph.num_nodes)
+          loss: losses.LossSpec, key: jax.Array
+          ) -> tuple[gcn.GRACE, training.TrainState, gcn.Propagation]:
+  """The run's model, initial train state (the model initialised with `key`) and full-graph
+  propagation."""
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
                     projection_dim=config.projection_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   state = training.create_train_state(
-      model_params=model.init(run_keys(run.seed)[0], batch.features, full)["params"],
+      model_params=model.init(key, batch.features, full)["params"],
       tx=training.make_optimizer(name="adam", learning_rate=config.learning_rate,
                                  total_steps=config.epochs, schedule="constant"),
       apply_fn=model.apply, loss_params=loss.params)
-  return model, loss, state, full
+  return model, state, full
 
 
 def make_train_step(config, model: gcn.GRACE, loss: losses.LossSpec, mesh):
@@ -64,44 +64,48 @@ def make_train_step(config, model: gcn.GRACE, loss: losses.LossSpec, mesh):
   return training.make_train_step(loss_fn, mesh=mesh, batch_sharded=False)
 
 
+def abstract_step(config, mesh, *, spec: str = "free"):
+  """The full-graph step with abstract `(state, batch, key)` (`framework.lowering`) on
+  `config`'s Planetoid graph (read from `config.data_dir`: its sizes and edges)."""
+  graph, batch = load_graph(config)
+  loss = parse_spec(spec, graph.num_nodes)
+  model, initial, _ = build(config, graph, batch, loss, jax.random.key(0))
+  train_step = make_train_step(config, model, loss, mesh)
+  return train_step.jitted, (lowering.shapes(initial), lowering.shapes(batch), lowering.key())
+
+
 def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
               run: plan.Run, *, workdir: str) -> dict:
-  """Trains GRACE for `run` (`tfcl_jax.training`), evaluates it; returns its results row.
+  """Trains GRACE for `run` (`sweep.train_run`), evaluates it; returns its results row.
 
   The run's `metrics.csv` and checkpoints go to `run.directory(workdir)`; a killed run
   resumes from its last checkpoint.
   """
-  model, loss, state, full = build(config, graph, batch, run)
-  _, train_key, eval_key = run_keys(run.seed)
-  # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
-  mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  train_step = make_train_step(config, model, loss, mesh)
-  batch = training.sharding.shard_batch(batch, mesh, sharded=False)
-  state = training.train(
-      state, train_step=train_step,
-      batches=lambda first: itertools.repeat(batch, config.epochs - first),
-      num_steps=config.epochs, key=train_key, mesh=mesh, batch_sharded=False,
-      checkpoint_every=config.checkpoint_every, log_every=config.log_every,
-      **sweep.train_arguments(config, run, workdir))
-  seconds = training.outputs.training_seconds(run.directory(workdir))  # resumes included
-  history = training.outputs.read_csv(
-      os.path.join(run.directory(workdir), training.outputs.METRICS_FILE))["loss"]
-  params = state.params
-  embeddings = model.apply({"params": params["model"]}, batch.features, full,
-                           method=gcn.GRACE.embed)
-  scores = logistic.lr_evaluate(
-      embeddings, graph.labels, key=eval_key, num_classes=graph.num_classes,
-      train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.eval_epochs,
-      learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
-  t, b = params["loss"].get("t"), params["loss"].get("bias")
-  return {
-      "dataset": graph.name, "loss": run.spec,
-      "seed": run.seed, "f1_micro": scores["f1_micro"], "f1_macro": scores["f1_macro"],
-      "val_f1_micro": scores["val_f1_micro"], "probe_best_epoch": scores["best_epoch"],
-      "final_loss": float(history[-1]) if len(history) else float("nan"),
-      "final_t": float(t) if t is not None else "", "train_seconds": round(seconds, 2),
-      "epochs": config.epochs, "final_b": float(b) if b is not None else "",
-  }
+
+  def trainable(loss, keys, mesh) -> sweep.Trainable:
+    model, state, full = build(config, graph, batch, loss, keys[0])
+    # Full batch: the whole graph is one replicated batch; more devices would only repeat it.
+    replicated = training.sharding.shard_batch(batch, mesh, sharded=False)
+
+    def result(trained: sweep.Trained) -> dict:
+      embeddings = model.apply({"params": trained.state.params["model"]}, replicated.features,
+                               full, method=gcn.GRACE.embed)
+      scores = logistic.lr_evaluate(
+          embeddings, graph.labels, key=keys[2], num_classes=graph.num_classes,
+          train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.eval_epochs,
+          learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
+      return {"dataset": graph.name, "f1_micro": scores["f1_micro"],
+              "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"],
+              "probe_best_epoch": scores["best_epoch"], "epochs": config.epochs}
+
+    return sweep.Trainable(
+        state, make_train_step(config, model, loss, mesh),
+        batches=lambda first: itertools.repeat(replicated, config.epochs - first),
+        num_steps=config.epochs, result=result,
+        options={"batch_sharded": False, "checkpoint_every": config.checkpoint_every})
+
+  return sweep.train_run(config, run, workdir, build=trainable,
+                         num_candidates=losses.num_candidates(graph.num_nodes, negatives="all"))
 
 
 def plan_runs(config) -> list[plan.Run]:

@@ -12,7 +12,13 @@ also calls) and `DIR/roc_auc.png` (`report`). Every check that can fail runs bef
 step.
 """
 
+from experiments.framework.experiment import Experiment
 from experiments.msc.report import results_markdown
-from experiments.msc.train import check_config, train_and_evaluate
+from experiments.msc.train import abstract_step, check_config, train_and_evaluate
 
-__all__ = ["check_config", "results_markdown", "train_and_evaluate"]
+__all__ = ["EXPERIMENT", "check_config", "results_markdown", "train_and_evaluate"]
+
+EXPERIMENT = Experiment(
+    name="msc", kind="sweep", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, results_markdown=results_markdown, abstract_step=abstract_step,
+    configs=("experiments/configs/msc_digits.py", "experiments/configs/msc_cifar10.py"))

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 
 from experiments.framework import tables  # noqa: E402
 
-COLUMNS = ("loss", "seed", "class", "roc_auc", "roc_auc_pretrained", "final_loss",
+COLUMNS = ("loss", "seed", "normal_class", "roc_auc", "roc_auc_pretrained", "final_loss",
            "final_center_cos", "num_normal_train", "steps")
 CLASS_NAMES = {
     "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
@@ -33,11 +33,11 @@ def _table_rows(results: list[dict]) -> dict[str, dict[int, list[float]]]:
       lambda: collections.defaultdict(list))
   pretrained_seen = set()
   for result in results:
-    if result["class"] not in pretrained_seen:
-      rows[PRETRAINED][result["class"]].append(result["roc_auc_pretrained"])
-      pretrained_seen.add(result["class"])
+    if result["normal_class"] not in pretrained_seen:
+      rows[PRETRAINED][result["normal_class"]].append(result["roc_auc_pretrained"])
+      pretrained_seen.add(result["normal_class"])
   for result in results:
-    rows[result["loss"]][result["class"]].append(result["roc_auc"])
+    rows[result["loss"]][result["normal_class"]].append(result["roc_auc"])
   return rows
 
 
@@ -47,7 +47,7 @@ def table4(results: list[dict], *, dataset: str) -> str:
   Cells are ROC-AUC (%) as mean (std) over seeds; the best loss of each column is bold.
   """
   rows = _table_rows(results)
-  classes = sorted({r["class"] for r in results})
+  classes = sorted({r["normal_class"] for r in results})
   seeds = len({r["seed"] for r in results})
   means = {name: {c: 100 * np.mean(v[c]) for c in classes if c in v} for name, v in rows.items()}
   specs = [name for name in rows if name != PRETRAINED]
@@ -103,7 +103,7 @@ def write(results: list[dict], workdir: str, *, config, command: str,
 def write_plot(results: list[dict], workdir: str, *, dataset: str) -> None:
   """`roc_auc.png`: ROC-AUC per normal class, one line per loss (mean +- std over seeds)."""
   rows = _table_rows(results)
-  classes = sorted({r["class"] for r in results})
+  classes = sorted({r["normal_class"] for r in results})
   fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(classes) + 2), 3.5))
   for index, (name, per_class) in enumerate(rows.items()):
     present = [c for c in classes if c in per_class]

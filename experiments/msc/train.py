@@ -8,26 +8,28 @@ inference mode, optional frozen modules), and the ROC-AUC of the kNN score on th
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import lowering, plan, sweep, tables
 from experiments.msc import report
 from experiments.simclr import train as simclr_train
-from tfcl_jax import data, losses, models
+from tfcl_jax import augment, data, losses, models, training
 from tfcl_jax.anomaly import msc, scores, weights
 from tfcl_jax.objectives import msc as msc_objective
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, outputs, sharding, state, step
+from tfcl_jax.training import optim, outputs, sharding, state, step
 
 PRETRAIN_DIR = "pretrain"
 # The normal classes: they choose which runs exist, as `losses` does.
 PLAN_FIELDS = ("classes",)
-_PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size", "devices",
-                    "progress", "resume")
+_PRETRAIN_FIELDS = ("dataset", "data_dir", "backbone", "width", "recipe", "view_size",
+                    "num_devices", "progress", "resume")
 
 
 def parse_classes(text, num_classes: int) -> list[int]:
@@ -78,7 +80,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """
   plan.check_fields(
       config, positive=("epochs", "batch_size", "knn_k", "log_every"),
-      non_negative=("width", "view_size", "eval_every_epochs", "devices"),
+      non_negative=("width", "view_size", "eval_every_epochs", "num_devices"),
       positive_numbers=("learning_rate",), non_negative_numbers=("momentum", "weight_decay"),
       choices={"optimizer": tuple(optim.OPTIMIZERS)})
   plan_runs(config)
@@ -110,7 +112,7 @@ def make_train_step(config: ml_collections.ConfigDict, encoder, loss: losses.Los
   return step.make_train_step(loss_fn, mesh=mesh)
 
 
-class Experiment:
+class Trainer:
   """What the runs share: images, encoder, pretrained variables, optimiser, compiled steps."""
 
   def __init__(self, config: ml_collections.ConfigDict, mesh):
@@ -249,7 +251,7 @@ class Experiment:
       return {"roc_auc": self.roc_auc(train_state.params["model"], train_state.model_state,
                                       normal_class)}
 
-    loop.train(
+    training.train(
         initial, train_step=self.train_step(loss),
         batches=lambda start: self.batches(normal, seed=run.seed, start_step=start),
         num_steps=num_steps, key=jax.random.key(run.seed), mesh=self.mesh,
@@ -258,7 +260,7 @@ class Experiment:
         **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
     evaluation = outputs.read_csv(os.path.join(run.directory(workdir), outputs.EVAL_FILE))
     metrics = outputs.read_csv(os.path.join(run.directory(workdir), outputs.METRICS_FILE))
-    return {"loss": run.spec, "seed": run.seed, "class": normal_class,
+    return {"loss": run.spec, "seed": run.seed, "normal_class": normal_class,
             "roc_auc": float(evaluation["roc_auc"][-1]),
             "roc_auc_pretrained": self.pretrained_auc(normal_class),
             "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])),
@@ -314,7 +316,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   mesh = simclr_train.make_mesh(config)
   runs = plan_runs(config)
   with plan.config_errors():  # a checkpoint that is absent or does not fit the encoder too
-    experiment = Experiment(config, mesh)
+    experiment = Trainer(config, mesh)
     experiment.check(runs)
     if config.init_checkpoint:
       experiment.load(config.init_checkpoint)
@@ -324,3 +326,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       write_tables=lambda results: report.write(
           results, workdir, config=config, command=command,
           figures=len(results) == len(runs)))
+
+
+def abstract_step(config: ml_collections.ConfigDict, mesh, *, spec: str = "free"):
+  """The fine-tuning step with abstract `(state, batch, key)` (`framework.lowering`) on
+  `config`'s encoder, no data."""
+  info, recipe, view_size = simclr_train.views(config)
+  encoder = models.make_backbone(config.backbone, width=config.width or None)
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
+                                                                     negatives="all"))
+  train_step = make_train_step(config, encoder, loss, mesh, functools.partial(
+      augment.two_views, recipe=recipe, out_size=view_size))
+
+  def initial():
+    views = jnp.zeros((2, *info.example_shape(view_size)), jnp.float32)
+    variables = encoder.init(jax.random.key(0), views, train=False)
+    params = {"model": variables["params"], "loss": loss.params}
+    model_state = {k: v for k, v in variables.items() if k != "params"}
+    features = encoder.apply(variables, views, train=False)
+    return state.create_train_state(
+        model_params=variables["params"],
+        model_state={**model_state, msc.CENTER_KEY: msc.center(features)},
+        loss_params=loss.params, tx=make_optimizer(config, params, total_steps=10))
+
+  batch = {"image": jax.ShapeDtypeStruct((config.batch_size, *info.example_shape()), jnp.uint8)}
+  return train_step.jitted, (jax.eval_shape(initial), batch, lowering.key())

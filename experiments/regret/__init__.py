@@ -2,11 +2,9 @@
 fixed τ, from the committed per-seed CSVs.
 
 `study`: the rows, the candidates, the pairing by seed and the rules of `docs/regret.md`;
-`report`: `results/regret.md`, `.csv` and `.png`; `remaining`: the commands of the sweeps the
-study still needs.
+`report`: `results/regret.md`, `.csv` and `.png`.
 
 Run: python -m experiments.regret            (writes results/regret.md, .csv, .png)
      python -m experiments.regret --check    (exit 1 when regret.md or regret.csv differ)
-     python -m experiments.regret --remaining  (the sweeps still to run)
 `python -m experiments.regenerate` runs it after every other table.
 """

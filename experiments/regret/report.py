@@ -4,7 +4,6 @@ by regret), all from `experiments.regret.study` of the committed CSVs.
 
 Run: python -m experiments.regret            (writes results/regret.md, .csv, .png)
      python -m experiments.regret --check    (exit 1 when regret.md or regret.csv differ)
-     python -m experiments.regret --remaining  (the sweeps still to run, `remaining`)
 `python -m experiments.regenerate` runs it after every other table.
 """
 
@@ -20,7 +19,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from experiments.framework import tables
-from experiments.regret import remaining
 from experiments.regret.study import (
   ALPHA,
   CANDIDATES,
@@ -212,13 +210,7 @@ def differs(results: str = RESULTS) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--check", action="store_true", help="compare, do not write")
-  parser.add_argument("--remaining", action="store_true",
-                      help="print the command of every sweep the study still needs")
   args = parser.parse_args(argv)
-  if args.remaining:
-    for key, command in remaining.remaining(study()):
-      print(f"# {key}\n{command}")
-    return
   if args.check:
     stale = differs()
     for name in stale:

@@ -63,9 +63,6 @@ class Row:
   unit: float = 0.01
   screening_seeds: int = 0  # > 0: a screening row, over seeds 0 .. screening_seeds - 1
   grid_tables: int = 1  # the first tables whose fixed τ's form the grid the reference comes from
-  rerun_reference: bool = True  # new runs rerun the reference beside them (docs/regret.md)
-  grid: tuple[str, ...] = ()  # the fixed τ's a grid table not yet committed runs
-  command: str = ""  # the row's experiment command when no table of it records one
 
   @property
   def screening(self) -> bool:
@@ -74,9 +71,9 @@ class Row:
 
 ROWS = (
     Row("grace_citeseer", "GRACE, CiteSeer (F1-micro)", "f1_micro", 20,
-        ("grace_citeseer", "regret_grace_citeseer"), screening_seeds=5, rerun_reference=False),
+        ("grace_citeseer", "regret_grace_citeseer"), screening_seeds=5),
     Row("grace_cora", "GRACE, Cora (F1-micro)", "f1_micro", 20,
-        ("grace_cora", "regret_grace_cora"), rerun_reference=False),
+        ("grace_cora", "regret_grace_cora")),
     Row("simclr_mnist1d_knn", "SimCLR, MNIST-1D (kNN)", "knn_top1", 5,
         ("simclr_mnist1d", "regret_simclr_mnist1d")),
     Row("simclr_mnist1d_linear", "SimCLR, MNIST-1D (linear)", "linear_top1", 5,
@@ -84,12 +81,10 @@ ROWS = (
     Row("simclr_digits_e20", "SimCLR, digits, 20 epochs (kNN)", "knn_top1", 5,
         ("simclr_digits_grid", "regret_simclr_digits_grid"), screening_seeds=5),
     Row("simclr_digits_e100", "SimCLR, digits, 100 epochs (kNN)", "knn_top1", 5,
-        ("simclr_digits_grid_e100", "regret_simclr_digits_grid_e100"), rerun_reference=False),
+        ("simclr_digits_grid_e100", "regret_simclr_digits_grid_e100")),
     Row("dcrec_ml100k", "DCRec, ML-100K, 1 epoch (NDCG@10)", "ndcg@10", 5,
         ("dcrec_ml100k_tau0.1", "regret_dcrec_ml100k"), unit=0.005),
-    Row("msc_digits", "MSC, digits (ROC-AUC)", "roc_auc", 3, ("regret_msc_digits",),
-        grid=("tau=0.1", "tau=0.25", "tau=0.5", "tau=1"),
-        command="python -m experiments.msc --config=experiments/configs/msc_digits.py"),
+    Row("msc_digits", "MSC, digits (ROC-AUC)", "roc_auc", 3, ("regret_msc_digits",)),
     Row("supcon_mnist1d", "SupCon L_out, MNIST-1D (kNN)", "knn_top1", 5,
         ("supcon_mnist1d", "regret_supcon_mnist1d")),
     Row("supcon_digits", "SupCon L_out, digits (kNN)", "knn_top1", 5,
@@ -108,7 +103,7 @@ ROWS = (
     Row("retrieval_features_clip", "two-tower, feature towers, CLIP's loss (top-100)", "top@100",
         10, ("retrieval_ml100k_features", "regret_retrieval_ml100k_features_clip_grid",
              "regret_retrieval_ml100k_features_clip"), prefix="clip:", screening_seeds=10,
-        grid_tables=2, grid=("tau=0.05", "tau=0.2", "tau=0.5", "tau=1")),
+        grid_tables=2),
 )
 
 

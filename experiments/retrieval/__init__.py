@@ -19,7 +19,13 @@ run and the sweep; `report`: the tables and the figure.
 """
 
 
+from experiments.framework.experiment import Experiment
 from experiments.retrieval.report import results_markdown
-from experiments.retrieval.train import check_config, train_and_evaluate
+from experiments.retrieval.train import abstract_step, check_config, train_and_evaluate
 
-__all__ = ["check_config", "results_markdown", "train_and_evaluate"]
+__all__ = ["EXPERIMENT", "check_config", "results_markdown", "train_and_evaluate"]
+
+EXPERIMENT = Experiment(
+    name="retrieval", kind="sweep", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, results_markdown=results_markdown, abstract_step=abstract_step,
+    configs=("experiments/configs/retrieval_ml100k.py",), reads_files=True)

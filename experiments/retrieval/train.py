@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import lowering, plan, sweep, tables
 from experiments.retrieval import report
 from tfcl_jax import losses, mappings, training
 from tfcl_jax.data import interactions, movielens, movielens_features
@@ -177,46 +177,85 @@ def build(config, data: Data, loss: losses.LossSpec, example: dict, key: jax.Arr
   return model, state, training.make_train_step(loss_fn, mesh=mesh)
 
 
+# Vocabulary sizes (index 0 included) and bag lengths of MovieLens-100K's features.
+_ML100K_VOCAB = {"age": 8, "gender": 3, "occupation": 22, "zip": 12, "year": 10, "title": 611,
+                 "genres": 20}
+_ML100K_BAGS = {"title": 10, "genres": 6}
+
+
+def abstract_step(config, mesh, *, spec: str = "free", num_users: int = 943,
+                  num_items: int = 1682, num_pairs: int = 80_000, seed: int = 0):
+  """The step with abstract `(state, batch, key)` (`framework.lowering`): `config`'s towers,
+  objective and batch on random features of MovieLens-100K's sizes."""
+  rng = np.random.default_rng(seed)
+
+  def side(features: str, rows: int) -> movielens_features.Encoded:
+    categorical, bags, sizes = {}, {}, {}
+    for name in features.split(","):
+      size = rows + 1 if name.endswith("_id") else _ML100K_VOCAB[name]
+      if name in _ML100K_BAGS:
+        bags[name] = rng.integers(0, size, (rows, _ML100K_BAGS[name])).astype(np.int32)
+      else:
+        categorical[name] = rng.integers(0, size, rows).astype(np.int32)
+      sizes[name] = size
+    return movielens_features.Encoded(np.arange(rows), categorical, bags, sizes)
+
+  pairs = interactions.Pairs(rng.integers(0, num_users, num_pairs).astype(np.int32),
+                             rng.integers(0, num_items, num_pairs).astype(np.int32))
+  data = Data(pairs, pairs, num_users, num_items, side(config.query_features, num_users),
+              side(config.candidate_features, num_items), None, np.zeros(num_items, np.float32))
+  example = next(interactions.batches(pairs, batch_size=config.batch_size, seed=seed, start=0,
+                                      num_steps=1))
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
+                                                                     negatives="cross"))
+  _, initial, train_step = build(config, data, loss, example, jax.random.key(0), mesh=mesh,
+                                 num_steps=10)
+  return train_step.jitted, (lowering.shapes(initial), lowering.shapes(example), lowering.key())
+
+
 def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
-  """Trains the towers for `run`, evaluates after every epoch; the row of the last epoch."""
+  """Trains the towers for `run` (`sweep.train_run`), evaluates after every epoch; the row of
+  the last epoch."""
   if run.spec == report.POPULARITY:
     return popularity_row(config, data, run)
-  loss = losses.from_spec(run.spec, num_candidates=config.batch_size)
   steps_per_epoch = -(-len(data.train) // config.batch_size)
   num_steps = config.epochs * steps_per_epoch
-  init_key, train_key = jax.random.split(jax.random.key(run.seed))
   batches = functools.partial(interactions.batches, data.train, batch_size=config.batch_size,
                               seed=run.seed, num_steps=num_steps, reshuffle=config.reshuffle)
-  mesh = training.make_mesh(jax.devices()[:config.num_devices])
-  model, state, train_step = build(config, data, loss, next(batches(start=0)), init_key,
-                                   mesh=mesh, num_steps=num_steps)
-  evaluate = make_evaluator(model, data, cosine=loss.scores_cosines)
-  run_dir = run.directory(workdir)
-  scale_start = _scale(loss.params, loss)
-  final = training.train(
-      state, train_step=train_step,
-      batches=lambda first: batches(start=first), num_steps=num_steps, key=train_key,
-      mesh=mesh, checkpoint_every=steps_per_epoch, eval_every=steps_per_epoch,
-      eval_fn=lambda s: {**evaluate(s.params["model"]),
-                         "scale": _scale(jax.device_get(s.params["loss"]), loss)},
-      log_every=config.log_every, examples_per_step=config.batch_size,
-      **sweep.train_arguments(config, run, workdir))
-  seconds = training.outputs.training_seconds(run_dir)  # the parts before a resume included
-  history = training.outputs.read_csv(os.path.join(run_dir, training.outputs.METRICS_FILE))
-  evals = tables.read_csv(os.path.join(run_dir, training.outputs.EVAL_FILE))
-  scale_end = _scale(final.params["loss"], loss)
-  scales = [scale_start, scale_end, *(float(row["scale"]) for row in evals)]
-  if "loss/t" in history:
-    scales += [_scale({"t": t}, loss) for t in history["loss/t"]]
-  return {
-      "dataset": config.dataset, "loss": run.spec, "seed": run.seed,
-      **{metric: float(evals[-1][metric]) for metric in report.METRICS},
-      "final_loss": float(history["loss"][-1]), "scale_start": scale_start,
-      "scale_end": scale_end, "scale_max": float(np.max(scales)),
-      "epochs": config.epochs, "steps": num_steps, "train_seconds": round(seconds, 2),
-      "seconds_per_epoch": round(seconds / config.epochs, 2),
-      **{f"scale@{e + 1}": float(row["scale"]) for e, row in enumerate(evals)},
-  }
+
+  def trainable(loss, keys, mesh) -> sweep.Trainable:
+    model, state, train_step = build(config, data, loss, next(batches(start=0)), keys[0],
+                                     mesh=mesh, num_steps=num_steps)
+    evaluate = make_evaluator(model, data, cosine=loss.scores_cosines)
+    scale_start = _scale(loss.params, loss)
+
+    def result(trained: sweep.Trained) -> dict:
+      evals = trained.evaluations
+      scale_end = _scale(trained.state.params["loss"], loss)
+      scales = [scale_start, scale_end, *evals["scale"]]
+      if "loss/t" in trained.metrics:
+        scales += [_scale({"t": t}, loss) for t in trained.metrics["loss/t"]]
+      return {
+          "dataset": config.dataset, **{metric: float(evals[metric][-1])
+                                        for metric in report.METRICS},
+          "scale_start": scale_start, "scale_end": scale_end,
+          "scale_max": float(np.max(scales)), "epochs": config.epochs, "steps": num_steps,
+          "seconds_per_epoch": round(trained.seconds / config.epochs, 2),
+          **{f"scale@{e + 1}": float(scale) for e, scale in enumerate(evals["scale"])},
+      }
+
+    return sweep.Trainable(
+        state, train_step, batches=lambda first: batches(start=first), num_steps=num_steps,
+        result=result, options={
+            "checkpoint_every": steps_per_epoch, "eval_every": steps_per_epoch,
+            "eval_fn": lambda s: {**evaluate(s.params["model"]),
+                                  "scale": _scale(jax.device_get(s.params["loss"]), loss)},
+            "examples_per_step": config.batch_size})
+
+  # The runs' keys were drawn as (initialisation, training): two.
+  return sweep.train_run(config, run, workdir, build=trainable, keys=2,
+                         num_candidates=losses.num_candidates(config.batch_size,
+                                                              negatives="cross"))
 
 
 def plan_runs(config) -> list[plan.Run]:

@@ -12,7 +12,15 @@ needs is checked before the first step; rerunning the command continues the work
 checkpoint, a workdir made with another config refused; more seeds or losses may be added).
 """
 
+from experiments.framework.experiment import Experiment
 from experiments.simclr.report import results_markdown
-from experiments.simclr.train import check_config, train_and_evaluate
+from experiments.simclr.train import abstract_step, check_config, train_and_evaluate
 
-__all__ = ["check_config", "results_markdown", "train_and_evaluate"]
+__all__ = ["EXPERIMENT", "check_config", "results_markdown", "train_and_evaluate"]
+
+EXPERIMENT = Experiment(
+    name="simclr", kind="sweep", train_and_evaluate=train_and_evaluate,
+    check_config=check_config, results_markdown=results_markdown, abstract_step=abstract_step,
+    configs=tuple(f"experiments/configs/{name}.py" for name in (
+        "simclr_digits", "simclr_mnist1d", "simclr_cifar10", "simclr_imagenette",
+        "supcon_digits", "supcon_mnist1d")))

@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import lowering, plan, sweep, tables
 from experiments.simclr import report
-from tfcl_jax import augment, data, losses, models
+from tfcl_jax import augment, data, losses, models, training
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import loop, optim, outputs, sharding, state, step
+from tfcl_jax.training import optim, outputs, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
 # config.objective -> the `supervised` form of `objectives.simclr.make_simclr_loss`.
@@ -69,7 +69,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       config, positive=("epochs", "batch_size", "proj_hidden_dim", "proj_dim", "knn_k",
                         "log_every"),
       non_negative=("width", "view_size", "probe_epochs", "eval_every_epochs",
-                    "checkpoint_every_steps", "warmup_epochs", "devices"),
+                    "checkpoint_every", "warmup_epochs", "num_devices"),
       positive_numbers=("learning_rate", "knn_tau"),
       non_negative_numbers=("momentum", "weight_decay"),
       choices={"mode": MODES, "objective": tuple(OBJECTIVES), "negatives": ("all", "cross"),
@@ -104,8 +104,8 @@ def check_data(config: ml_collections.ConfigDict, runs: list[plan.Run], mesh) ->
 
 
 def make_mesh(config: ml_collections.ConfigDict):
-  """The mesh of `config.devices` devices (0: all)."""
-  return sharding.make_mesh(jax.devices()[:config.devices] if config.devices else None)
+  """The mesh of `config.num_devices` devices (0: all)."""
+  return sharding.make_mesh(jax.devices()[:config.num_devices] if config.num_devices else None)
 
 
 def training_split(config: ml_collections.ConfigDict) -> str:
@@ -287,9 +287,9 @@ class Trainer:
                               num_epochs=c.epochs, data_dir=self.images.data_dir,
                               start_step=start_step)
 
-    final = loop.train(
+    final = training.train(
         initial, train_step=self.train_step(loss), batches=batches, num_steps=num_steps,
-        key=step_key, mesh=self.mesh, checkpoint_every=c.checkpoint_every_steps,
+        key=step_key, mesh=self.mesh, checkpoint_every=c.checkpoint_every,
         eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=self.evaluate,
         log_every=c.log_every, examples_per_step=batch_size,
         **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
@@ -324,3 +324,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       write_tables=lambda results: report.write(
           results, workdir, config=config, command=command, run_dirs=run_dirs[:len(results)],
           figures=len(results) == len(runs)))
+
+
+def abstract_step(config: ml_collections.ConfigDict, mesh, *, spec: str = "free"):
+  """The run's jitted train step with abstract `(state, batch, key)` (`framework.lowering`):
+  `config`'s encoder, views and batch size, no data."""
+  info, recipe, view_size = views(config)
+  model = make_model(config)
+  loss = losses.from_spec(spec, num_candidates=losses.num_candidates(
+      config.batch_size, negatives=config.negatives))
+  train_step = make_train_step(config, model, loss, mesh, functools.partial(
+      augment.two_views, recipe=recipe, out_size=view_size))
+
+  def initial():
+    view = jnp.zeros((2, *info.example_shape(view_size)), jnp.float32)
+    variables = model.init(jax.random.key(0), view, train=False)
+    return state.create_train_state(
+        model_params=variables["params"],
+        model_state={k: v for k, v in variables.items() if k != "params"},
+        loss_params=loss.params,
+        tx=make_optimizer(config, batch_size=config.batch_size, steps_per_epoch=10))
+
+  batch = {"image": jax.ShapeDtypeStruct((config.batch_size, *info.example_shape()), jnp.uint8),
+           "label": jax.ShapeDtypeStruct((config.batch_size,), jnp.int32)}
+  return train_step.jitted, (jax.eval_shape(initial), batch, lowering.key())

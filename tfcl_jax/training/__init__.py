@@ -1,6 +1,6 @@
 """Training stack: Flax train state, optax optimisers, sharded jit step, orbax checkpoints, a loop.
 
-The same pieces train SimCLR on images (`experiments/simclr.py`) and GRACE on a graph.
+The same pieces train SimCLR on images (`experiments/simclr/`) and GRACE on a graph.
 """
 
 from tfcl_jax.training import (
