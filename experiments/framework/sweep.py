@@ -102,8 +102,8 @@ class Trained:
   @property
   def final_loss(self) -> float:
     """The last logged training loss (NaN when none was logged)."""
-    history = self.metrics.get("loss", ())
-    return float(history[-1]) if len(history) else float("nan")
+    history = self.metrics.get("loss")
+    return float(history[-1]) if history is not None and len(history) else float("nan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +153,8 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   trained = Trained(state, run_outputs.read_csv(os.path.join(folder, run_outputs.METRICS_FILE)),
                     run_outputs.read_csv(os.path.join(folder, run_outputs.EVAL_FILE)),
                     run_outputs.training_seconds(folder))
-  learnt = {f"final_{name}": float(value) for name, value in state.params["loss"].items()}
+  learnt = {f"final_{name}": float(np.asarray(value))
+            for name, value in state.params["loss"].items()}
   return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
           "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
 
