@@ -102,6 +102,8 @@ def generate(name: str) -> str:
   if module in experiment.command_tables:
     return experiment.command_tables[module](rows, command=command, name=name,
                                              committed=committed)
+  if experiment.results_markdown is None:
+    raise ValueError(f"{name}.md records {module}, which declares no results_markdown.")
   _, config = config_of(command)
   return experiment.results_markdown(rows, config, command)
 

@@ -102,8 +102,8 @@ class Trained:
   @property
   def final_loss(self) -> float:
     """The last logged training loss (NaN when none was logged)."""
-    history = self.metrics.get("loss", ())
-    return float(history[-1]) if len(history) else float("nan")
+    history = self.metrics.get("loss")
+    return float(history[-1]) if history is not None and len(history) else float("nan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,14 +123,16 @@ class Trainable:
 
 
 def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
-              build: Callable[..., Trainable], keys: int = 3) -> dict:
+              build: Callable[..., Trainable], keys: int = 3, mesh=None,
+              plan_fields: Sequence[str] = ()) -> dict:
   """Trains `run` as every sweep does, and returns its result row.
 
   The run's loss is `losses.from_spec(run.spec, num_candidates=...)` (the candidates per
   anchor of the experiment's batch, `losses.num_candidates`); its seed splits into `keys`
-  keys (initialisation, training, then evaluation ones); the mesh spans
-  `config.num_devices` devices. `build(loss, run_keys, mesh) -> Trainable` makes the rest;
-  `tfcl_jax.training.train` trains it in the run's folder (`train_arguments`, logging every
+  keys (initialisation, training, then evaluation ones); `mesh` (default: one over the first
+  `config.num_devices` devices) is the sweep's when it compiles its steps once.
+  `build(loss, run_keys, mesh) -> Trainable` makes the rest; `tfcl_jax.training.train` trains
+  it in the run's folder (`train_arguments` with the experiment's `plan_fields`, logging every
   `config.log_every` steps, resuming from its last checkpoint).
 
   Returns:
@@ -140,17 +142,19 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   """
   loss = losses.from_spec(run.spec, num_candidates=num_candidates)
   run_keys = tuple(jax.random.split(jax.random.key(run.seed), keys))
-  mesh = training.make_mesh(jax.devices()[:config.num_devices])
+  if mesh is None:
+    mesh = training.make_mesh(jax.devices()[:config.num_devices])
   trainable = build(loss, run_keys, mesh)
   state = training.train(
       trainable.state, train_step=trainable.train_step, batches=trainable.batches,
       num_steps=trainable.num_steps, key=run_keys[1], mesh=mesh, log_every=config.log_every,
-      **trainable.options, **train_arguments(config, run, workdir))
+      **trainable.options, **train_arguments(config, run, workdir, plan_fields=plan_fields))
   folder = run.directory(workdir)
   trained = Trained(state, run_outputs.read_csv(os.path.join(folder, run_outputs.METRICS_FILE)),
                     run_outputs.read_csv(os.path.join(folder, run_outputs.EVAL_FILE)),
                     run_outputs.training_seconds(folder))
-  learnt = {f"final_{name}": float(value) for name, value in state.params["loss"].items()}
+  learnt = {f"final_{name}": float(np.asarray(value))
+            for name, value in state.params["loss"].items()}
   return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
           "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +23,11 @@ import numpy as np
 
 from experiments.framework import lowering, plan, sweep, tables
 from experiments.simclr import report
-from tfcl_jax import augment, data, losses, models, training
+from tfcl_jax import augment, data, losses, models
 from tfcl_jax.analysis import geometry
 from tfcl_jax.evaluation import knn, logistic
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import optim, outputs, sharding, state, step
+from tfcl_jax.training import optim, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
 # config.objective -> the `supervised` form of `objectives.simclr.make_simclr_loss`.
@@ -266,45 +265,48 @@ class Trainer:
     return float(jnp.mean(predictions == labels[n_train:]))
 
   def train(self, run: plan.Run, workdir: str) -> dict:
-    """Trains one (spec, seed, batch size) run in its own directory; returns its results."""
+    """Trains one (spec, seed, batch size) run in its own directory (`sweep.train_run`);
+    returns its results."""
     c = self.config
     batch_size = run["batch_size"]
-    loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
-        batch_size, negatives=c.negatives))
     steps_per_epoch = self.steps_per_epoch(batch_size)
     num_steps = c.epochs * steps_per_epoch
-    init_key, step_key = jax.random.split(jax.random.key(run.seed))
-    variables = self.init(init_key)
-    initial = state.create_train_state(
-        model_params=variables["params"],
-        model_state={k: v for k, v in variables.items() if k != "params"},
-        loss_params=loss.params, tx=self.optimizer(batch_size))
-    info = self.images.info
 
-    def batches(start_step):
-      return data.make_loader(info.name, training_split(c),
-                              batch_size=_host_batch(batch_size), seed=run.seed,
-                              num_epochs=c.epochs, data_dir=self.images.data_dir,
-                              start_step=start_step)
+    def trainable(loss, keys, mesh) -> sweep.Trainable:
+      del mesh  # the sweep's: the steps compile once per loss
+      variables = self.init(keys[0])
+      initial = state.create_train_state(
+          model_params=variables["params"],
+          model_state={k: v for k, v in variables.items() if k != "params"},
+          loss_params=loss.params, tx=self.optimizer(batch_size))
 
-    final = training.train(
-        initial, train_step=self.train_step(loss), batches=batches, num_steps=num_steps,
-        key=step_key, mesh=self.mesh, checkpoint_every=c.checkpoint_every,
-        eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=self.evaluate,
-        log_every=c.log_every, examples_per_step=batch_size,
-        **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
-    evaluation = outputs.read_csv(os.path.join(run.directory(workdir), outputs.EVAL_FILE))
-    metrics = outputs.read_csv(os.path.join(run.directory(workdir), outputs.METRICS_FILE))
-    result = {"loss": run.spec, "seed": run.seed, "batch_size": batch_size,
-              "knn_top1": float(evaluation["knn_top1"][-1]),
-              "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])), "steps": num_steps}
-    result.update({f"knn_top1@{int(step)}": float(value) for step, value in
-                   zip(evaluation["step"], evaluation["knn_top1"], strict=True)})
-    if c.probe_epochs:
-      result["linear_top1"] = self.linear_probe(final, run.seed)
-    for name, value in final.params["loss"].items():
-      result[f"final_{name}"] = float(value)
-    return result
+      def batches(start_step):
+        return data.make_loader(self.images.info.name, training_split(c),
+                                batch_size=_host_batch(batch_size), seed=run.seed,
+                                num_epochs=c.epochs, data_dir=self.images.data_dir,
+                                start_step=start_step)
+
+      def result(trained: sweep.Trained) -> dict:
+        evaluation = trained.evaluations
+        row = {"batch_size": batch_size, "knn_top1": float(evaluation["knn_top1"][-1]),
+               # the last epoch's mean: one step's loss is noisy
+               "final_loss": float(np.mean(trained.metrics["loss"][-steps_per_epoch:])),
+               "steps": num_steps,
+               **{f"knn_top1@{int(step)}": float(value) for step, value in
+                  zip(evaluation["step"], evaluation["knn_top1"], strict=True)}}
+        if c.probe_epochs:
+          row["linear_top1"] = self.linear_probe(trained.state, run.seed)
+        return row
+
+      return sweep.Trainable(
+          initial, self.train_step(loss), batches, num_steps=num_steps, result=result,
+          options={"checkpoint_every": c.checkpoint_every,
+                   "eval_every": c.eval_every_epochs * steps_per_epoch, "eval_fn": self.evaluate,
+                   "examples_per_step": batch_size})
+
+    return sweep.train_run(
+        c, run, workdir, build=trainable, keys=2, mesh=self.mesh, plan_fields=PLAN_FIELDS,
+        num_candidates=losses.num_candidates(batch_size, negatives=c.negatives))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
