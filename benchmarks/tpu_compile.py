@@ -64,6 +64,7 @@ def loss_case(mesh, spec: str, mode: str, implementation: str, n: int, d: int, d
 
 def step_cases(devices):
   """Each experiment's step, built as it builds it, on the topology's devices."""
+  from experiments import registry  # noqa: PLC0415
   from experiments.configs import (  # noqa: PLC0415
     dcrec_ml100k,
     grace_citeseer,
@@ -72,24 +73,23 @@ def step_cases(devices):
     simclr_cifar10,
     simclr_imagenette,
   )
-  from experiments.framework import lowering as experiment_steps  # noqa: PLC0415
 
   mesh = sharding.make_mesh(devices)
-  yield "SimCLR ResNet-18 32x32, batch 256", mesh, experiment_steps.simclr(
+  yield "SimCLR ResNet-18 32x32, batch 256", mesh, registry.get("simclr").abstract_step(
       simclr_cifar10.get_config(), mesh)
-  yield "SimCLR ResNet-18 128x128, batch 256", mesh, experiment_steps.simclr(
+  yield "SimCLR ResNet-18 128x128, batch 256", mesh, registry.get("simclr").abstract_step(
       simclr_imagenette.get_config(), mesh)
-  yield "MSC ResNet-18 32x32, batch 32", mesh, experiment_steps.msc(
+  yield "MSC ResNet-18 32x32, batch 32", mesh, registry.get("msc").abstract_step(
       msc_cifar10.get_config(), mesh)
   config = grace_citeseer.get_config()
   mesh = sharding.make_mesh(devices[:config.num_devices])
-  yield "GRACE CiteSeer (full graph)", mesh, experiment_steps.grace(config, mesh)
+  yield "GRACE CiteSeer (full graph)", mesh, registry.get("grace").abstract_step(config, mesh)
   config = dcrec_ml100k.get_config()
   mesh = sharding.make_mesh(devices[:config.num_devices])
-  yield "DCRec ML-100K shapes", mesh, experiment_steps.dcrec(config, mesh)
+  yield "DCRec ML-100K shapes", mesh, registry.get("dcrec").abstract_step(config, mesh)
   config = retrieval_ml100k.get_config()
   mesh = sharding.make_mesh(devices[:config.num_devices])
-  yield "Two-tower CLIP loss, batch 8192", mesh, experiment_steps.retrieval(
+  yield "Two-tower CLIP loss, batch 8192", mesh, registry.get("retrieval").abstract_step(
       config, mesh, spec="clip:learnable=0.07:100")
 
 
