@@ -134,10 +134,16 @@ def test_kernel_resources_finds_each_triton_kernel_and_its_options():
   from benchmarks import kernel_resources
   from tfcl_jax.losses import _triton_tiles
 
+  names = {("free", "two-tower"): ["info_nce_lse_two_sided", "info_nce_lse_grads"],
+           ("learnable=0.07", "two-tower"): ["info_nce_lse", "info_nce_lse",
+                                             "info_nce_lse_grads"],
+           ("free", "all"): ["info_nce_lse_symmetric", "info_nce_lse_symmetric_grad"],
+           ("tau=0.1", "cross"): ["info_nce_lse", "info_nce_lse_grads"]}
+  for (spec, mode), expected in names.items():
+    kernels = kernel_resources.triton_modules(spec, mode, 256, 64, jnp.float32)
+    assert [k["name"] for k in kernels] == expected, (spec, mode)
   for dtype in (jnp.float32, jnp.bfloat16):
     kernels = kernel_resources.triton_modules("free", "two-tower", 256, 64, dtype)
-    assert [k["name"] for k in kernels] == ["info_nce_lse", "info_nce_lse",
-                                             "info_nce_lse_row_grad", "info_nce_lse_col_grad"]
     _, warps, stages = _triton_tiles.launch(64, dtype)
     for kernel in kernels:
       assert kernel["ir"].startswith(f"module @{kernel['name']}") and "tt.func" in kernel["ir"]

@@ -82,6 +82,26 @@ def test_pallas_equals_xla_values_and_gradients(name, mode):
   chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+# Tiles that serve both their sides: `all`'s pairs of blocks once each (an even number of
+# blocks has pairs at distance nb / 2, formed by one program of the two), the two-tower loss's
+# columns from the row pass (closed forms: tau, free); maps with and without a closed form.
+EVEN_CASES = [("free", "all", 48), ("learnable", "all-masked", 64), ("tau", "symmetric", 64),
+              ("dynamic", "cross-masked-bank", 64), ("free", "symmetric", 16)]
+
+
+@pytest.mark.parametrize("name, mode, rows", EVEN_CASES,
+                         ids=[f"{n}-{m}-{r}" for n, m, r in EVEN_CASES])
+def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows):
+  z1 = jax.random.normal(jax.random.key(0), (rows, D))
+  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (rows, D))
+  where = (jnp.arange(rows) % 5) != 2
+  _, _, _, bank = _views()
+  grad = _grad(MODES[mode], where, bank)
+  expected, got = (jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], implementation)
+                   for implementation in ("xla", "pallas"))
+  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 # The TPU kernels (blocks of 128 rows: 37 rows padded to one block, 150 to two).
 TPU_CASES = ([(name, "all-masked", N) for name in ("free", "learnable_capped", "annealed")]
              + [("learnable", mode, 150) for mode in ("cross", "symmetric-bank", "all-bank")]
@@ -200,6 +220,7 @@ def test_tiles_are_powers_of_two_on_gpus_and_lane_multiples_on_tpus():
       assert tiles.padded_dim(dim) % tiles.block_d == 0 and tiles.padded_dim(dim) >= dim
       # D held whole (one product per tile) up to `whole`, in chunks beyond.
       assert (tiles.block_d >= dim) == (dim <= whole)
+      assert tiles.padded_dim(dim) % tiles.pair_block_d == 0
       if block_size is not None:
         assert tiles.block <= max(block_size, _triton_tiles.SMALLEST_BLOCK)
     tpu = _kernel_tpu.tiles(rows, rows, dim, block_size)

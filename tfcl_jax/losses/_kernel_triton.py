@@ -10,16 +10,20 @@ FlashAttention-2's layout:
 * the map is applied inside the tile, and the tile is folded into per-row statistics or,
   backward, into the program's gradient block, which is a loop carry (registers) when `D` is
   held whole and the program's own output block beyond that;
-* no program writes another's output: no atomics.
+* here no program writes another's output: no atomics.
 
 Kernels:
 
 * `forward`: `lse_i = log sum_{j negative of i} exp(f(S_ij))`, an online logsumexp, or a plain
   sum of `w(S_ij) = exp(f(S_ij) - shift)` for maps with a closed form (`Mapping.exp_form`;
   Eq. 11's `w = (1 + c) / (1 - c)`);
-* `row_grads`, `col_grads`: each tile recomputed and its cotangent (`_kernel_math`), then
-  `dU_i = sum_j dS_ij V_j` (row programs, with the map's parameter gradients) and
-  `dV_j = sum_i dS_ij^T U_i` (column programs).
+* `row_grads`: each tile recomputed and its cotangent (`_kernel_math`), then
+  `dU_i = sum_j dS_ij V_j` with the map's parameter gradients (the anchors' gradient against a
+  bank of extra negatives, which takes none).
+
+The kernels that serve both sides of a tile, writing across programs, are
+`_kernel_triton_pairs`'s: `negatives="all"`'s symmetric tiles, the two-tower loss's row and
+column statistics from one pass, and one backward for both sides.
 
 Raw rows (bfloat16 inputs, `_pallas`): a side's vectors may be the raw rows `z` with float32
 inverse norms `r = 1 / ||z||`, so that `S_ij = r_i r_j (z_i . z_j)`: the products run on
@@ -81,8 +85,10 @@ class _Geometry:
     return self.chunks == 1
 
 
-def _geometry(tiles_: Tiles, dim: int, other: int, vectors) -> _Geometry:
-  return _Geometry(tiles_.block, tiles_.block_d, dim // tiles_.block_d, other // tiles_.block,
+def _geometry(tiles_: Tiles, dim: int, other: int, vectors, block_d: int | None = None
+              ) -> _Geometry:
+  block_d = block_d or tiles_.block_d
+  return _Geometry(tiles_.block, block_d, dim // block_d, other // tiles_.block,
                    is_raw(vectors))
 
 
@@ -250,47 +256,6 @@ def _row_grad_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_from_co
     dtheta_ref[0, k] = value
 
 
-def _col_grad_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_ref, c_ref,
-                    c_scale_ref, c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref, r_ref, r_scale_ref,
-                    r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, dc_ref):
-  """`dV_j = sum_i dS_ij^T U_i` for one column block.
-
-  The tiles are formed transposed, `S^T = V_j U_i^T`, with the row values as `[1, block]` and
-  the column values as `[block, 1]` (the tile math is elementwise), so that both products are
-  the row kernel's, with no transpose of a tile in registers.
-  """
-  dtype = r_lse_ref.dtype
-  theta = load_theta(kmap, theta_ref)
-  c_ids, c_valid = _rows(c_ids_ref[...]), _rows(c_valid_ref[...])
-  c_lse, c_g = (without_empty(_rows(c_lse_ref[...]), _rows(c_g_ref[...])) if columns
-                else (None, None))
-  c_scale = _rows(c_scale_ref[...])
-  cols = _whole_block(g, c_ref, _ALL)
-  if not g.whole:
-    _zero(dc_ref, g)
-
-  def body(i, acc):
-    span = _span(g, i)
-    rows = _whole_block(g, r_ref, span)
-    r_scale = _cols(r_scale_ref[span])
-    cos = _cos(g, _raw_products(g, c_ref, _ALL, r_ref, span, cols, rows), c_scale,
-               r_scale).astype(dtype)
-    keep = keep_mask(_cols(r_ids_ref[span]), _cols(r_pos_ref[span]), _cols(r_valid_ref[span]),
-                     c_ids, c_valid)
-    r_lse, r_g = without_empty(_cols(r_lse_ref[span]), _cols(r_g_ref[span]))
-    dcos, _ = tile_cotangent(kmap, theta, cos, keep, r_lse, r_g, c_lse, c_g,
-                             columns=columns, theta_from_columns=False)
-    dcos = (dcos * r_scale if g.scaled else dcos).astype(r_ref.dtype)
-    if g.whole:
-      return acc + jnp.dot(dcos, rows, preferred_element_type=jnp.float32)
-    _accumulate(dc_ref, lambda d: jnp.dot(dcos, r_ref[span, d],
-                                          preferred_element_type=jnp.float32), g)
-    return acc
-
-  acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
-  _finish(g, dc_ref, jax.lax.fori_loop(0, g.steps, body, acc))
-
-
 def _call(kernel, tiles_: Tiles, **kwargs):
   return compiled_or_interpreted(
       kernel, platforms=PLATFORMS,
@@ -349,20 +314,3 @@ def row_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_l
       name="info_nce_lse_row_grad")(theta, *_anchor_arrays(rows), r_lse, r_g,
                                     *_candidate_arrays(cols), c_lse, c_g)
   return drows, jnp.sum(dtheta, axis=0)
-
-
-def col_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
-              c_g, *, columns: bool) -> jax.Array:
-  """`G_cols`: the column blocks' gradients with respect to their unit rows."""
-  (m, d), k = rows.vectors.shape, cols.vectors.shape[0]
-  g = _geometry(tiles_, d, m, cols.vectors)
-  col, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
-  return _call(
-      functools.partial(_col_grad_kernel, kmap, g, columns), tiles_,
-      grid=(k // tiles_.block,),
-      in_specs=[_whole(theta.shape), col, vec, vec, vec, vec, vec, _whole((m, d)),
-                _whole((m,)), _whole((m,)), _whole((m,)), _whole((m,)), _whole((m,)),
-                _whole((m,))],
-      out_specs=col, out_shape=jax.ShapeDtypeStruct((k, d), stats_dtype(cols.vectors)),
-      name="info_nce_lse_col_grad")(theta, *_candidate_arrays(cols), c_lse, c_g,
-                                    *_anchor_arrays(rows), r_lse, r_g)

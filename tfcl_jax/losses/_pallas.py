@@ -42,12 +42,20 @@ import jax
 import jax.core
 import jax.numpy as jnp
 
-from tfcl_jax.losses import _engine, _kernel_tpu, _kernel_triton, _layout, _triton_tiles
+from tfcl_jax.losses import (
+    _engine,
+    _kernel_tpu,
+    _kernel_triton,
+    _kernel_triton_pairs,
+    _layout,
+    _triton_tiles,
+)
 from tfcl_jax.losses._kernel_math import KernelMap
 from tfcl_jax.losses._tiles import LogSumExp, Side
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 FAMILIES = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
+PAIRS = {"triton": _kernel_triton_pairs}
 SMALLEST_BLOCK = _triton_tiles.SMALLEST_BLOCK
 
 
@@ -65,6 +73,10 @@ class _Plan:
   def call(self, name: str, *args, **kwargs):
     return getattr(FAMILIES[self.family], name)(self.kmap, self.tiles, *args, **kwargs)
 
+  def pairs(self):
+    """The family's kernels that serve both sides of a tile (atomics), or None."""
+    return PAIRS.get(self.family)
+
 
 def _as_anchors(side: Side) -> Side:
   """A candidate side as anchors: in-batch candidates share their positive's id."""
@@ -73,12 +85,18 @@ def _as_anchors(side: Side) -> Side:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _lse(plan: _Plan, theta, rows: Side, cols: Side | None):
+  pairs = plan.pairs()
+  fast = plan.kmap.fast is not None  # sums with a fixed shift add across programs exactly
   if plan.kind == "symmetric":
+    if pairs is not None and fast:
+      return pairs.symmetric_forward(plan.kmap, plan.tiles, theta, rows), None
     return plan.call("forward", theta, rows, rows), None
+  assert cols is not None  # "rows" and "rows_and_columns" have a column side
+  if plan.kind == "rows_and_columns" and pairs is not None and fast:
+    return pairs.two_sided_forward(plan.kmap, plan.tiles, theta, rows, cols)
   row_lse = plan.call("forward", theta, rows, cols)
   if plan.kind == "rows":
     return row_lse, None
-  assert cols is not None  # the two-tower kind has a column side
   return row_lse, plan.call("forward", theta, _as_anchors(cols), rows)
 
 
@@ -90,8 +108,11 @@ def _lse_fwd(plan, theta, rows, cols):
 def _lse_bwd(plan, residuals, cotangents):
   theta, rows, cols, (row_lse, col_lse) = residuals
   row_g, col_g = cotangents
+  pairs = plan.pairs()
   dcols = None
-  if plan.kind == "symmetric":
+  if plan.kind == "symmetric" and pairs is not None:
+    drows, dtheta = pairs.symmetric_grads(plan.kmap, plan.tiles, theta, rows, row_lse, row_g)
+  elif plan.kind == "symmetric":
     # S = U U^T: dU = (G + G^T) U, the column term being row j's own statistics.
     drows, dtheta = plan.call("row_grads", theta, rows, rows, row_lse, row_g, row_lse, row_g,
                               columns=True, theta_from_columns=False)
@@ -99,11 +120,17 @@ def _lse_bwd(plan, residuals, cotangents):
     two_sided = plan.kind == "rows_and_columns"
     if not two_sided:
       col_lse = col_g = jnp.zeros(cols.ids.shape, row_lse.dtype)
-    drows, dtheta = plan.call("row_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                              columns=two_sided, theta_from_columns=two_sided)
-    if plan.column_grad:
-      dcols = _no_grad(cols, _through_norm(cols, plan.call(
-          "col_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g, columns=two_sided)))
+    if plan.column_grad and pairs is not None:
+      drows, dcols, dtheta = pairs.both_grads(plan.kmap, plan.tiles, theta, rows, cols,
+                                              row_lse, row_g, col_lse, col_g,
+                                              columns=two_sided)
+    else:
+      drows, dtheta = plan.call("row_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
+                                columns=two_sided, theta_from_columns=two_sided)
+      if plan.column_grad:
+        dcols = plan.call("col_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
+                          columns=two_sided)
+    dcols = None if dcols is None else _no_grad(cols, _through_norm(cols, dcols))
   # The step is a schedule's input, not a parameter.
   dtheta = dtheta.at[plan.step_index].set(0.0)
   return dtheta, _no_grad(rows, _through_norm(rows, drows)), dcols

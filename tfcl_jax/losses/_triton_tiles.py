@@ -21,6 +21,11 @@ SMALLEST_BLOCK = 16  # Triton's `dot` needs every side >= 16
 # held whole (one product per tile, the gradient block in registers), and D's chunk beyond.
 WHOLE_D = {2: 256, 4: 128}
 CHUNK_D = {2: 128, 4: 64}
+# The same for the gradient kernels that serve both sides of a tile (`_kernel_triton_pairs`),
+# which hold a second product and its atomic add: they spill registers on sm_90 with D = 256
+# held whole (bfloat16) or in chunks of 64 (float32).
+PAIR_WHOLE_D = {2: 128, 4: 128}
+PAIR_CHUNK_D = {2: 64, 4: 32}
 # (byte width, widest padded D or None for any) -> (block, warps, stages), the first match.
 # From compile reports for sm_90 (benchmarks/kernel_resources.py), not from timings: with
 # 128-row blocks the gradient kernels spill registers at every D, 16 warps cap a thread at 128
@@ -30,13 +35,14 @@ LAUNCH = ((2, None, (64, 8, 3)), (4, None, (64, 8, 3)))
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:
-  """`block` rows per program and per step; `D` padded to `dim` (whole) or walked in chunks
-  of `block_d`; the launch's `num_warps` and `num_stages`."""
+  """`block` rows per program and per step; `D` walked in chunks of `block_d` (one chunk: held
+  whole); the launch's `num_warps` and `num_stages`."""
 
   block: int
   block_d: int
   num_warps: int = 4
   num_stages: int = 3
+  pair_block_d: int | None = None  # the pair gradient kernels' chunk (None: `block_d`)
 
   def padded_dim(self, dim: int) -> int:
     return -(-dim // self.block_d) * self.block_d
@@ -75,9 +81,9 @@ def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
     >>> import jax.numpy as jnp
     >>> from tfcl_jax.losses import _triton_tiles
     >>> _triton_tiles.tiles(4096, 4096, 768, None)
-    Tiles(block=64, block_d=64, num_warps=8, num_stages=3)
+    Tiles(block=64, block_d=64, num_warps=8, num_stages=3, pair_block_d=32)
     >>> _triton_tiles.tiles(4096, 4096, 200, None, jnp.bfloat16)
-    Tiles(block=64, block_d=256, num_warps=8, num_stages=3)
+    Tiles(block=64, block_d=256, num_warps=8, num_stages=3, pair_block_d=64)
     >>> _triton_tiles.tiles(21, 21, 6, 16).block
     16
   """
@@ -87,7 +93,8 @@ def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
   default, warps, stages = launch(-(-dim // block_d) * block_d, dtype)
   block = default if block_size is None else _floor_power_of_two(block_size)
   block = min(block, _next_power_of_two(max(num_rows, num_cols)))
-  return Tiles(max(block, SMALLEST_BLOCK), block_d, warps, stages)
+  pair_block_d = whole if whole <= PAIR_WHOLE_D[width] else PAIR_CHUNK_D[width]
+  return Tiles(max(block, SMALLEST_BLOCK), block_d, warps, stages, min(pair_block_d, block_d))
 
 
 def is_raw(vectors: jax.Array) -> bool:
