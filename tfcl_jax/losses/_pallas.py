@@ -4,9 +4,11 @@ Mosaic kernels on TPUs, the same kernels interpreted on a CPU.
 `info_nce(..., implementation="pallas")` hands the logsumexp of every row's (and, for CLIP's
 two-tower loss, every column's) negatives to Pallas kernels built as FlashAttention-2's: the
 forward walks the column blocks of each row block with the mapping applied inside the tile
-and an online logsumexp; the backward recomputes each tile in two kernels, one over row blocks
-(`dU`, and the map's parameter gradients) and one over column blocks (`dV`), so that no two
-programs write the same output (no atomics). Two families of the same kernels:
+and an online logsumexp; the backward recomputes each tile. On TPUs it takes two kernels, one
+over row blocks (`dU`, and the map's parameter gradients) and one over column blocks (`dV`),
+no program writing another's output; on GPUs each tile serves both of its sides, the other
+side's share added atomically (`_kernel_triton_pairs`: `"all"`'s symmetric tiles, the two
+directions of the two-tower loss in one pass, one backward kernel). Two families:
 
 * GPUs (`_kernel_triton`): Triton, chosen explicitly (`pallas.triton.CompilerParams`) rather
   than JAX's default GPU backend, Mosaic GPU. Triton's block refs are pointers into global
