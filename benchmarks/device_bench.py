@@ -20,7 +20,8 @@ Suites (`--suite`, default all four, in this order):
 Floor: the three products of the loss's similarity matrix (`S = A B^T`, `S B`, `S^T A`) over
 chunks of rows, each timed alone at its minimum (`benchmarks/timing.py`); never the dense
 matrix. Time: the median over interleaved repeats after a warm-up call (fewer repeats for slow
-calls, `--max_seconds`). Memory: XLA's estimate for the compiled program (arguments, outputs,
+calls, `--max_seconds`); sizes not started within `--budget_minutes` (default 7.5) are
+skipped and said so. Memory: XLA's estimate for the compiled program (arguments, outputs,
 temporaries) and PyTorch's peak allocation. A contender whose estimate exceeds `--max_gib` is
 skipped and said so; one that runs out of memory is reported as `OOM` and the rest go on.
 
@@ -42,6 +43,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import pathlib  # noqa: E402
+import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -178,6 +180,8 @@ def speed(loss: str, args, report) -> list[dict]:
   rows = []
   for dtype in args.dtypes:
     for n in args.sizes:
+      if _out_of_time(args, report, f"{loss}, N = {n}, {dtype}"):
+        continue
       a, b, z1, z2 = _inputs(n, args.dim, dtype)
       results = _time(_jax_contenders(loss, spec, n, z1, z2, args), args)
       results.update(_time(_other_contenders(loss, spec, n, a, b, dtype, args), args))
@@ -220,6 +224,8 @@ def sweep(args, report) -> list[dict]:
   rows = []
   for dtype in args.sweep_dtypes:
     for n in args.sweep_sizes:
+      if _out_of_time(args, report, f"sweep, N = {n}, {dtype}"):
+        continue
       _, _, z1, z2 = _inputs(n, args.dim, dtype)
       variants = _jax_contenders("ntxent", args.mapping, n, z1, z2, args, blocks=args.blocks,
                                  launches=launches, dense=False)
@@ -241,6 +247,14 @@ def sweep(args, report) -> list[dict]:
                [[r["n"], r["dtype"], fastest(r, "tiled XLA, block"), fastest(r, "Pallas, ")]
                 for r in rows])
   return rows
+
+
+def _out_of_time(args, report, what: str) -> bool:
+  """Whether `--budget_minutes` is spent (then `what` is skipped and said so)."""
+  if time.monotonic() < args.deadline:
+    return False
+  report.note(f"{what}: skipped, --budget_minutes {args.budget_minutes} spent")
+  return True
 
 
 def _ms(seconds):
@@ -267,6 +281,11 @@ class Report:
     self.path.parent.mkdir(parents=True, exist_ok=True)
     self.parts = [f"# Device benchmark\n\n{header}\n"]
     print(header, flush=True)
+
+  def note(self, text: str) -> None:
+    print(text, flush=True)
+    self.parts.append(f"\n{text}\n")
+    self.path.write_text("".join(self.parts))
 
   def table(self, title: str, columns: list, rows: list) -> None:
     lines = [f"\n## {title}\n", "| " + " | ".join(map(str, columns)) + " |",
@@ -306,10 +325,9 @@ def parse(argv: list[str] | None):
                       choices=["float32", "bfloat16"])
   parser.add_argument("--mapping", default="free", help="NT-Xent's map spec")
   parser.add_argument("--clip_mapping", default="tau=0.07", help="CLIP's map: tau=<value>")
-  parser.add_argument("--blocks", type=int, nargs="*",
-                      default=[1024, 2048, 4096, 8192, 16384])
-  parser.add_argument("--launches", nargs="*", default=[
-      "32:4:3", "64:4:3", "64:8:2", "64:8:3", "64:8:4", "128:8:2", "128:8:3"],
+  parser.add_argument("--blocks", type=int, nargs="*", default=[2048, 4096, 8192, 16384])
+  parser.add_argument("--launches", nargs="*",
+                      default=["32:4:3", "64:8:2", "64:8:3", "64:8:4", "128:8:2"],
                       help="the kernels' block:warps:stages to sweep")
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--max_seconds", type=float, default=6.0)
@@ -319,6 +337,8 @@ def parse(argv: list[str] | None):
                       help="skip a contender whose memory estimate exceeds this")
   parser.add_argument("--pallas_cpu_max", type=int, default=128,
                       help="largest N for Pallas's interpreter on a CPU")
+  parser.add_argument("--budget_minutes", type=float, default=7.5,
+                      help="sizes not started by then are skipped (and said so)")
   parser.add_argument("--no_torch", action="store_true")
   parser.add_argument("--no_torch_compile", action="store_true")
   parser.add_argument("--no_inf_cl", action="store_true")
@@ -327,6 +347,7 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> dict:
   args = parse(argv)
+  args.deadline = time.monotonic() + 60 * args.budget_minutes
   report = Report(args.out, _header(args))
   suites = {"correctness": correctness, "ntxent": lambda a, r: speed("ntxent", a, r),
             "clip": lambda a, r: speed("clip", a, r), "sweep": sweep}

@@ -114,6 +114,12 @@ def test_device_bench_reports_out_of_memory_and_goes_on(tmp_path, monkeypatch):
   assert "OOM" in (tmp_path / "device_bench.md").read_text()
 
 
+def test_device_bench_skips_sizes_past_its_time_budget_and_says_so(tmp_path):
+  results = _run(tmp_path, "--suite", "ntxent", "--budget_minutes", "0")
+  assert results["ntxent"] == []
+  assert "ntxent, N = 32, float32: skipped" in (tmp_path / "device_bench.md").read_text()
+
+
 def test_device_bench_skips_what_exceeds_the_memory_bound(tmp_path):
   results = _run(tmp_path, "--suite", "ntxent", "--dtypes", "float32", "--max_gib", "1e-9",
                  "--sizes", "600")
