@@ -157,21 +157,29 @@ def _torch_memory(loss: str, n: int) -> float:
 
 def _other_contenders(loss, spec, n, a, b, dtype, args) -> dict:
   """PyTorch and Inf-CL, each built (and warmed up) alone: an OOM is its own."""
-  builders = {}
+  builders, out = {}, {}
   if torch_ntxent.available() and not args.no_torch:
     compile_ = dtype == "float32" and not args.no_torch_compile
-    if _torch_memory(loss, n) > args.max_gib * 2**30:
-      return {"PyTorch eager": dv.Variant(None, _torch_memory(loss, n), "skipped: memory")}
-    torch_spec = spec if loss == "ntxent" else args.clip_mapping
-    builders.update(dv.torch_variants(loss, a, b, spec=torch_spec, dtype=dtype,
-                                      compile_=compile_))
+    memory = _torch_memory(loss, n)
+    if memory > args.max_gib * 2**30:
+      out["PyTorch eager"] = dv.Variant(None, memory, "skipped: memory")
+    else:
+      builders.update(dv.torch_variants(loss, a, b, spec=spec, dtype=dtype, compile_=compile_))
   if loss == "clip" and dv.inf_cl_available() and not args.no_inf_cl:
     builders.update(dv.inf_cl_variants(a, b, spec=args.clip_mapping, dtype=dtype))
-  out = {}
   for name, build in builders.items():
     variant, note = dv.guarded(build)
     out[name] = variant if variant is not None else dv.Variant(None, None, note)
   return out
+
+
+def _release_torch_memory() -> None:
+  """Gives PyTorch's cached GPU memory back, so that JAX can allocate it for the next size."""
+  if torch_ntxent.available():
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+      torch.cuda.empty_cache()
 
 
 def speed(loss: str, args, report) -> list[dict]:
@@ -185,6 +193,7 @@ def speed(loss: str, args, report) -> list[dict]:
       a, b, z1, z2 = _inputs(n, args.dim, dtype)
       results = _time(_jax_contenders(loss, spec, n, z1, z2, args), args)
       results.update(_time(_other_contenders(loss, spec, n, a, b, dtype, args), args))
+      _release_torch_memory()
       floor, note = dv.guarded(lambda z1=z1, z2=z2: timing.measure_floor(
           z1, z2, FLOOR_MODE[loss], repeats=args.floor_repeats, min_seconds=0.2,
           chunk_bytes=int(args.floor_chunk_gib * 2**30)))
