@@ -73,39 +73,22 @@ def _lse(sums, shift):
   return jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, sums, 1.0)), -jnp.inf)
 
 
-def _product_t(g: _Geometry, dcos, ref, span, d=None):
-  """`dcos^T B` for the block `ref[span]` (columns `d` of it when chunked)."""
-  block = ref[span, :] if d is None else ref[span, d]
-  return jax.lax.dot_general(dcos, block, _TRANSPOSED, preferred_element_type=jnp.float32)
+def _atomic_product(g: _Geometry, out_ref, out_span, dcos, ref, span, loaded, *,
+                    transposed: bool):
+  """`out[out_span] += dcos B` (`dcos^T B` when `transposed`) with atomic adds, `B` the block
+  `ref[span]`: `loaded` when `D` is held whole, else read chunk by chunk."""
+  dims = _TRANSPOSED if transposed else (((1,), (0,)), ((), ()))
 
+  def product(block):
+    return jax.lax.dot_general(dcos, block, dims, preferred_element_type=jnp.float32)
 
-def _add_t(g: _Geometry, out_ref, out_span, dcos, ref, span, rows):
-  """`out[out_span] += dcos^T B` with atomic adds, `B` the block `ref[span]` (`rows` when
-  loaded whole)."""
   if g.whole:
-    pltriton.atomic_add(out_ref, (out_span, _ALL), jax.lax.dot_general(
-        dcos, rows, _TRANSPOSED, preferred_element_type=jnp.float32))
+    pltriton.atomic_add(out_ref, (out_span, _ALL), product(loaded))
     return
 
   def add(c, carry):
     d = _columns(g, c)
-    pltriton.atomic_add(out_ref, (out_span, d), _product_t(g, dcos, ref, span, d))
-    return carry
-
-  _over_chunks(g, add, 0)
-
-
-def _add(g: _Geometry, out_ref, out_span, dcos, ref, span, cols):
-  """`out[out_span] += dcos B` with atomic adds (`cols`: the block `ref[span]` loaded whole)."""
-  if g.whole:
-    pltriton.atomic_add(out_ref, (out_span, _ALL),
-                        jnp.dot(dcos, cols, preferred_element_type=jnp.float32))
-    return
-
-  def add(c, carry):
-    d = _columns(g, c)
-    pltriton.atomic_add(out_ref, (out_span, d), jnp.dot(
-        dcos, ref[span, d], preferred_element_type=jnp.float32))
+    pltriton.atomic_add(out_ref, (out_span, d), product(ref[span, d]))
     return carry
 
   _over_chunks(g, add, 0)
@@ -223,7 +206,7 @@ def _symmetric_grads_kernel(kmap: KernelMap, g: _Geometry, theta_ref, u_ref, sca
   def own(acc, span_j, for_rows, cols):
     if g.whole:
       return acc + jnp.dot(for_rows, cols, preferred_element_type=jnp.float32)
-    _add(g, du_ref, span_i, for_rows, u_ref, span_j, cols)
+    _atomic_product(g, du_ref, span_i, for_rows, u_ref, span_j, cols, transposed=False)
     return acc
 
   # The diagonal tile holds every ordered pair of block i: its row terms are the whole.
@@ -237,7 +220,7 @@ def _symmetric_grads_kernel(kmap: KernelMap, g: _Geometry, theta_ref, u_ref, sca
     span_j = _span(g, j)
     for_rows, for_cols, cols, dth = tile(span_j, active, True)
     acc = own(acc, span_j, for_rows, cols)
-    _add_t(g, du_ref, span_j, for_cols, u_ref, span_i, rows)
+    _atomic_product(g, du_ref, span_j, for_cols, u_ref, span_i, rows, transposed=True)
     if dth is not None:
       dtheta = tuple(x + y for x, y in zip(dtheta, dth, strict=True))
     return acc, dtheta
@@ -301,7 +284,7 @@ def _both_grads_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_ref, 
     else:
       _accumulate(dr_ref, lambda d: jnp.dot(for_rows, c_ref[span, d],
                                             preferred_element_type=jnp.float32), g)
-    _add_t(g, dc_ref, span, for_cols, r_ref, _ALL, rows)
+    _atomic_product(g, dc_ref, span, for_cols, r_ref, _ALL, rows, transposed=True)
     if dth is not None:
       dtheta = tuple(x + y for x, y in zip(dtheta, dth, strict=True))
     return acc, dtheta
