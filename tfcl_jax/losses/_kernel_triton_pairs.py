@@ -13,8 +13,8 @@ of its sides.
   `G_ij^T U_i` to block `j`; the map's parameters take both terms of an off-diagonal tile.
 * `both_grads` (`"rows"` and `"rows_and_columns"` with candidate gradients): one kernel for
   `dU_i = sum_j dS_ij V_j` (the program's own, in registers) and `dV_j = sum_i dS_ij^T U_i`
-  (added across programs), each tile formed once where the row and column kernels form it
-  twice.
+  (added across programs), each tile formed once where separate row and column kernels
+  form it twice.
 
 Float atomic adds make the sums' order, and so their last bits, vary from run to run.
 """
