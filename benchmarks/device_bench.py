@@ -255,7 +255,24 @@ def sweep(args, report) -> list[dict]:
                ["N", "dtype", "tiled XLA", "Pallas"],
                [[r["n"], r["dtype"], fastest(r, "tiled XLA, block"), fastest(r, "Pallas, ")]
                 for r in rows])
+  report.note(_as_tables(rows, fastest))
   return rows
+
+
+def _as_tables(rows, fastest) -> str:
+  """The sweep's winners as rows of `_engine._BLOCKS["gpu"]` (float32: the matrix side `2N` of
+  NT-Xent, the largest measured open-ended) and of `_triton_tiles.LAUNCH` (at the largest N)."""
+  blocks = [(2 * r["n"], int(name.split()[-1])) for r in rows if r["dtype"] == "float32"
+            for name in [fastest(r, "tiled XLA, block")] if name != "-"]
+  blocks = [(side, tile) for side, tile in blocks[:-1]] + [(None, tile) for _, tile in blocks[-1:]]
+  launch = []
+  for dtype, width in (("bfloat16", 2), ("float32", 4)):
+    sized = [r for r in rows if r["dtype"] == dtype]
+    name = fastest(sized[-1], "Pallas, ") if sized else "-"
+    if name != "-":
+      launch.append((width, None, tuple(int(x) for x in name.split()[-1].split(":"))))
+  return (f"Measured rows: `_engine._BLOCKS['gpu'] = {tuple(blocks)!r}`; "
+          f"`_triton_tiles.LAUNCH = {tuple(launch)!r}`")
 
 
 def _out_of_time(args, report, what: str) -> bool:
