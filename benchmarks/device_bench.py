@@ -1,186 +1,385 @@
-r"""NT-Xent loss + gradient on the default device: each implementation, its floor, PyTorch.
+r"""InfoNCE loss + gradient on one GPU: correctness against float64, speed against the floor,
+PyTorch and Inf-CL, memory, and the tile sweeps behind the default tiles.
 
-For N = 2^10 ... 2^17 pairs, D = 256 and 768, float32 and bfloat16 inputs, `negatives="all"`
-with the temperature-free map (`--mapping`), side by side in one process:
+Suites (`--suite`, default all four, in this order):
 
-* dense XLA: the textbook formulation (the `[2N, 2N]` logits, `jax.nn.logsumexp`, autodiff);
-* tiled XLA: `info_nce(..., implementation="xla")`, the default call (`--blocks`: also with
-  other tile sizes, the measurement that confirms or changes `losses.auto_block_size`);
-* Pallas: `info_nce(..., implementation="pallas")`: Triton kernels on a GPU, the XLA engine on
-  a TPU, Pallas's interpreter on a CPU (there only up to `--pallas_cpu_max` pairs: slow);
-* floor: the three products `S = Z Z^T`, `S Z`, `S^T Z` each timed alone at its minimum
-  (`benchmarks/timing.py`);
-* PyTorch eager (LightlySSL's NT-Xent formula, `benchmarks/torch_ntxent.py`) and
-  `torch.compile` of it, on the same device, when torch is installed.
+* `correctness`: loss and gradients (both views, the map's parameters) of `info_nce` with
+  `implementation="xla"` and `"pallas"`, float32 and bfloat16 inputs, several maps and modes,
+  against the dense loss in float64 on the same inputs (`--check_sizes`); relative errors;
+* `ntxent`: NT-Xent (`negatives="all"`, `--mapping`, default the free map) and
+* `clip`: CLIP's symmetric loss (`negatives="cross", symmetric=True`, `--clip_mapping`,
+  default `tau=0.07`), each at `N = 2^12 ... 2^17` (`--sizes`), float32 and bfloat16:
+  tiled XLA (the default call), Pallas, the dense formulation where its memory allows,
+  PyTorch eager and `torch.compile` (dense; float32 only for `torch.compile`, whose
+  compilation takes a minute a shape), and for CLIP Inf-CL's `cal_flash_loss` one way and
+  both ways when `inf_cl` imports;
+* `sweep`: tiled XLA with each of `--blocks` and the fused kernels with each of
+  `--launches` (`block:warps:stages`) at `--sweep_sizes`, and the fastest of each per `N`:
+  the measurement that `losses.auto_block_size` and `_triton_tiles.LAUNCH` take.
 
-Time: median over interleaved repeats, after a warm-up call (compilation). Memory: XLA's own
-estimate for the compiled program (`memory_analysis`: arguments, outputs and temporaries),
-and PyTorch's peak allocation on a GPU. A variant whose estimate exceeds `--max_gib` is
-skipped (dense logits grow as N^2) and said so. Ratios are of medians from this one run.
+Floor: the three products of the loss's similarity matrix (`S = A B^T`, `S B`, `S^T A`) over
+chunks of rows, each timed alone at its minimum (`benchmarks/timing.py`); never the dense
+matrix. Time: the median over interleaved repeats after a warm-up call (fewer repeats for slow
+calls, `--max_seconds`); sizes not started within `--budget_minutes` (default 7.5) are
+skipped and said so. Memory: XLA's estimate for the compiled program (arguments, outputs,
+temporaries) and PyTorch's peak allocation. A contender whose estimate exceeds `--max_gib` is
+skipped and said so; one that runs out of memory is reported as `OOM` and the rest go on.
 
-Run (on a GPU): python -m benchmarks.device_bench [--blocks 2048 8192]
-     (on a CPU, small sizes): python -m benchmarks.device_bench --sizes 256 512 --dims 64
+PyTorch's TF32 setting is printed (`torch.backends.cuda.matmul.allow_tf32`, its default);
+JAX's float32 products use XLA's default precision. `XLA_PYTHON_CLIENT_PREALLOCATE` is set to
+`false` unless given, so that PyTorch can allocate beside JAX.
+
+Run (one GPU, about 8 minutes): python -m benchmarks.device_bench --out results/gpu
+     one suite:                 python -m benchmarks.device_bench --suite sweep --out DIR
+     on a CPU, small sizes:     python -m benchmarks.device_bench --sizes 64 --check_sizes 40 \
+                                  --sweep_sizes 64 --blocks 32 --launches 16:4:2 --out DIR
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
+import os
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from benchmarks import timing, torch_ntxent
-from tfcl_jax import losses, mappings
+import argparse  # noqa: E402
+import pathlib  # noqa: E402
+import time  # noqa: E402
 
-VARIANTS = ("dense XLA", "tiled XLA", "Pallas", "PyTorch eager", "torch.compile")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
+from benchmarks import device_variants as dv  # noqa: E402
+from benchmarks import timing, torch_ntxent  # noqa: E402
+from tfcl_jax import losses, mappings  # noqa: E402
 
-def dense_nt_xent(z1, z2, *, mapping):
-  """NT-Xent as it is usually written: every logit held, `logsumexp` over each row."""
-  z = jnp.concatenate([z1, z2]).astype(jnp.float32)
-  z = z / jnp.linalg.norm(z, axis=1, keepdims=True)
-  n = z1.shape[0]
-  logits = mapping(z @ z.T)
-  logits = jnp.where(jnp.eye(2 * n, dtype=bool), -jnp.inf, logits)
-  positive = jnp.concatenate([jnp.arange(n, 2 * n), jnp.arange(n)])
-  return jnp.mean(jax.nn.logsumexp(logits, axis=1) - logits[jnp.arange(2 * n), positive])
-
-
-def _compiled(loss, shape):
-  """The jitted loss + gradient compiled for `shape`, and XLA's memory estimate in bytes."""
-  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-  compiled = grad.lower(shape, shape).compile()
-  memory = compiled.memory_analysis()
-  if memory is None:
-    return compiled, None
-  return compiled, (memory.argument_size_in_bytes + memory.output_size_in_bytes
-                    + memory.temp_size_in_bytes)
+SUITES = ("correctness", "ntxent", "clip", "sweep")
+# Each map in a mode (the map is code inside the tile, the mode the kernels around it).
+CHECKS = (("free", "ntxent"), ("tau=0.07", "clip"), ("learnable=0.07:100", "clip"),
+          ("dynamic=0.1:0.2", "cross"), ("learnable_free=100", "ntxent"))
+FLOOR_MODE = {"ntxent": "all", "clip": "two-tower", "cross": "cross"}
 
 
-def _jax_variants(mapping, shape, *, pallas: bool, blocks=()):
-  variants = {"dense XLA": functools.partial(dense_nt_xent, mapping=mapping),
-              "tiled XLA": functools.partial(losses.info_nce, mapping=mapping,
-                                             negatives="all")}
-  for block in blocks:  # the default's alternatives (losses.auto_block_size)
-    variants[f"tiled XLA, block {block}"] = functools.partial(
-        losses.info_nce, mapping=mapping, negatives="all", block_size=block)
-  if pallas:
-    variants["Pallas"] = functools.partial(losses.info_nce, mapping=mapping, negatives="all",
-                                           implementation="pallas")
-  return {name: _compiled(loss, shape) for name, loss in variants.items()}
-
-
-def measure(n: int, d: int, dtype: str, args) -> dict:
-  """`{variant: (median seconds or None, bytes or None, note)}` and the floor at one size."""
-  platform = jax.devices()[0].platform
-  rng = np.random.default_rng(n + d)
+def _inputs(n: int, d: int, dtype: str, seed: int = 0):
+  rng = np.random.default_rng(seed + n + d)
   a = rng.normal(size=(n, d)).astype(np.float32)
   b = (a + 0.5 * rng.normal(size=(n, d))).astype(np.float32)
   z1, z2 = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
-  shape = jax.ShapeDtypeStruct((n, d), jnp.dtype(dtype))
-  mapping = mappings.from_spec(args.mapping)
-  pallas = platform != "cpu" or n <= args.pallas_cpu_max
-  results, fns = {}, {}
-  for name, (compiled, memory) in _jax_variants(mapping, shape, pallas=pallas,
-                                                blocks=args.blocks).items():
-    if memory is not None and memory > args.max_gib * 2**30:
-      results[name] = (None, memory, f"skipped: {memory / 2**30:.1f} GiB > --max_gib")
-    else:
-      fns[name] = (compiled, (z1, z2))
-      results[name] = (None, memory, "interpreted" if name == "Pallas" and platform == "cpu"
-                       else "")
-  if not pallas:
-    results["Pallas"] = (None, None, f"interpreted on CPU: only N <= {args.pallas_cpu_max}")
-  for name, (median, _) in timing.time_interleaved(fns, args.repeats).items():
-    results[name] = (median, *results[name][1:])
+  # The float32 copies hold exactly the values the device sees (bfloat16-rounded).
+  return np.asarray(z1, np.float32), np.asarray(z2, np.float32), z1, z2
+
+
+def _relative(got, expected) -> float:
+  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+  return float(np.max(np.abs(got - expected)) / max(np.max(np.abs(expected)), 1e-30))
+
+
+def correctness(args, report) -> list[dict]:
+  """Worst relative error of loss, gradients and map gradients against float64."""
+  rows = []
+  for n in args.check_sizes:
+    for dtype in args.dtypes:
+      a, b, z1, z2 = _inputs(n, args.dim, dtype)
+      for spec, loss in (check for check in CHECKS if check[0] in args.check_maps):
+        expected_value, expected_grads = dv.reference_loss(a, b, spec, loss)
+        for implementation in ("xla", "pallas"):
+          if implementation == "pallas" and not _pallas_runs(n, args):
+            continue
+          mapping = mappings.from_spec(spec)
+
+          def fn(x, y, m, implementation=implementation, loss=loss):
+            return losses.info_nce(x, y, mapping=m, implementation=implementation,
+                                   **dv.LOSSES[loss])
+
+          result, note = dv.guarded(lambda fn=fn, mapping=mapping, z1=z1, z2=z2: jax.device_get(
+              jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(z1, z2, mapping)))
+          row = {"n": n, "dtype": dtype, "map": spec, "loss": loss,
+                 "implementation": implementation, "note": note}
+          if result is not None:
+            value, grads = result
+            row["loss_error"] = _relative(value, expected_value)
+            row["grad_error"] = max(_relative(g, e) for g, e in zip(
+                grads[:2], expected_grads[:2], strict=True))
+            params = jax.tree.leaves(grads[2])
+            row["param_error"] = max((_relative(g, e) for g, e in zip(
+                params, jax.tree.leaves(expected_grads[2]), strict=True)), default=None)
+          rows.append(row)
+  report.table(f"Correctness against float64 (D = {args.dim}): worst relative error "
+               "(max |error| / max |float64 value|)",
+               ["N", "dtype", "map", "loss", "implementation", "loss", "dz", "dparams"],
+               [[r["n"], r["dtype"], r["map"], r["loss"], r["implementation"],
+                 *(r["note"] and [r["note"], "", ""] or [
+                     f"{r['loss_error']:.1e}", f"{r['grad_error']:.1e}",
+                     "-" if r["param_error"] is None else f"{r['param_error']:.1e}"])]
+                for r in rows])
+  return rows
+
+
+def _pallas_runs(n: int, args) -> bool:
+  """The fused kernels compiled on a GPU; on a CPU, interpreted, only up to `--pallas_cpu_max`."""
+  return jax.devices()[0].platform != "cpu" or n <= args.pallas_cpu_max
+
+
+def _time(variants: dict, args) -> dict:
+  """name -> (median seconds or None, bytes or None, note), timed interleaved."""
+  results = {name: (None, v.memory, v.note) for name, v in variants.items()}
+  live = {name: (v.run, ()) for name, v in variants.items() if v.run is not None}
+  if not live:
+    return results
+  timed, note = dv.guarded(lambda: timing.time_interleaved(live, args.repeats,
+                                                           max_seconds=args.max_seconds))
+  for name in live:
+    median = None if note else timed[name][0]
+    results[name] = (median, variants[name].memory, note or variants[name].note)
+  return results
+
+
+def _jax_contenders(loss, spec, n, z1, z2, args, *, blocks=(), launches=(), dense=True) -> dict:
+  shape = jax.ShapeDtypeStruct(z1.shape, z1.dtype)
+  mapping = mappings.from_spec(spec)
+  found = dv.jax_variants(loss, pallas=_pallas_runs(n, args), dense=dense, blocks=blocks,
+                          launches=launches)
+  variants = {}
+  for name, (fn, launch) in found.items():
+    variant, note = dv.guarded(lambda fn=fn, launch=launch: dv.build_jax(
+        fn, launch, shape, mapping, z1, z2, max_bytes=args.max_gib * 2**30))
+    variants[name] = variant if variant is not None else dv.Variant(None, None, note)
+  if not _pallas_runs(n, args) and not launches:
+    variants["Pallas"] = dv.Variant(None, None, f"interpreted on CPU: N <= {args.pallas_cpu_max}")
+  return variants
+
+
+def _torch_memory(loss: str, n: int) -> float:
+  """Bytes PyTorch's dense loss + gradient allocates, about: float32 logits and their
+  softmax, gradient and masks (measured at N = 16384 on an H200: 31.7 GiB, 5.1 GiB)."""
+  return (8 * (2 * n) ** 2 if loss == "ntxent" else 5 * n * n) * 4
+
+
+def _other_contenders(loss, spec, n, a, b, dtype, args) -> dict:
+  """PyTorch and Inf-CL, each built (and warmed up) alone: an OOM is its own."""
+  builders, out = {}, {}
   if torch_ntxent.available() and not args.no_torch:
-    for name, compiled in (("PyTorch eager", False), ("torch.compile", True)):
-      if compiled and args.no_torch_compile:
+    compile_ = dtype == "float32" and not args.no_torch_compile
+    memory = _torch_memory(loss, n)
+    if memory > args.max_gib * 2**30:
+      out["PyTorch eager"] = dv.Variant(None, memory, "skipped: memory")
+    else:
+      builders.update(dv.torch_variants(loss, a, b, spec=spec, dtype=dtype, compile_=compile_))
+  if loss == "clip" and dv.inf_cl_available() and not args.no_inf_cl:
+    builders.update(dv.inf_cl_variants(a, b, spec=args.clip_mapping, dtype=dtype))
+  for name, build in builders.items():
+    variant, note = dv.guarded(build)
+    out[name] = variant if variant is not None else dv.Variant(None, None, note)
+  return out
+
+
+def _release_torch_memory() -> None:
+  """Gives PyTorch's cached GPU memory back, so that JAX can allocate it for the next size."""
+  if torch_ntxent.available():
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+      torch.cuda.empty_cache()
+
+
+def speed(loss: str, args, report) -> list[dict]:
+  """Each contender at each size and dtype, with the floor."""
+  spec = args.mapping if loss == "ntxent" else args.clip_mapping
+  rows = []
+  for dtype in args.dtypes:
+    for n in args.sizes:
+      if _out_of_time(args, report, f"{loss}, N = {n}, {dtype}"):
         continue
-      run, peak = torch_ntxent.device_loss_and_grad_fn(a, b, mapping=args.mapping,
-                                                      dtype=dtype, compile=compiled)
-      median, _ = timing.time_interleaved({name: (run, ())}, args.repeats)[name]
-      results[name] = (median, peak(), "")
-  floor = timing.measure_floor(z1.astype(jnp.float32), z2.astype(jnp.float32), "all",
-                               repeats=args.floor_repeats, min_seconds=0.5)
-  return {"variants": results, "floor": floor}
+      a, b, z1, z2 = _inputs(n, args.dim, dtype)
+      results = _time(_jax_contenders(loss, spec, n, z1, z2, args), args)
+      results.update(_time(_other_contenders(loss, spec, n, a, b, dtype, args), args))
+      _release_torch_memory()
+      floor, note = dv.guarded(lambda z1=z1, z2=z2: timing.measure_floor(
+          z1, z2, FLOOR_MODE[loss], repeats=args.floor_repeats, min_seconds=0.2,
+          chunk_bytes=int(args.floor_chunk_gib * 2**30)))
+      rows.append({"n": n, "dtype": dtype, "variants": results, "floor": floor,
+                   "floor_note": note})
+      print(f"  {loss}, N = {n}, {dtype}: done", flush=True)
+  names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
+  report.table(f"{loss} ({spec}), D = {args.dim}, loss + gradient: median ms (GiB)",
+               ["N", "dtype", "floor", *names],
+               [[r["n"], r["dtype"], _ms(r["floor"]) + (f" {r['floor_note']}" if r["floor_note"]
+                                                       else "")]
+                + [_cell(r["variants"].get(name)) for name in names] for r in rows])
+  report.table(f"{loss}: ratios of medians (floor: minimum)",
+               ["N", "dtype", "tiled XLA / floor", "Pallas / floor", "Pallas / tiled XLA",
+                "bfloat16 / float32 (Pallas)"],
+               [[r["n"], r["dtype"], _ratio(_median(r, "tiled XLA"), r["floor"]),
+                 _ratio(_median(r, "Pallas"), r["floor"]),
+                 _ratio(_median(r, "Pallas"), _median(r, "tiled XLA")),
+                 _ratio(_median(r, "Pallas"), _median(_same(rows, r, "float32"), "Pallas"))]
+                for r in rows])
+  return rows
+
+
+def _same(rows, row, dtype):
+  return next((r for r in rows if r["n"] == row["n"] and r["dtype"] == dtype), None)
+
+
+def _median(row, name):
+  if row is None:
+    return None
+  return row["variants"].get(name, (None,))[0]
+
+
+def sweep(args, report) -> list[dict]:
+  """XLA's `block_size` and the kernels' launch options, timed side by side per `N`."""
+  launches = [tuple(int(x) for x in launch.split(":")) for launch in args.launches]
+  rows = []
+  for dtype in args.sweep_dtypes:
+    for n in args.sweep_sizes:
+      if _out_of_time(args, report, f"sweep, N = {n}, {dtype}"):
+        continue
+      _, _, z1, z2 = _inputs(n, args.dim, dtype)
+      variants = _jax_contenders("ntxent", args.mapping, n, z1, z2, args, blocks=args.blocks,
+                                 launches=launches, dense=False)
+      rows.append({"n": n, "dtype": dtype, "variants": _time(variants, args)})
+      print(f"  sweep, N = {n}, {dtype}: done", flush=True)
+  names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
+  report.table(f"Sweep: NT-Xent ({args.mapping}), D = {args.dim}: median ms (GiB)",
+               ["N", "dtype", *names],
+               [[r["n"], r["dtype"]] + [_cell(r["variants"].get(name)) for name in names]
+                for r in rows])
+
+  def fastest(row, prefix):
+    timed = [(value[0], name) for name, value in row["variants"].items()
+             if name.startswith(prefix) and value[0] is not None]
+    return min(timed)[1] if timed else "-"
+
+  report.table("Sweep: the fastest per N (auto_block_size's GPU table, the kernels' LAUNCH)",
+               ["N", "dtype", "tiled XLA", "Pallas"],
+               [[r["n"], r["dtype"], fastest(r, "tiled XLA, block"), fastest(r, "Pallas, ")]
+                for r in rows])
+  report.note(_as_tables(rows, fastest))
+  return rows
+
+
+def _as_tables(rows, fastest) -> str:
+  """The sweep's winners as rows of `_engine._BLOCKS["gpu"]` (float32: the matrix side `2N` of
+  NT-Xent, the largest measured open-ended) and of `_triton_tiles.LAUNCH` (at the largest N)."""
+  blocks = [(2 * r["n"], int(name.split()[-1])) for r in rows if r["dtype"] == "float32"
+            for name in [fastest(r, "tiled XLA, block")] if name != "-"]
+  blocks = [(side, tile) for side, tile in blocks[:-1]] + [(None, tile) for _, tile in blocks[-1:]]
+  launch = []
+  for dtype, width in (("bfloat16", 2), ("float32", 4)):
+    sized = [r for r in rows if r["dtype"] == dtype]
+    name = fastest(sized[-1], "Pallas, ") if sized else "-"
+    if name != "-":
+      launch.append((width, None, tuple(int(x) for x in name.split()[-1].split(":"))))
+  return (f"Measured rows: `_engine._BLOCKS['gpu'] = {tuple(blocks)!r}`; "
+          f"`_triton_tiles.LAUNCH = {tuple(launch)!r}`")
+
+
+def _out_of_time(args, report, what: str) -> bool:
+  """Whether `--budget_minutes` is spent (then `what` is skipped and said so)."""
+  if time.monotonic() < args.deadline:
+    return False
+  report.note(f"{what}: skipped, --budget_minutes {args.budget_minutes} spent")
+  return True
 
 
 def _ms(seconds):
   return "-" if seconds is None else f"{1e3 * seconds:.2f}"
 
 
-def _gib(size):
-  return "-" if size is None else f"{size / 2**30:.3f}"
+def _cell(value) -> str:
+  if value is None:
+    return "not run"
+  median, memory, note = value
+  text = _ms(median) + ("" if memory is None else f" ({memory / 2**30:.2f})")
+  return text + (f" {note}" if note else "")
 
 
 def _ratio(x, y):
   return "-" if x is None or y is None else f"{x / y:.2f}"
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+class Report:
+  """Markdown tables, printed as they come and written to `folder/device_bench.md`."""
+
+  def __init__(self, folder: str, header: str):
+    self.path = pathlib.Path(folder) / "device_bench.md"
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self.parts = [f"# Device benchmark\n\n{header}\n"]
+    print(header, flush=True)
+
+  def note(self, text: str) -> None:
+    print(text, flush=True)
+    self.parts.append(f"\n{text}\n")
+    self.path.write_text("".join(self.parts))
+
+  def table(self, title: str, columns: list, rows: list) -> None:
+    lines = [f"\n## {title}\n", "| " + " | ".join(map(str, columns)) + " |",
+             "|---" * len(columns) + "|"]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    self.parts.append(text)
+    self.path.write_text("".join(self.parts))
+
+
+def _header(args) -> str:
+  device = jax.devices()[0]
+  torch_line = "torch: not used"
+  if torch_ntxent.available() and not args.no_torch:
+    import torch  # noqa: PLC0415
+
+    torch_line = (f"torch {torch.__version__}, TF32 matmul allowed: "
+                  f"{torch.backends.cuda.matmul.allow_tf32}")
+  return (f"jax {jax.__version__} on {device.platform} ({device.device_kind}); {torch_line}; "
+          f"Inf-CL: {'yes' if dv.inf_cl_available() and not args.no_inf_cl else 'no'}; "
+          f"repeats {args.repeats} (at most {args.max_seconds} s a contender)")
+
+
+def parse(argv: list[str] | None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sizes", type=int, nargs="*", default=[2**k for k in range(10, 18)])
-  parser.add_argument("--dims", type=int, nargs="*", default=[256, 768])
+  parser.add_argument("--out", required=True, help="folder for device_bench.md")
+  parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
+  parser.add_argument("--sizes", type=int, nargs="*", default=[2**k for k in range(12, 18)])
+  parser.add_argument("--check_sizes", type=int, nargs="*", default=[1000, 4096])
+  parser.add_argument("--check_maps", nargs="*", default=[spec for spec, _ in CHECKS],
+                      choices=[spec for spec, _ in CHECKS])
+  parser.add_argument("--sweep_sizes", type=int, nargs="*", default=[4096, 16384, 65536])
+  parser.add_argument("--sweep_dtypes", nargs="*", default=["float32", "bfloat16"])
+  parser.add_argument("--dim", type=int, default=256)
   parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"],
                       choices=["float32", "bfloat16"])
-  parser.add_argument("--mapping", default="free", help="a mapping spec (mappings.from_spec)")
+  parser.add_argument("--mapping", default="free", help="NT-Xent's map spec")
+  parser.add_argument("--clip_mapping", default="tau=0.07", help="CLIP's map: tau=<value>")
+  parser.add_argument("--blocks", type=int, nargs="*", default=[2048, 4096, 8192, 16384])
+  parser.add_argument("--launches", nargs="*",
+                      default=["32:4:3", "64:8:2", "64:8:3", "64:8:4", "128:8:2"],
+                      help="the kernels' block:warps:stages to sweep")
   parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--max_seconds", type=float, default=6.0)
   parser.add_argument("--floor_repeats", type=int, default=10)
-  parser.add_argument("--max_gib", type=float, default=32.0,
-                      help="skip a JAX variant whose XLA memory estimate exceeds this")
-  parser.add_argument("--pallas_cpu_max", type=int, default=512,
-                      help="largest N for the Pallas interpreter on a CPU")
-  parser.add_argument("--blocks", type=int, nargs="*", default=[],
-                      help="also time the tiled XLA loss with these block sizes (the default "
-                           "tile's alternatives)")
+  parser.add_argument("--floor_chunk_gib", type=float, default=2.0)
+  parser.add_argument("--max_gib", type=float, default=48.0,
+                      help="skip a contender whose memory estimate exceeds this")
+  parser.add_argument("--pallas_cpu_max", type=int, default=128,
+                      help="largest N for Pallas's interpreter on a CPU")
+  parser.add_argument("--budget_minutes", type=float, default=7.5,
+                      help="sizes not started by then are skipped (and said so)")
   parser.add_argument("--no_torch", action="store_true")
   parser.add_argument("--no_torch_compile", action="store_true")
-  args = parser.parse_args(argv)
-  device = jax.devices()[0]
-  print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}); NT-Xent "
-        f"(negatives='all', {args.mapping}), loss + gradient, median of {args.repeats} "
-        f"interleaved repeats; torch: "
-        f"{'yes' if torch_ntxent.available() and not args.no_torch else 'no'}")
-  rows = []
-  for dtype in args.dtypes:
-    for d in args.dims:
-      for n in args.sizes:
-        row = {"n": n, "d": d, "dtype": dtype, **measure(n, d, dtype, args)}
-        rows.append(row)
-        print(f"  N = {n}, D = {d}, {dtype}: done", flush=True)
-  print("\nTime, ms (memory, GiB):")
-  print("| N | D | dtype | floor | " + " | ".join(VARIANTS) + " |")
-  print("|---" * (4 + len(VARIANTS)) + "|")
-  for row in rows:
-    cells = []
-    for name in VARIANTS:
-      median, memory, note = row["variants"].get(name, (None, None, "not run"))
-      cell = f"{_ms(median)} ({_gib(memory)})"
-      cells.append(cell + (f" {note}" if note else ""))
-    print(f"| {row['n']} | {row['d']} | {row['dtype']} | {_ms(row['floor'])} | "
-          + " | ".join(cells) + " |")
-  for block in args.blocks:
-    print(f"\ntiled XLA with block {block} / the default call, medians:")
-    print("| N | D | dtype | ratio |")
-    print("|---|---|---|---|")
-    for row in rows:
-      t = row["variants"]
-      print(f"| {row['n']} | {row['d']} | {row['dtype']} | "
-            f"{_ratio(t[f'tiled XLA, block {block}'][0], t['tiled XLA'][0])} |")
-  print("\nRatios of medians (floor: minimum):")
-  print("| N | D | dtype | tiled / floor | Pallas / tiled | dense / tiled | PyTorch eager / "
-        "tiled | torch.compile / tiled |")
-  print("|---" * 8 + "|")
-  for row in rows:
-    t = {name: value[0] for name, value in row["variants"].items()}
-    tiled = t.get("tiled XLA")
-    print(f"| {row['n']} | {row['d']} | {row['dtype']} | {_ratio(tiled, row['floor'])} | "
-          f"{_ratio(t.get('Pallas'), tiled)} | {_ratio(t.get('dense XLA'), tiled)} | "
-          f"{_ratio(t.get('PyTorch eager'), tiled)} | {_ratio(t.get('torch.compile'), tiled)} |")
-  return rows
+  parser.add_argument("--no_inf_cl", action="store_true")
+  return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+  args = parse(argv)
+  args.deadline = time.monotonic() + 60 * args.budget_minutes
+  report = Report(args.out, _header(args))
+  suites = {"correctness": correctness, "ntxent": lambda a, r: speed("ntxent", a, r),
+            "clip": lambda a, r: speed("clip", a, r), "sweep": sweep}
+  results = {name: suites[name](args, report) for name in SUITES if name in args.suite}
+  print(f"Written: {report.path}")
+  return results
 
 
 if __name__ == "__main__":

@@ -76,11 +76,17 @@ def device_loss_and_grad_fn(z1: np.ndarray, z2: np.ndarray, *, mapping: str,
                         torch.cat([logits_10, logits_11], dim=1)], dim=0)
     return F.cross_entropy(logits, labels)
 
-  loss_fn = torch.compile(forward) if compile else forward
+  return runner(torch.compile(forward) if compile else forward, out0, out1, device)
+
+
+def runner(loss_fn, x1, x2, device: str):
+  """`(run, peak)`: `run()` is one `loss_fn(x1, x2)` forward + backward, waited for; `peak()`
+  the peak bytes allocated on a GPU since this call (else None)."""
+  import torch
 
   def run():
-    out0.grad = out1.grad = None
-    loss = loss_fn(out0, out1)
+    x1.grad = x2.grad = None
+    loss = loss_fn(x1, x2)
     loss.backward()
     return float(loss.detach())  # waits for the device
 

@@ -1,6 +1,7 @@
 """The fused kernels (`info_nce(..., implementation="pallas")`, interpreted on CPU) against the
 XLA engine and a NumPy reference: values and gradients (embeddings and the map's parameters),
-ragged N and D, masks, extra negatives, every mapping with scalar parameters, bfloat16 inputs;
+ragged N and D, D held whole and in chunks, masks, extra negatives, every mapping with scalar
+parameters, bfloat16 inputs (raw rows in the kernels);
 the Triton family (GPUs, what a CPU runs) and the Mosaic family (TPUs, forced here)."""
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import numpy as np
 import pytest
 
 from tfcl_jax import losses, mappings, schedules
-from tfcl_jax.losses import _kernel_tpu, _kernel_triton, _pallas
+from tfcl_jax.losses import _kernel_tpu, _pallas, _triton_tiles
 
-# 37 rows in blocks of 16 (ragged, padded inside); D = 70 in chunks of 64 (two chunks, the
-# second padded with zeros).
-N, D, BANK = 37, 70, 19
+# 37 rows in blocks of 16 (ragged, padded inside); D = 70, padded with zeros to 128 and held
+# whole; WIDE = 300 is walked in chunks (of 64 in float32, of 128 for bfloat16 inputs).
+N, D, BANK, WIDE = 37, 70, 19, 300
 SCHEDULE = schedules.linear(tau_start=0.5, tau_end=0.1, steps=10)
 
 MAPPINGS = {
@@ -40,10 +41,10 @@ MODES = {
 }
 
 
-def _views(dtype=jnp.float32):
-  z1 = jax.random.normal(jax.random.key(0), (N, D))
-  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (N, D))
-  bank = jax.random.normal(jax.random.key(2), (BANK, D))
+def _views(dtype=jnp.float32, dim=D):
+  z1 = jax.random.normal(jax.random.key(0), (N, dim))
+  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (N, dim))
+  bank = jax.random.normal(jax.random.key(2), (BANK, dim))
   return z1.astype(dtype), z2.astype(dtype), (jnp.arange(N) % 5) != 2, bank.astype(dtype)
 
 
@@ -75,6 +76,26 @@ CASES = ([(name, "all-masked") for name in MAPPINGS]
 @pytest.mark.parametrize("name, mode", CASES, ids=[f"{n}-{m}" for n, m in CASES])
 def test_pallas_equals_xla_values_and_gradients(name, mode):
   z1, z2, where, bank = _views()
+  grad = _grad(MODES[mode], where, bank)
+  expected, got = (jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], implementation)
+                   for implementation in ("xla", "pallas"))
+  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+# Tiles that serve both their sides: `all`'s pairs of blocks once each (an even number of
+# blocks has pairs at distance nb / 2, formed by one program of the two), the two-tower loss's
+# columns from the row pass (closed forms: tau, free); maps with and without a closed form.
+EVEN_CASES = [("free", "all", 48), ("learnable", "all-masked", 64), ("tau", "symmetric", 64),
+              ("dynamic", "cross-masked-bank", 64), ("free", "symmetric", 16)]
+
+
+@pytest.mark.parametrize("name, mode, rows", EVEN_CASES,
+                         ids=[f"{n}-{m}-{r}" for n, m, r in EVEN_CASES])
+def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows):
+  z1 = jax.random.normal(jax.random.key(0), (rows, D))
+  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (rows, D))
+  where = (jnp.arange(rows) % 5) != 2
+  _, _, _, bank = _views()
   grad = _grad(MODES[mode], where, bank)
   expected, got = (jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], implementation)
                    for implementation in ("xla", "pallas"))
@@ -115,15 +136,65 @@ def test_a_traced_temperature_closed_over_by_the_map_gets_its_gradient():
   chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_bfloat16_inputs_are_computed_in_float32_like_the_xla_engine():
-  z1, z2, where, bank = _views(jnp.bfloat16)
-  grad = jax.jit(_grad(MODES["symmetric"], where, bank), static_argnums=3)
-  expected, got = (grad(z1, z2, MAPPINGS["free"], implementation)
+# bfloat16 inputs reach the Triton kernels raw (bfloat16 products, float32 inverse norms),
+# except against a bank (unit rows there): every mode, ragged D and chunked D.
+BF16_CASES = [("free", "symmetric", D), ("learnable", "all-masked", D),
+              ("dynamic", "cross-masked-bank", D), ("learnable", "symmetric-bank", WIDE),
+              ("tau", "all", WIDE)]
+
+
+@pytest.mark.parametrize("name, mode, dim", BF16_CASES,
+                         ids=[f"{n}-{m}-{d}" for n, m, d in BF16_CASES])
+def test_bfloat16_inputs_equal_the_xla_engine(name, mode, dim):
+  z1, z2, where, bank = _views(jnp.bfloat16, dim)
+  grad = jax.jit(_grad(MODES[mode], where, bank), static_argnums=3)
+  expected, got = (grad(z1, z2, MAPPINGS[name], implementation)
                    for implementation in ("xla", "pallas"))
   assert got[0].dtype == jnp.float32 and got[1][0].dtype == jnp.bfloat16
-  chex.assert_trees_all_close(got, expected, atol=1e-2, rtol=1e-2)  # bfloat16 gradients
-  z1_32, z2_32 = z1.astype(jnp.float32), z2.astype(jnp.float32)
-  np.testing.assert_allclose(got[0], grad(z1_32, z2_32, MAPPINGS["free"], "xla")[0], rtol=1e-5)
+  # The loss as exact as float32's; gradients within bfloat16's rounding (the kernels' tile
+  # cotangents are bfloat16 in the products).
+  np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+  chex.assert_trees_all_close(got[1], expected[1], atol=2e-3, rtol=2e-2)
+
+
+def test_bfloat16_cosines_are_not_rounded_to_bfloat16():
+  # NumPy float64 on the bfloat16 inputs: the kernels' loss agrees to float32's precision,
+  # where rounding the unit rows to bfloat16 would move it by ~1e-3.
+  z1, z2, _, _ = _views(jnp.bfloat16)
+  u = np.concatenate([z1, z2]).astype(np.float64)
+  u /= np.linalg.norm(u, axis=1, keepdims=True)
+  logits = (u @ u.T) / 0.2
+  np.fill_diagonal(logits, -np.inf)
+  positive = (np.arange(2 * N) + N) % (2 * N)
+  lse = np.log(np.exp(logits).sum(axis=1))
+  expected = np.mean(lse - logits[np.arange(2 * N), positive])
+  got = losses.info_nce(z1, z2, mapping=MAPPINGS["tau"], negatives="all",
+                        implementation="pallas", block_size=16)
+  np.testing.assert_allclose(got, expected, rtol=2e-6)
+
+
+def test_zero_rows_in_bfloat16_have_finite_gradients_like_the_xla_engine():
+  z1, z2, _, _ = _views(jnp.bfloat16)
+  z1 = z1.at[4].set(0.0)
+  grad = jax.jit(_grad(MODES["all"], None, None), static_argnums=3)
+  expected, got = (grad(z1, z2, MAPPINGS["learnable"], implementation)
+                   for implementation in ("xla", "pallas"))
+  chex.assert_tree_all_finite(got)
+  # The zero row's gradient is the others' scaled by 1 / sqrt(floor) = 1e6: its bfloat16
+  # rounding is measured against its own size.
+  zero_row, expected_row = (np.asarray(g[1][0][4], np.float32) for g in (got, expected))
+  assert np.max(np.abs(zero_row - expected_row)) < 0.1 * np.max(np.abs(expected_row))
+  others = [(g[0], g[1][0].at[4].set(0), g[1][1], g[1][2]) for g in (got, expected)]
+  chex.assert_trees_all_close(*others, atol=2e-3, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mode", ["all", "symmetric"])
+def test_wide_float32_embeddings_in_chunks_equal_the_xla_engine(mode):
+  z1, z2, where, bank = _views(dim=WIDE)
+  grad = jax.jit(_grad(MODES[mode], where, bank), static_argnums=3)
+  expected, got = (grad(z1, z2, MAPPINGS["learnable"], implementation)
+                   for implementation in ("xla", "pallas"))
+  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_pallas_equals_numpy_nt_xent():
@@ -142,12 +213,16 @@ def test_pallas_equals_numpy_nt_xent():
 def test_tiles_are_powers_of_two_on_gpus_and_lane_multiples_on_tpus():
   for rows, dim, block_size in [(37, 70, 16), (1000, 128, None), (4096, 768, None),
                                 (2**17, 256, 1000), (5, 3, None)]:
-    tiles = _kernel_triton.tiles(rows, rows, dim, block_size)
-    assert tiles.block & (tiles.block - 1) == 0 and tiles.block_d & (tiles.block_d - 1) == 0
-    assert min(tiles.block, tiles.block_d) >= _kernel_triton.SMALLEST_BLOCK
-    assert tiles.padded_dim(dim) % tiles.block_d == 0 and tiles.padded_dim(dim) >= dim
-    if block_size is not None:
-      assert tiles.block <= max(block_size, _kernel_triton.SMALLEST_BLOCK)
+    for dtype, whole in ((jnp.float32, 128), (jnp.bfloat16, 256)):
+      tiles = _triton_tiles.tiles(rows, rows, dim, block_size, dtype)
+      assert tiles.block & (tiles.block - 1) == 0 and tiles.block_d & (tiles.block_d - 1) == 0
+      assert min(tiles.block, tiles.block_d) >= _triton_tiles.SMALLEST_BLOCK
+      assert tiles.padded_dim(dim) % tiles.block_d == 0 and tiles.padded_dim(dim) >= dim
+      # D held whole (one product per tile) up to `whole`, in chunks beyond.
+      assert (tiles.block_d >= dim) == (dim <= whole)
+      assert tiles.padded_dim(dim) % tiles.pair_block_d == 0
+      if block_size is not None:
+        assert tiles.block <= max(block_size, _triton_tiles.SMALLEST_BLOCK)
     tpu = _kernel_tpu.tiles(rows, rows, dim, block_size)
     assert tpu.block % 128 == 0 and tpu.padded_dim(dim) == dim
 

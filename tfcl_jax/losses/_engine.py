@@ -27,9 +27,11 @@ from tfcl_jax.losses._tiles import LogSumExp, MapArgs, Side, TileMap
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 
-# Tile side of the automatic choice, and the largest matrix side held as one tile, per backend:
-# measured on CPU; on GPU and TPU chosen by the cost argument of docs/losses.md (unmeasured).
-_BLOCKS = {"cpu": 512, "gpu": 4096, "tpu": 4096}
+# Automatic tile side per backend, rows `(largest matrix side or None for any, tile)`, the
+# first that covers the matrix; a matrix within its tile is one tile. Measured on CPU; on GPU
+# and TPU the cost argument of docs/losses.md (`benchmarks.device_bench --suite sweep` prints
+# measured rows of this form).
+_BLOCKS = {"cpu": ((None, 512),), "gpu": ((None, 4096),), "tpu": ((None, 4096),)}
 # The platforms a program can be lowered for, and the backend whose default each takes.
 _PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
@@ -84,8 +86,9 @@ def auto_block_size(num_rows: int, num_cols: int, backend: str | None = None) ->
     backend: `"cpu"`, `"gpu"` (or `"cuda"`, `"rocm"`), `"tpu"`; None: `jax.default_backend()`.
   """
   backend = jax.default_backend() if backend is None else backend
-  block = _BLOCKS.get(_PLATFORMS.get(backend, backend), _BLOCKS["gpu"])
+  table = _BLOCKS.get(_PLATFORMS.get(backend, backend), _BLOCKS["gpu"])
   largest = max(num_rows, num_cols)
+  block = next(tile for side, tile in table if side is None or largest <= side)
   return largest if largest <= block else block
 
 

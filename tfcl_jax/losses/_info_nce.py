@@ -226,6 +226,7 @@ def info_nce(
       raise ValueError("implementation='pallas' needs a tfcl_jax.mappings.Mapping whose params "
                        f"are scalars, got {mapping!r}; use implementation='xla'.")
     lse_fn = _pallas.pallas_reduce
+    rows = _pallas.with_raw_rows(rows, z1, z2)
   lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank, lse_fn=lse_fn,
                       bank_fn=lse_fn)
   per_row = row_losses(rows, lse, mapping, positive_bias=bias)

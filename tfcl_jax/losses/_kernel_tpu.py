@@ -47,16 +47,18 @@ class Tiles:
     return dim
 
 
-def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None) -> Tiles:
+def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
+          dtype=None) -> Tiles:
   """`block`: `block_size` (default 256) rounded down to a multiple of 128, at least 128, at
-  most the rows rounded up to a multiple of 128.
+  most the rows rounded up to a multiple of 128; `dtype` is unused (the Triton family's tiles
+  depend on it).
 
   Examples:
     >>> from tfcl_jax.losses import _kernel_tpu
     >>> _kernel_tpu.tiles(4096, 4096, 768, None), _kernel_tpu.tiles(100, 100, 8, None)
     (Tiles(block=256), Tiles(block=128))
   """
-  del dim
+  del dim, dtype
   block = DEFAULT_BLOCK if block_size is None else block_size // LANES * LANES
   largest = -(-max(num_rows, num_cols) // LANES) * LANES
   return Tiles(max(LANES, min(block, largest)))

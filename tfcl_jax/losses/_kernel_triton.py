@@ -1,25 +1,41 @@
 r"""The fused InfoNCE kernels for GPUs (Triton): one program per row (or column) block.
 
 A program holds one block of `block` rows and walks every block of the other side,
-FlashAttention-2's layout: the tile `S = U_i V_j^T` is formed by a loop over `[block, block_d]`
-chunks of the embedding dimension (so `D` = 768 never sits in fast memory whole), the map is
-applied inside the tile, and the tile is folded into per-row statistics or, backward, chunk by
-chunk into the program's own block of the gradient. No program writes another's output: no
-atomics.
+FlashAttention-2's layout:
+
+* its own block of embeddings is loaded once, before the loop, and each tile
+  `S = U_i V_j^T` is one matrix product over the whole embedding dimension when `D` (padded to
+  a power of two) is at most `WHOLE_D` (256 for bfloat16 inputs, 128 for float32); wider
+  embeddings are walked in chunks of `CHUNK_D`;
+* the map is applied inside the tile, and the tile is folded into per-row statistics or,
+  backward, into the program's gradient block, which is a loop carry (registers) when `D` is
+  held whole and the program's own output block beyond that;
+* here no program writes another's output: no atomics.
+
+Kernels:
 
 * `forward`: `lse_i = log sum_{j negative of i} exp(f(S_ij))`, an online logsumexp, or a plain
   sum of `w(S_ij) = exp(f(S_ij) - shift)` for maps with a closed form (`Mapping.exp_form`;
   Eq. 11's `w = (1 + c) / (1 - c)`);
-* `row_grads`, `col_grads`: each tile recomputed and its cotangent (`_kernel_math`), then
-  `dU_i = sum_j dS_ij V_j` (row programs, with the map's parameter gradients) and
-  `dV_j = sum_i dS_ij^T U_i` (column programs).
+* `row_grads`: each tile recomputed and its cotangent (`_kernel_math`), then
+  `dU_i = sum_j dS_ij V_j` with the map's parameter gradients (the anchors' gradient against a
+  bank of extra negatives, which takes none).
+
+The kernels that serve both sides of a tile, writing across programs, are
+`_kernel_triton_pairs`'s: `negatives="all"`'s symmetric tiles, the two-tower loss's row and
+column statistics from one pass, and one backward for both sides.
+
+Raw rows (bfloat16 inputs, `_pallas`): a side's vectors may be the raw rows `z` with float32
+inverse norms `r = 1 / ||z||`, so that `S_ij = r_i r_j (z_i . z_j)`: the products run on
+bfloat16 tensor cores with float32 accumulation and no normalised vector is ever rounded to
+bfloat16. Backward, the products take `dS_ij r_j` in bfloat16 and give the gradient with
+respect to the unit rows, `G_i = sum_j dS_ij u_j`, in float32; `_pallas` carries it through
+the normalisation. Float32 sides are unit rows (`r = 1`), and their products are TF32, as
+XLA's default on the same GPUs.
 
 Every shape a kernel touches is a power of two (Triton's rule): `N` is padded to whole blocks
-with rows that are never anyone's candidate, and `D` to whole chunks with zeros. Triton's
-block references are pointers into global memory: the other side is read tile by tile where
-the loop needs it, never staged whole. Tile sizes and launch options were chosen by compiling
-the kernels offline for sm_75-90 (`benchmarks/kernel_resources.py`): no register spills on
-sm_90, at most 40 KiB of shared memory. They are not timed on a GPU.
+with rows that are never anyone's candidate, and `D` with zeros. Tiles and launch options are
+`_triton_tiles`'s.
 """
 
 from __future__ import annotations
@@ -41,106 +57,100 @@ from tfcl_jax.losses._kernel_math import (
     without_empty,
 )
 from tfcl_jax.losses._tiles import Side
+from tfcl_jax.losses._triton_tiles import (  # noqa: F401 - `tiles`: the family's, for _pallas
+    Tiles,
+    inverse_norms,
+    is_raw,
+    stats_dtype,
+    tiles,
+)
 
-DEFAULT_BLOCK = 64  # rows per program and per step
-SMALLEST_BLOCK = 16  # Triton's `dot` needs every side >= 16
-BLOCK_D = 32  # embedding columns per chunk of a tile
-NUM_WARPS = 8
-NUM_STAGES = 2
 PLATFORMS = ("cuda", "rocm")
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiles:
-  """`block` rows per program and per step; `D` walked in chunks of `block_d`."""
-
-  block: int
-  block_d: int
-
-  def padded_dim(self, dim: int) -> int:
-    return -(-dim // self.block_d) * self.block_d
-
-
-def _next_power_of_two(n: int) -> int:
-  return 1 << max(0, n - 1).bit_length()
-
-
-def _floor_power_of_two(n: int) -> int:
-  return 1 << (n.bit_length() - 1)
-
-
-def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None) -> Tiles:
-  """The kernels' tiles, powers of two: `block` is `block_size` rounded down to a power of
-  two (default 64), at most the padded number of rows, at least 16;
-  `block_d = min(32, next power of two >= D)`, at least 16.
-
-  Examples:
-    >>> from tfcl_jax.losses import _kernel_triton
-    >>> _kernel_triton.tiles(4096, 4096, 768, None)
-    Tiles(block=64, block_d=32)
-    >>> _kernel_triton.tiles(21, 21, 6, 16)
-    Tiles(block=16, block_d=16)
-  """
-  block_d = min(BLOCK_D, max(SMALLEST_BLOCK, _next_power_of_two(dim)))
-  block = DEFAULT_BLOCK if block_size is None else _floor_power_of_two(block_size)
-  block = min(block, _next_power_of_two(max(num_rows, num_cols)))
-  return Tiles(max(block, SMALLEST_BLOCK), block_d)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Geometry:
   """Static tile geometry: `block` rows per program and per step, `D` in `chunks` of
-  `block_d` columns, `steps` blocks of the other side."""
+  `block_d` columns, `steps` blocks of the other side; `scaled`: raw rows with inverse
+  norms."""
 
   block: int
   block_d: int
   chunks: int
   steps: int
+  scaled: bool
+
+  @property
+  def whole(self) -> bool:
+    return self.chunks == 1
 
 
-def _columns(geometry: _Geometry, c) -> pl.Slice | slice:
-  return pl.ds(pl.multiple_of(c * geometry.block_d, geometry.block_d), geometry.block_d)
+def _geometry(tiles_: Tiles, dim: int, other: int, vectors, block_d: int | None = None
+              ) -> _Geometry:
+  block_d = block_d or tiles_.block_d
+  return _Geometry(tiles_.block, block_d, dim // block_d, other // tiles_.block,
+                   is_raw(vectors))
 
 
-def _over_chunks(geometry: _Geometry, body, init):
-  """`body(c, carry)` for each chunk `c` of `D`: a loop, so that one chunk's buffers serve
-  them all (unrolled, every chunk's operands would take their own shared memory)."""
-  if geometry.chunks == 1:
-    return body(0, init)
-  return jax.lax.fori_loop(0, geometry.chunks, body, init)
+def _span(g: _Geometry, j) -> pl.Slice:
+  return pl.ds(pl.multiple_of(j * g.block, g.block), g.block)
 
 
-def _tile_cos(a_ref, a_start, b_ref, b_start, geometry: _Geometry) -> jax.Array:
-  """`S = A B^T` for the row blocks of `a_ref` and `b_ref` starting at `a_start`, `b_start`."""
-  rows_a, rows_b = pl.ds(a_start, geometry.block), pl.ds(b_start, geometry.block)
-
-  def add(c, cos):
-    d = _columns(geometry, c)
-    return cos + jax.lax.dot_general(a_ref[rows_a, d], b_ref[rows_b, d],
-                                     (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
-
-  return _over_chunks(geometry, add, jnp.zeros((geometry.block, geometry.block), jnp.float32))
+def _columns(g: _Geometry, c) -> pl.Slice:
+  return pl.ds(pl.multiple_of(c * g.block_d, g.block_d), g.block_d)
 
 
-def _zero(out_ref, geometry: _Geometry):
+def _over_chunks(g: _Geometry, body, init):
+  """`body(c, carry)` for each chunk `c` of `D`, as a loop: one chunk's buffers serve them all
+  (unrolled, every chunk's operands would take their own shared memory)."""
+  return jax.lax.fori_loop(0, g.chunks, body, init)
+
+
+def _dot_t(a, b) -> jax.Array:
+  """`a b^T` with float32 accumulation."""
+  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _raw_products(g: _Geometry, a_ref, a_span, b_ref, b_span, a, b) -> jax.Array:
+  """`A B^T` of the blocks `a_ref[a_span]` and `b_ref[b_span]`: `a` and `b` are those blocks
+  already loaded (whole `D`), else `D` is walked in chunks."""
+  if g.whole:
+    return _dot_t(a, b)
+
+  def add(c, acc):
+    d = _columns(g, c)
+    return acc + _dot_t(a_ref[a_span, d], b_ref[b_span, d])
+
+  return _over_chunks(g, add, jnp.zeros((g.block, g.block), jnp.float32))
+
+
+def _cos(g: _Geometry, raw, r_scale, c_scale) -> jax.Array:
+  # Scaling after the product: the unit rows are never rounded to the inputs' precision.
+  return raw * r_scale * c_scale if g.scaled else raw
+
+
+def _whole_block(g: _Geometry, ref, span):
+  return ref[span, :] if g.whole else None
+
+
+def _zero(out_ref, g: _Geometry):
   def clear(c, carry):
-    out_ref[:, _columns(geometry, c)] = jnp.zeros((geometry.block, geometry.block_d),
-                                                  out_ref.dtype)
+    out_ref[:, _columns(g, c)] = jnp.zeros((g.block, g.block_d), out_ref.dtype)
     return carry
 
-  _over_chunks(geometry, clear, 0)
+  _over_chunks(g, clear, 0)
 
 
-def _accumulate(out_ref, product, geometry: _Geometry):
-  """`out += product(d)` chunk by chunk: the program's own output block is its accumulator
-  (Triton has no scratch memory; no other program writes this block)."""
+def _accumulate(out_ref, product, g: _Geometry):
+  """`out += product(d)` chunk by chunk, for `D > WHOLE_D` where a `[block, D]` float32
+  accumulator would not fit in registers: the program's own output block is its accumulator
+  (no other program writes it)."""
   def add(c, carry):
-    d = _columns(geometry, c)
-    out_ref[:, d] = out_ref[:, d] + product(d).astype(out_ref.dtype)
+    d = _columns(g, c)
+    out_ref[:, d] = out_ref[:, d] + product(d)
     return carry
 
-  _over_chunks(geometry, add, 0)
+  _over_chunks(g, add, 0)
 
 
 def _rows(x):
@@ -151,17 +161,22 @@ def _cols(x):
   return x[None, :]
 
 
-def _forward_kernel(kmap: KernelMap, geometry: _Geometry, theta_ref, r_ref, r_ids_ref, r_pos_ref,
-                   r_valid_ref, c_ref, c_ids_ref, c_valid_ref, lse_ref):
+_ALL = slice(None)
+
+
+def _forward_kernel(kmap: KernelMap, g: _Geometry, theta_ref, r_ref, r_scale_ref, r_ids_ref,
+                   r_pos_ref, r_valid_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, lse_ref):
   """One row block's logsumexp over every column block (grid: row blocks)."""
-  block, dtype = geometry.block, lse_ref.dtype
+  block, dtype = g.block, lse_ref.dtype
   theta = load_theta(kmap, theta_ref)
   r_ids, r_pos, r_valid = (_rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
+  r_scale = _rows(r_scale_ref[...])
+  rows = _whole_block(g, r_ref, _ALL)  # loaded once, for every column block
 
   def tile(j):
-    start = j * block
-    cos = _tile_cos(r_ref, 0, c_ref, start, geometry).astype(dtype)
-    span = pl.ds(start, block)
+    span = _span(g, j)
+    raw = _raw_products(g, r_ref, _ALL, c_ref, span, rows, _whole_block(g, c_ref, span))
+    cos = _cos(g, raw, r_scale, _cols(c_scale_ref[span])).astype(dtype)
     return cos, keep_mask(r_ids, r_pos, r_valid, _cols(c_ids_ref[span]),
                           _cols(c_valid_ref[span]))
 
@@ -170,7 +185,7 @@ def _forward_kernel(kmap: KernelMap, geometry: _Geometry, theta_ref, r_ref, r_id
       cos, keep = tile(j)
       return total + jnp.sum(jnp.where(keep, kmap.fast.weight(cos), 0.0), axis=1)
 
-    total = jax.lax.fori_loop(0, geometry.steps, add, jnp.zeros((block,), dtype))
+    total = jax.lax.fori_loop(0, g.steps, add, jnp.zeros((block,), dtype))
     shift = jnp.full((block,), kmap.fast.shift, dtype)
   else:
     def fold(j, carry):
@@ -185,80 +200,67 @@ def _forward_kernel(kmap: KernelMap, geometry: _Geometry, theta_ref, r_ref, r_id
       return new_m, total
 
     shift, total = jax.lax.fori_loop(
-        0, geometry.steps, fold,
-        (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype)))
+        0, g.steps, fold, (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype)))
   nonempty = total > 0
   lse_ref[...] = jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, total, 1.0)),
                            -jnp.inf)
 
 
-def _row_grad_kernel(kmap: KernelMap, geometry: _Geometry, columns: bool,
-                    theta_from_columns: bool, theta_ref, r_ref, r_ids_ref, r_pos_ref,
-                    r_valid_ref, r_lse_ref, r_g_ref, c_ref, c_ids_ref, c_valid_ref, c_lse_ref,
-                    c_g_ref, dr_ref, dtheta_ref):
+def _finish(g: _Geometry, out_ref, acc):
+  if g.whole:
+    out_ref[...] = acc.astype(out_ref.dtype)
+
+
+def _row_grad_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_from_columns: bool,
+                    theta_ref, r_ref, r_scale_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref,
+                    r_g_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref,
+                    dr_ref, dtheta_ref):
   """`dU_i = sum_j dS_ij V_j` for one row block, and its share of `dtheta`."""
-  block, dtype = geometry.block, dr_ref.dtype
+  dtype = dtheta_ref.dtype
   theta = load_theta(kmap, theta_ref)
   r_ids, r_pos, r_valid = (_rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
   r_lse, r_g = without_empty(_rows(r_lse_ref[...]), _rows(r_g_ref[...]))
-  _zero(dr_ref, geometry)
+  r_scale = _rows(r_scale_ref[...])
+  rows = _whole_block(g, r_ref, _ALL)
+  if not g.whole:
+    _zero(dr_ref, g)
 
-  def body(j, dtheta):
-    start = j * block
-    span = pl.ds(start, block)
-    cos = _tile_cos(r_ref, 0, c_ref, start, geometry).astype(dtype)
+  def body(j, carry):
+    acc, dtheta = carry
+    span = _span(g, j)
+    cols = _whole_block(g, c_ref, span)  # one load for the tile and for the product
+    c_scale = _cols(c_scale_ref[span])
+    cos = _cos(g, _raw_products(g, r_ref, _ALL, c_ref, span, rows, cols), r_scale,
+               c_scale).astype(dtype)
     keep = keep_mask(r_ids, r_pos, r_valid, _cols(c_ids_ref[span]), _cols(c_valid_ref[span]))
     c_lse, c_g = (without_empty(_cols(c_lse_ref[span]), _cols(c_g_ref[span])) if columns
                   else (None, None))
     dcos, dth = tile_cotangent(kmap, theta, cos, keep, r_lse, r_g, c_lse, c_g,
                                columns=columns, theta_from_columns=theta_from_columns)
-    dcos = dcos.astype(c_ref.dtype)
-    _accumulate(dr_ref, lambda d: jnp.dot(dcos, c_ref[span, d],
-                                          preferred_element_type=jnp.float32), geometry)
-    if dth is None:
-      return dtheta
-    return tuple(t + x for t, x in zip(dtheta, dth, strict=True))
+    # Raw columns: G_i = sum_j dS_ij r_j z_j, the gradient for the unit rows.
+    dcos = (dcos * c_scale if g.scaled else dcos).astype(c_ref.dtype)
+    if g.whole:
+      acc = acc + jnp.dot(dcos, cols, preferred_element_type=jnp.float32)
+    else:
+      _accumulate(dr_ref, lambda d: jnp.dot(dcos, c_ref[span, d],
+                                            preferred_element_type=jnp.float32), g)
+    if dth is not None:
+      dtheta = tuple(t + x for t, x in zip(dtheta, dth, strict=True))
+    return acc, dtheta
 
-  dtheta = jax.lax.fori_loop(0, geometry.steps, body,
-                             tuple(jnp.zeros((), dtype) for _ in range(kmap.num_theta)))
+  acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
+  acc, dtheta = jax.lax.fori_loop(
+      0, g.steps, body, (acc, tuple(jnp.zeros((), dtype) for _ in range(kmap.num_theta))))
+  _finish(g, dr_ref, acc)
   for k, value in enumerate(dtheta):
     dtheta_ref[0, k] = value
 
 
-def _col_grad_kernel(kmap: KernelMap, geometry: _Geometry, columns: bool, theta_ref, c_ref,
-                    c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref, r_ref, r_ids_ref, r_pos_ref,
-                    r_valid_ref, r_lse_ref, r_g_ref, dc_ref):
-  """`dV_j = sum_i dS_ij^T U_i` for one column block (the tiles in the row kernel's
-  orientation, so both kernels compute the same `dS`)."""
-  block, dtype = geometry.block, dc_ref.dtype
-  theta = load_theta(kmap, theta_ref)
-  c_ids, c_valid = _cols(c_ids_ref[...]), _cols(c_valid_ref[...])
-  c_lse, c_g = (without_empty(_cols(c_lse_ref[...]), _cols(c_g_ref[...])) if columns
-                else (None, None))
-  _zero(dc_ref, geometry)
-
-  def body(i, carry):
-    start = i * block
-    span = pl.ds(start, block)
-    cos = _tile_cos(r_ref, start, c_ref, 0, geometry).astype(dtype)
-    keep = keep_mask(_rows(r_ids_ref[span]), _rows(r_pos_ref[span]), _rows(r_valid_ref[span]),
-                     c_ids, c_valid)
-    r_lse, r_g = without_empty(_rows(r_lse_ref[span]), _rows(r_g_ref[span]))
-    dcos, _ = tile_cotangent(kmap, theta, cos, keep, r_lse, r_g, c_lse, c_g,
-                             columns=columns, theta_from_columns=False)
-    dcos = dcos.astype(r_ref.dtype)
-    _accumulate(dc_ref, lambda d: jax.lax.dot_general(
-        dcos, r_ref[span, d], (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32),
-        geometry)
-    return carry
-
-  jax.lax.fori_loop(0, geometry.steps, body, 0)
-
-
-def _call(kernel, **kwargs):
+def _call(kernel, tiles_: Tiles, **kwargs):
   return compiled_or_interpreted(
       kernel, platforms=PLATFORMS,
-      compiler_params=pltriton.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
+      compiler_params=pltriton.CompilerParams(num_warps=tiles_.num_warps,
+                                              num_stages=tiles_.num_stages),
       **kwargs)
 
 
@@ -271,56 +273,44 @@ def _whole(shape):
   return pl.BlockSpec(shape, lambda i: (0,) * len(shape))
 
 
-def _side_arrays(side: Side):
-  return side.vectors, side.ids, side.positive_ids, side.valid.astype(jnp.int32)
+def _anchor_arrays(side: Side):
+  return (side.vectors, inverse_norms(side.vectors), side.ids, side.positive_ids,
+          side.valid.astype(jnp.int32))
+
+
+def _candidate_arrays(side: Side):
+  return (side.vectors, inverse_norms(side.vectors), side.ids, side.valid.astype(jnp.int32))
 
 
 def forward(kmap: KernelMap, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
   """Each row of `a`: the logsumexp of its negatives among the rows of `b`."""
   (m, d), k = a.vectors.shape, b.vectors.shape[0]
-  geometry = _Geometry(tiles_.block, tiles_.block_d, d // tiles_.block_d, k // tiles_.block)
+  g = _geometry(tiles_, d, k, a.vectors)
   row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
   return _call(
-      functools.partial(_forward_kernel, kmap, geometry), grid=(m // tiles_.block,),
-      in_specs=[_whole(theta.shape), row, vec, vec, vec, _whole((k, d)), _whole((k,)),
-                _whole((k,))],
-      out_specs=vec, out_shape=jax.ShapeDtypeStruct((m,), a.vectors.dtype),
-      name="info_nce_lse")(theta, *_side_arrays(a), b.vectors, b.ids,
-                           b.valid.astype(jnp.int32))
+      functools.partial(_forward_kernel, kmap, g), tiles_, grid=(m // tiles_.block,),
+      in_specs=[_whole(theta.shape), row, vec, vec, vec, vec, _whole((k, d)), _whole((k,)),
+                _whole((k,)), _whole((k,))],
+      out_specs=vec, out_shape=jax.ShapeDtypeStruct((m,), stats_dtype(a.vectors)),
+      name="info_nce_lse")(theta, *_anchor_arrays(a), *_candidate_arrays(b))
 
 
 def row_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
               c_g, *, columns: bool, theta_from_columns: bool):
-  """`(dU, dtheta)`: the row blocks' gradients, and the map's summed over row blocks."""
+  """`(G_rows, dtheta)`: the row blocks' gradients with respect to their unit rows (in the
+  statistics' dtype), and the map's summed over row blocks."""
   (m, d), k = rows.vectors.shape, cols.vectors.shape[0]
-  geometry = _Geometry(tiles_.block, tiles_.block_d, d // tiles_.block_d, k // tiles_.block)
+  g = _geometry(tiles_, d, k, rows.vectors)
   row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
   blocks, width = m // tiles_.block, theta.shape[0]
-  kernel = functools.partial(_row_grad_kernel, kmap, geometry, columns, theta_from_columns)
+  kernel = functools.partial(_row_grad_kernel, kmap, g, columns, theta_from_columns)
   drows, dtheta = _call(
-      kernel, grid=(blocks,),
-      in_specs=[_whole(theta.shape), row, vec, vec, vec, vec, vec, _whole((k, d)),
-                _whole((k,)), _whole((k,)), _whole((k,)), _whole((k,))],
+      kernel, tiles_, grid=(blocks,),
+      in_specs=[_whole(theta.shape), row, vec, vec, vec, vec, vec, vec, _whole((k, d)),
+                _whole((k,)), _whole((k,)), _whole((k,)), _whole((k,)), _whole((k,))],
       out_specs=[row, pl.BlockSpec((1, width), lambda i: (i, 0))],
-      out_shape=[jax.ShapeDtypeStruct((m, d), rows.vectors.dtype),
+      out_shape=[jax.ShapeDtypeStruct((m, d), stats_dtype(rows.vectors)),
                  jax.ShapeDtypeStruct((blocks, width), theta.dtype)],
-      name="info_nce_lse_row_grad")(theta, *_side_arrays(rows), r_lse, r_g, cols.vectors,
-                                    cols.ids, cols.valid.astype(jnp.int32), c_lse, c_g)
+      name="info_nce_lse_row_grad")(theta, *_anchor_arrays(rows), r_lse, r_g,
+                                    *_candidate_arrays(cols), c_lse, c_g)
   return drows, jnp.sum(dtheta, axis=0)
-
-
-def col_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
-              c_g, *, columns: bool) -> jax.Array:
-  """`dV`: the column blocks' gradients."""
-  (m, d), k = rows.vectors.shape, cols.vectors.shape[0]
-  geometry = _Geometry(tiles_.block, tiles_.block_d, d // tiles_.block_d, m // tiles_.block)
-  col, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
-  return _call(
-      functools.partial(_col_grad_kernel, kmap, geometry, columns),
-      grid=(k // tiles_.block,),
-      in_specs=[_whole(theta.shape), col, vec, vec, vec, vec, _whole((m, d)), _whole((m,)),
-                _whole((m,)), _whole((m,)), _whole((m,)), _whole((m,))],
-      out_specs=col, out_shape=jax.ShapeDtypeStruct((k, d), cols.vectors.dtype),
-      name="info_nce_lse_col_grad")(theta, cols.vectors, cols.ids,
-                                    cols.valid.astype(jnp.int32), c_lse, c_g,
-                                    *_side_arrays(rows), r_lse, r_g)

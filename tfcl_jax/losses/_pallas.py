@@ -4,16 +4,20 @@ Mosaic kernels on TPUs, the same kernels interpreted on a CPU.
 `info_nce(..., implementation="pallas")` hands the logsumexp of every row's (and, for CLIP's
 two-tower loss, every column's) negatives to Pallas kernels built as FlashAttention-2's: the
 forward walks the column blocks of each row block with the mapping applied inside the tile
-and an online logsumexp; the backward recomputes each tile in two kernels, one over row blocks
-(`dU`, and the map's parameter gradients) and one over column blocks (`dV`), so that no two
-programs write the same output (no atomics). Two families of the same kernels:
+and an online logsumexp; the backward recomputes each tile. On TPUs it takes two kernels, one
+over row blocks (`dU`, and the map's parameter gradients) and one over column blocks (`dV`),
+no program writing another's output; on GPUs each tile serves both of its sides, the other
+side's share added atomically (`_kernel_triton_pairs`: `"all"`'s symmetric tiles, the two
+directions of the two-tower loss in one pass, one backward kernel). Two families:
 
 * GPUs (`_kernel_triton`): Triton, chosen explicitly (`pallas.triton.CompilerParams`) rather
   than JAX's default GPU backend, Mosaic GPU. Triton's block refs are pointers into global
-  memory, so a program reads the other side tile by tile where its loop needs it and `D` in
-  chunks; Mosaic GPU stages every block of a `BlockSpec` in shared memory (228 KiB on an
-  H100), where the whole other side would not fit, and its pipelining is specific to
-  Hopper/Blackwell. Triton also compiles for AMD GPUs (`rocm`).
+  memory, so a program loads its own block once and reads the other side tile by tile where
+  its loop needs it (Triton pipelines those loads); Mosaic GPU stages every block of a
+  `BlockSpec` in shared memory (228 KiB on an H100), where the whole other side would not
+  fit, and its pipelining is specific to Hopper/Blackwell. Triton also compiles for AMD GPUs
+  (`rocm`). With bfloat16 inputs the Triton kernels take the raw rows and their float32
+  inverse norms (`with_raw_rows`): bfloat16 products, cosines as exact as float32's.
 * TPUs (`_kernel_tpu`): Mosaic, the column blocks a sequential grid axis with the statistics
   and accumulators in VMEM, as JAX's own TPU flash attention.
 
@@ -26,8 +30,8 @@ hold the kernels, since JAX lowers each kernel's call for every platform of the 
 one platform at a time.
 
 `N` is padded to whole blocks with rows that are no one's candidate (and, for Triton, `D` to
-whole chunks with zeros): exact, one O(N D) copy. The map's parameters, the step and any
-scalar the map closes over travel to the kernels as one vector `theta`.
+a power of two or to whole chunks with zeros): exact, one O(N D) copy. The map's parameters,
+the step and any scalar the map closes over travel to the kernels as one vector `theta`.
 """
 
 from __future__ import annotations
@@ -40,13 +44,21 @@ import jax
 import jax.core
 import jax.numpy as jnp
 
-from tfcl_jax.losses import _engine, _kernel_tpu, _kernel_triton
+from tfcl_jax.losses import (
+    _engine,
+    _kernel_tpu,
+    _kernel_triton,
+    _kernel_triton_pairs,
+    _layout,
+    _triton_tiles,
+)
 from tfcl_jax.losses._kernel_math import KernelMap
 from tfcl_jax.losses._tiles import LogSumExp, Side
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 FAMILIES = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
-SMALLEST_BLOCK = _kernel_triton.SMALLEST_BLOCK
+PAIRS = {"triton": _kernel_triton_pairs}
+SMALLEST_BLOCK = _triton_tiles.SMALLEST_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +75,10 @@ class _Plan:
   def call(self, name: str, *args, **kwargs):
     return getattr(FAMILIES[self.family], name)(self.kmap, self.tiles, *args, **kwargs)
 
+  def pairs(self):
+    """The family's kernels that serve both sides of a tile (atomics), or None."""
+    return PAIRS.get(self.family)
+
 
 def _as_anchors(side: Side) -> Side:
   """A candidate side as anchors: in-batch candidates share their positive's id."""
@@ -71,12 +87,18 @@ def _as_anchors(side: Side) -> Side:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _lse(plan: _Plan, theta, rows: Side, cols: Side | None):
+  pairs = plan.pairs()
+  fast = plan.kmap.fast is not None  # sums with a fixed shift add across programs exactly
   if plan.kind == "symmetric":
+    if pairs is not None and fast:
+      return pairs.symmetric_forward(plan.kmap, plan.tiles, theta, rows), None
     return plan.call("forward", theta, rows, rows), None
+  assert cols is not None  # "rows" and "rows_and_columns" have a column side
+  if plan.kind == "rows_and_columns" and pairs is not None and fast:
+    return pairs.two_sided_forward(plan.kmap, plan.tiles, theta, rows, cols)
   row_lse = plan.call("forward", theta, rows, cols)
   if plan.kind == "rows":
     return row_lse, None
-  assert cols is not None  # the two-tower kind has a column side
   return row_lse, plan.call("forward", theta, _as_anchors(cols), rows)
 
 
@@ -88,8 +110,11 @@ def _lse_fwd(plan, theta, rows, cols):
 def _lse_bwd(plan, residuals, cotangents):
   theta, rows, cols, (row_lse, col_lse) = residuals
   row_g, col_g = cotangents
+  pairs = plan.pairs()
   dcols = None
-  if plan.kind == "symmetric":
+  if plan.kind == "symmetric" and pairs is not None:
+    drows, dtheta = pairs.symmetric_grads(plan.kmap, plan.tiles, theta, rows, row_lse, row_g)
+  elif plan.kind == "symmetric":
     # S = U U^T: dU = (G + G^T) U, the column term being row j's own statistics.
     drows, dtheta = plan.call("row_grads", theta, rows, rows, row_lse, row_g, row_lse, row_g,
                               columns=True, theta_from_columns=False)
@@ -97,15 +122,38 @@ def _lse_bwd(plan, residuals, cotangents):
     two_sided = plan.kind == "rows_and_columns"
     if not two_sided:
       col_lse = col_g = jnp.zeros(cols.ids.shape, row_lse.dtype)
-    drows, dtheta = plan.call("row_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                              columns=two_sided, theta_from_columns=two_sided)
-    if plan.column_grad:
-      # None: JAX's cotangent for the integer and boolean leaves.
-      dcols = Side(plan.call("col_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                             columns=two_sided), None, None, None)  # pyright: ignore[reportArgumentType]
+    if plan.column_grad and pairs is not None:
+      drows, dcols, dtheta = pairs.both_grads(plan.kmap, plan.tiles, theta, rows, cols,
+                                              row_lse, row_g, col_lse, col_g,
+                                              columns=two_sided)
+    else:
+      drows, dtheta = plan.call("row_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
+                                columns=two_sided, theta_from_columns=two_sided)
+      if plan.column_grad:
+        dcols = plan.call("col_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
+                          columns=two_sided)
+    dcols = None if dcols is None else _no_grad(cols, _through_norm(cols, dcols))
   # The step is a schedule's input, not a parameter.
   dtheta = dtheta.at[plan.step_index].set(0.0)
-  return dtheta, Side(drows, None, None, None), dcols  # pyright: ignore[reportArgumentType]
+  return dtheta, _no_grad(rows, _through_norm(rows, drows)), dcols
+
+
+def _no_grad(side: Side, dvectors) -> Side:
+  """The cotangent of `side`: `dvectors` for its vectors; None (JAX's cotangent for the
+  integer and boolean leaves) elsewhere."""
+  return Side(dvectors, None, None, None)  # pyright: ignore[reportArgumentType]
+
+
+def _through_norm(side: Side, unit_grad: jax.Array) -> jax.Array:
+  """The cotangent of a side's vectors from the kernels' gradient for its unit rows: itself
+  for unit rows; for raw rows (`_triton_tiles.is_raw`), carried through the normalisation
+  `u = z / max(||z||, sqrt(floor))` in float32 and rounded once, to the inputs' dtype."""
+  if not _triton_tiles.is_raw(side.vectors):
+    return unit_grad
+  floor = _layout.norm_floor(side.vectors.dtype)
+  _, vjp = jax.vjp(lambda z: _layout.l2_normalize(z, eps=floor),
+                   side.vectors.astype(unit_grad.dtype))
+  return vjp(unit_grad)[0].astype(side.vectors.dtype)
 
 
 _lse.defvjp(_lse_fwd, _lse_bwd)
@@ -157,12 +205,24 @@ def _pad(side: Side, block: int, padded_dim: int) -> Side:
   return side._replace(vectors=jnp.pad(side.vectors, [(0, 0), (0, extra)])) if extra else side
 
 
+def _unit(side: Side | None) -> Side | None:
+  """A side of raw rows as unit rows in float32 (for the kernels that take unit rows only)."""
+  if side is None or not _triton_tiles.is_raw(side.vectors):
+    return side
+  return side._replace(vectors=_layout.unit_rows(side.vectors, jnp.float32))
+
+
 def _fused(family: str, rows: Side, columns: Side | None, mapping, kind: str,
            block_size: int | None, column_grad: bool):
+  # Raw rows need the Triton kernels and raw rows on both sides (not so against a bank).
+  if family != "triton" or (columns is not None and _triton_tiles.is_raw(rows.vectors)
+                            != _triton_tiles.is_raw(columns.vectors)):
+    rows, columns = _unit(rows), _unit(columns)
   num_rows, dim = rows.vectors.shape
   num_cols = num_rows if columns is None else columns.ids.shape[0]
-  tiles = FAMILIES[family].tiles(num_rows, num_cols, dim, block_size)
-  kmap, theta, step_index = _kernel_map(mapping, rows.vectors.dtype, (tiles.block, tiles.block))
+  tiles = FAMILIES[family].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
+  kmap, theta, step_index = _kernel_map(mapping, _triton_tiles.stats_dtype(rows.vectors),
+                                        (tiles.block, tiles.block))
   plan = _Plan(family, kmap, kind, tiles, column_grad, step_index)
   padded_dim = tiles.padded_dim(dim)
   padded_rows = _pad(rows, tiles.block, padded_dim)
@@ -172,6 +232,22 @@ def _fused(family: str, rows: Side, columns: Side | None, mapping, kind: str,
   row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]",
                           _lse(plan, theta, padded_rows, padded_cols))
   return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
+
+
+def with_raw_rows(layout: _layout.Layout, z1: jax.Array, z2: jax.Array) -> _layout.Layout:
+  """`layout` whose sides hold the raw bfloat16 inputs instead of their unit rows.
+
+  The Triton kernels then form `u . v` as `r_i r_j (z_i . z_j)`: bfloat16 products with
+  float32 accumulation, scaled by float32 inverse norms (`_kernel_triton`). Other inputs, and
+  the other families, keep the unit rows.
+  """
+  if z1.dtype != jnp.bfloat16 or z2.dtype != jnp.bfloat16:
+    return layout
+  if layout.kind == "symmetric":
+    return layout._replace(rows=layout.rows._replace(vectors=jnp.concatenate([z1, z2])))
+  assert layout.columns is not None  # "rows" and "rows_and_columns" have a column side
+  return layout._replace(rows=layout.rows._replace(vectors=z1),
+                         columns=layout.columns._replace(vectors=z2))
 
 
 def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
