@@ -89,9 +89,8 @@ EVEN_CASES = [("free", "all", 48), ("learnable", "all-masked", 64), ("tau", "sym
               ("dynamic", "cross-masked-bank", 64), ("free", "symmetric", 16)]
 
 
-@pytest.mark.parametrize("name, mode, rows", EVEN_CASES,
-                         ids=[f"{n}-{m}-{r}" for n, m, r in EVEN_CASES])
-def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows):
+def _pallas_equals_xla(name, mode, rows):
+  """Values and gradients of `rows` pairs (one in five masked) in `mode`, Pallas against XLA."""
   z1 = jax.random.normal(jax.random.key(0), (rows, D))
   z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (rows, D))
   where = (jnp.arange(rows) % 5) != 2
@@ -100,6 +99,12 @@ def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows):
   expected, got = (jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], implementation)
                    for implementation in ("xla", "pallas"))
   chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, mode, rows", EVEN_CASES,
+                         ids=[f"{n}-{m}-{r}" for n, m, r in EVEN_CASES])
+def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows):
+  _pallas_equals_xla(name, mode, rows)
 
 
 # The TPU kernels (blocks of 128 rows: 37 rows padded to one block, 150 to two).
@@ -113,14 +118,7 @@ TPU_CASES = ([(name, "all-masked", N) for name in ("free", "learnable_capped", "
 def test_tpu_kernels_equal_xla_values_and_gradients(name, mode, rows, monkeypatch):
   monkeypatch.setattr(_pallas, "pallas_reduce",
                       functools.partial(_pallas.pallas_reduce, family="mosaic_tpu"))
-  z1 = jax.random.normal(jax.random.key(0), (rows, D))
-  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (rows, D))
-  where = (jnp.arange(rows) % 5) != 2
-  _, _, _, bank = _views()
-  grad = _grad(MODES[mode], where, bank)
-  expected, got = (jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], implementation)
-                   for implementation in ("xla", "pallas"))
-  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+  _pallas_equals_xla(name, mode, rows)
 
 
 def test_a_traced_temperature_closed_over_by_the_map_gets_its_gradient():
