@@ -2,7 +2,7 @@
 XLA engine and a NumPy reference: values and gradients (embeddings and the map's parameters),
 ragged N and D, D held whole and in chunks, masks, extra negatives, every mapping with scalar
 parameters, bfloat16 inputs (raw rows in the kernels);
-the Triton family (GPUs, what a CPU runs) and the Mosaic family (TPUs, forced here)."""
+the Triton backend (GPUs, what a CPU runs) and the Mosaic backend (TPUs, forced here)."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ TPU_CASES = ([(name, "all-masked", N) for name in ("free", "learnable_capped", "
                          ids=[f"{n}-{m}-{r}" for n, m, r in TPU_CASES])
 def test_tpu_kernels_equal_xla_values_and_gradients(name, mode, rows, monkeypatch):
   monkeypatch.setattr(_pallas, "pallas_reduce",
-                      functools.partial(_pallas.pallas_reduce, family="mosaic_tpu"))
+                      functools.partial(_pallas.pallas_reduce, backend="mosaic_tpu"))
   _pallas_equals_xla(name, mode, rows)
 
 

@@ -50,7 +50,7 @@ class Tiles:
 def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
           dtype=None) -> Tiles:
   """`block`: `block_size` (default 256) rounded down to a multiple of 128, at least 128, at
-  most the rows rounded up to a multiple of 128; `dtype` is unused (the Triton family's tiles
+  most the rows rounded up to a multiple of 128; `dtype` is unused (the Triton backend's tiles
   depend on it).
 
   Examples:

@@ -57,7 +57,7 @@ from tfcl_jax.losses._kernel_math import (
     without_empty,
 )
 from tfcl_jax.losses._tiles import Side
-from tfcl_jax.losses._triton_tiles import (  # noqa: F401 - `tiles`: the family's, for _pallas
+from tfcl_jax.losses._triton_tiles import (  # noqa: F401 - `tiles`: the backend's, for _pallas
     Tiles,
     inverse_norms,
     is_raw,

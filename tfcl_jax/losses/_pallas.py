@@ -8,7 +8,7 @@ and an online logsumexp; the backward recomputes each tile. On TPUs it takes two
 over row blocks (`dU`, and the map's parameter gradients) and one over column blocks (`dV`),
 no program writing another's output; on GPUs each tile serves both of its sides, the other
 side's share added atomically (`_kernel_triton_pairs`: `"all"`'s symmetric tiles, the two
-directions of the two-tower loss in one pass, one backward kernel). Two families:
+directions of the two-tower loss in one pass, one backward kernel). Two backends:
 
 * GPUs (`_kernel_triton`): Triton, chosen explicitly (`pallas.triton.CompilerParams`) rather
   than JAX's default GPU backend, Mosaic GPU. Triton's block refs are pointers into global
@@ -21,10 +21,10 @@ directions of the two-tower loss in one pass, one backward kernel). Two families
 * TPUs (`_kernel_tpu`): Mosaic, the column blocks a sequential grid axis with the statistics
   and accumulators in VMEM, as JAX's own TPU flash attention.
 
-Which family runs, and whether it is compiled or interpreted, follows the platform the program
+Which backend runs, and whether it is compiled or interpreted, follows the platform the program
 is lowered for (`jax.lax.platform_dependent`), not the host: lowered for `cuda`/`rocm` or
 `tpu` on any host, the program holds the compiled kernels' custom calls; run on a CPU, the
-Triton family goes through Pallas's interpreter (slow: for tests). One JAX limit: a program
+Triton backend goes through Pallas's interpreter (slow: for tests). One JAX limit: a program
 lowered for several platforms at once (`jax.export(..., platforms=("cpu", "cuda"))`) cannot
 hold the kernels, since JAX lowers each kernel's call for every platform of the set; lower for
 one platform at a time.
@@ -55,8 +55,7 @@ from tfcl_jax.losses import (
 from tfcl_jax.losses._kernel_math import KernelMap
 from tfcl_jax.losses._tiles import LogSumExp, Side
 
-KINDS = ("rows", "rows_and_columns", "symmetric")
-FAMILIES = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
+BACKENDS = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
 PAIRS = {"triton": _kernel_triton_pairs}
 SMALLEST_BLOCK = _triton_tiles.SMALLEST_BLOCK
 
@@ -65,19 +64,19 @@ SMALLEST_BLOCK = _triton_tiles.SMALLEST_BLOCK
 class _Plan:
   """Static description of one fused computation."""
 
-  family: str
+  backend: str
   kmap: KernelMap
   kind: str
-  tiles: Any  # the family's `Tiles`
+  tiles: Any  # the backend's `Tiles`
   column_grad: bool
   step_index: int  # theta's entry that holds the step
 
   def call(self, name: str, *args, **kwargs):
-    return getattr(FAMILIES[self.family], name)(self.kmap, self.tiles, *args, **kwargs)
+    return getattr(BACKENDS[self.backend], name)(self.kmap, self.tiles, *args, **kwargs)
 
   def pairs(self):
-    """The family's kernels that serve both sides of a tile (atomics), or None."""
-    return PAIRS.get(self.family)
+    """The backend's kernels that serve both sides of a tile (atomics), or None."""
+    return PAIRS.get(self.backend)
 
 
 def _as_anchors(side: Side) -> Side:
@@ -212,18 +211,18 @@ def _unit(side: Side | None) -> Side | None:
   return side._replace(vectors=_layout.unit_rows(side.vectors, jnp.float32))
 
 
-def _fused(family: str, rows: Side, columns: Side | None, mapping, kind: str,
+def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
            block_size: int | None, column_grad: bool):
   # Raw rows need the Triton kernels and raw rows on both sides (not so against a bank).
-  if family != "triton" or (columns is not None and _triton_tiles.is_raw(rows.vectors)
+  if backend != "triton" or (columns is not None and _triton_tiles.is_raw(rows.vectors)
                             != _triton_tiles.is_raw(columns.vectors)):
     rows, columns = _unit(rows), _unit(columns)
   num_rows, dim = rows.vectors.shape
   num_cols = num_rows if columns is None else columns.ids.shape[0]
-  tiles = FAMILIES[family].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
+  tiles = BACKENDS[backend].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
   kmap, theta, step_index = _kernel_map(mapping, _triton_tiles.stats_dtype(rows.vectors),
                                         (tiles.block, tiles.block))
-  plan = _Plan(family, kmap, kind, tiles, column_grad, step_index)
+  plan = _Plan(backend, kmap, kind, tiles, column_grad, step_index)
   padded_dim = tiles.padded_dim(dim)
   padded_rows = _pad(rows, tiles.block, padded_dim)
   padded_cols = None if columns is None else _pad(columns, tiles.block, padded_dim)
@@ -239,7 +238,7 @@ def with_raw_rows(layout: _layout.Layout, z1: jax.Array, z2: jax.Array) -> _layo
 
   The Triton kernels then form `u . v` as `r_i r_j (z_i . z_j)`: bfloat16 products with
   float32 accumulation, scaled by float32 inverse norms (`_kernel_triton`). Other inputs, and
-  the other families, keep the unit rows.
+  the other backends, keep the unit rows.
   """
   if z1.dtype != jnp.bfloat16 or z2.dtype != jnp.bfloat16:
     return layout
@@ -251,27 +250,27 @@ def with_raw_rows(layout: _layout.Layout, z1: jax.Array, z2: jax.Array) -> _layo
 
 
 def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
-                  block_size: int | None, column_grad: bool = True, family: str | None = None):
+                  block_size: int | None, column_grad: bool = True, backend: str | None = None):
   """`_engine.tile_reduce`'s contract (`LogSumExp` only) computed by the fused kernels.
 
   `(row_lse, col_lse)`: each row's (and, for `"rows_and_columns"`, each column's) logsumexp
-  over its negatives; `-inf` for a row without any. `family`: None for the platform's
-  (Mosaic on TPU, Triton elsewhere), or `"triton"` / `"mosaic_tpu"` to run that family on
+  over its negatives; `-inf` for a row without any. `backend`: None for the platform's
+  (Mosaic on TPU, Triton elsewhere), or `"triton"` / `"mosaic_tpu"` to run that backend on
   every platform (interpreted on a CPU: how the tests check the TPU kernels).
   """
-  if kind not in KINDS:
-    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+  if kind not in _engine.KINDS:
+    raise ValueError(f"kind must be one of {_engine.KINDS}, got {kind!r}.")
   if block_size is not None and block_size < SMALLEST_BLOCK:
     raise ValueError(f"block_size must be >= {SMALLEST_BLOCK} with implementation='pallas' "
                      f"(Triton's smallest matrix product), got {block_size}.")
-  if family is not None and family not in FAMILIES:
-    raise ValueError(f"family must be one of {sorted(FAMILIES)} or None, got {family!r}.")
+  if backend is not None and backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {sorted(BACKENDS)} or None, got {backend!r}.")
 
-  def fused(family, rows, columns):
-    return _fused(family, rows, columns, mapping, kind, block_size, column_grad)
+  def fused(backend, rows, columns):
+    return _fused(backend, rows, columns, mapping, kind, block_size, column_grad)
 
-  if family is not None:
-    return fused(family, rows, columns)
+  if backend is not None:
+    return fused(backend, rows, columns)
   return jax.lax.platform_dependent(rows, columns,
                                     tpu=functools.partial(fused, "mosaic_tpu"),
                                     default=functools.partial(fused, "triton"))
