@@ -92,11 +92,11 @@ def _geometry(tiles_: Tiles, dim: int, other: int, vectors, block_d: int | None 
                    is_raw(vectors))
 
 
-def _span(g: _Geometry, j) -> pl.Slice:
+def _span(g: _Geometry, j):
   return pl.ds(pl.multiple_of(j * g.block, g.block), g.block)
 
 
-def _columns(g: _Geometry, c) -> pl.Slice:
+def _columns(g: _Geometry, c):
   return pl.ds(pl.multiple_of(c * g.block_d, g.block_d), g.block_d)
 
 
@@ -240,6 +240,7 @@ def _row_grad_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_from_co
     # Raw columns: G_i = sum_j dS_ij r_j z_j, the gradient for the unit rows.
     dcos = (dcos * c_scale if g.scaled else dcos).astype(c_ref.dtype)
     if g.whole:
+      assert cols is not None  # loaded whole above
       acc = acc + jnp.dot(dcos, cols, preferred_element_type=jnp.float32)
     else:
       _accumulate(dr_ref, lambda d: jnp.dot(dcos, c_ref[span, d],

@@ -280,6 +280,7 @@ def _both_grads_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_ref, 
     for_rows = (dcos * c_scale if g.scaled else dcos).astype(dtype)
     for_cols = (dcos * r_scale if g.scaled else dcos).astype(dtype)
     if g.whole:
+      assert cols is not None  # loaded whole above
       acc = acc + jnp.dot(for_rows, cols, preferred_element_type=jnp.float32)
     else:
       _accumulate(dr_ref, lambda d: jnp.dot(for_rows, c_ref[span, d],

@@ -204,9 +204,9 @@ def _pad(side: Side, block: int, padded_dim: int) -> Side:
   return side._replace(vectors=jnp.pad(side.vectors, [(0, 0), (0, extra)])) if extra else side
 
 
-def _unit(side: Side | None) -> Side | None:
+def _unit(side: Side) -> Side:
   """A side of raw rows as unit rows in float32 (for the kernels that take unit rows only)."""
-  if side is None or not _triton_tiles.is_raw(side.vectors):
+  if not _triton_tiles.is_raw(side.vectors):
     return side
   return side._replace(vectors=_layout.unit_rows(side.vectors, jnp.float32))
 
@@ -216,7 +216,7 @@ def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
   # Raw rows need the Triton kernels and raw rows on both sides (not so against a bank).
   if backend != "triton" or (columns is not None and _triton_tiles.is_raw(rows.vectors)
                             != _triton_tiles.is_raw(columns.vectors)):
-    rows, columns = _unit(rows), _unit(columns)
+    rows, columns = _unit(rows), None if columns is None else _unit(columns)
   num_rows, dim = rows.vectors.shape
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   tiles = BACKENDS[backend].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
