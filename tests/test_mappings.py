@@ -290,6 +290,21 @@ def test_logit_scale_is_the_factor_of_temperature_maps_cap_included():
   assert float(capped(0.5, params={"t": jnp.log(400.0)})) == pytest.approx(50.0)
 
 
+@pytest.mark.parametrize("spec, cap", [
+    ("learnable=0.07:100", 100.0), ("learnable_free=30", 30.0), ("learnable=0.07", None),
+    ("learnable_free", None), ("tau=0.1", None), ("free", None), ("dynamic=0.1:0.2", None)])
+def test_max_logit_scale_is_the_cap_the_scale_stops_at(spec, cap):
+  mapping = mappings.from_spec(spec)
+  assert mappings.max_logit_scale(mapping) == cap
+  if cap is not None:  # the scale at a huge t is the cap, and no more
+    assert float(mappings.logit_scale(mapping, params={"t": jnp.asarray(20.0)})) == cap
+
+
+def test_max_logit_scale_refuses_what_is_no_mapping():
+  with pytest.raises(TypeError, match="mapping must be a Mapping"):
+    mappings.max_logit_scale("learnable=0.07:100")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("spec", ["free", "dynamic=0.1:0.2", "anneal=log:0.5"])
 def test_logit_scale_is_refused_for_maps_without_one(spec):
   with pytest.raises(TypeError, match="logit scale"):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from experiments.framework import plan, tables
-from tfcl_jax import losses
+from tfcl_jax import losses, mappings
 
 KS = (1, 5, 10, 50, 100)
 METRICS = (*(f"top@{k}" for k in KS), "ndcg@10")
@@ -116,7 +116,7 @@ def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
               "", "| loss | start | end | max | runs at the cap |", "|---|---|---|---|---|"]
     for spec in learnable:
       # The cap is the map's; any candidate count builds it (a `prior` bias needs one).
-      cap = losses.from_spec(spec, num_candidates=2).mapping.fn.max_scale
+      cap = mappings.max_logit_scale(losses.from_spec(spec, num_candidates=2).mapping)
       at_cap = sum(v >= cap - 1e-6 for v in of(spec, "scale_max")) if cap else 0
       lines.append(f"| {spec} | {np.mean(of(spec, 'scale_start')):.2f} | "
                    f"{np.mean(of(spec, 'scale_end')):.2f} | {np.mean(of(spec, 'scale_max')):.2f}"

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tfcl_jax.losses import _engine, _layout
-from tfcl_jax.losses._tiles import LogSumExp, Side
+from tfcl_jax.losses._tiles import LogSumExp, Side, TileReduction
 
 #: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
 STRATEGIES = ("all_gather", "ring")
@@ -56,7 +56,7 @@ def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
 
   carry = (_engine.match_varying(columns, like), row_stats, col_stats)
   _, row_stats, col_stats = jax.lax.fori_loop(0, size, hop, carry)
-  finish = plan.reduction.finish
+  finish = plan.tile_reduction.finish
   return finish(row_stats), None if col_stats is None else finish(col_stats)
 
 
@@ -96,30 +96,34 @@ def device_reduce(axis_name, strategy):
   """`tile_reduce` with the candidates of every device (for `negatives_lse` and the sigmoid
   loss): a device's rows against everyone's columns."""
 
-  def lse_fn(rows, columns, *, mapping, kind, block_size, reduction: type = LogSumExp):
+  def lse_fn(rows, columns, *, mapping, kind, block_size,
+             tile_reduction: TileReduction = LogSumExp()):
     if kind == "symmetric":  # a device's rows against everyone's: not symmetric any more
       columns, kind = rows, "rows"
     if strategy == "all_gather":
       gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), columns)
       row_lse, col_lse = _engine.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
-                                             block_size=block_size, reduction=reduction)
+                                             block_size=block_size,
+                                             tile_reduction=tile_reduction)
       if col_lse is not None:  # this device's rows only: combine over devices, keep ours
-        assert reduction is LogSumExp, "only InfoNCE's two-tower loss has column outputs"
+        assert isinstance(tile_reduction, LogSumExp), "only InfoNCE's two-tower loss has columns"
         col_lse = _global_logsumexp(col_lse, axis_name)
         n = columns.ids.shape[0]
         col_lse = jax.lax.dynamic_slice_in_dim(col_lse, jax.lax.axis_index(axis_name) * n, n)
       return row_lse, col_lse
     if block_size is None:
       return _engine.by_platform(rows.ids.shape[0], columns.ids.shape[0], functools.partial(
-          ring, kind=kind, mapping=mapping, reduction=reduction), rows, columns)
-    return ring(block_size, rows, columns, kind=kind, mapping=mapping, reduction=reduction)
+          ring, kind=kind, mapping=mapping, tile_reduction=tile_reduction), rows, columns)
+    return ring(block_size, rows, columns, kind=kind, mapping=mapping,
+                tile_reduction=tile_reduction)
 
-  def ring(block_size, rows, columns, *, kind, mapping, reduction):
+  def ring(block_size, rows, columns, *, kind, mapping, tile_reduction):
     block_rows = _engine.balanced_tile(block_size, rows.ids.shape[0])
     block_cols = _engine.balanced_tile(block_size, columns.ids.shape[0])
     tile_map, args = _engine.pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
-                                      like=rows.vectors, reduction=reduction)
-    plan = _engine.Plan(kind, block_rows, block_cols, tile_map, reduction=reduction)
+                                      like=rows.vectors, tile_reduction=tile_reduction)
+    plan = _engine.Plan(kind, block_rows, block_cols, tile_map,
+                        tile_reduction=tile_reduction)
     row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
         plan, axis_name, _engine.pad_side(rows, block_rows), _engine.pad_side(columns, block_cols),
         args))

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax.losses._tiles import LogSumExp, MapArgs, Side, TileMap
+from tfcl_jax.losses._tiles import LogSumExp, MapArgs, Side, TileMap, TileReduction
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 
@@ -45,7 +45,7 @@ class Plan:
   block_cols: int
   tile_map: TileMap
   column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
-  reduction: type = LogSumExp  # what a tile folds into per-row statistics (see _tiles)
+  tile_reduction: TileReduction = LogSumExp()  # what a tile folds into per-row statistics
 
 
 def balanced_tile(block_size: int, n: int) -> int:
@@ -181,7 +181,7 @@ def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, 
     use_cols = _column_use(plan, i, j)
     columns_stats = _get(row_stats if plan.kind == "symmetric" else col_stats, j) if (
         use_cols is not None) else None
-    new_rows, new_cols = plan.reduction.forward(plan.tile_map, args, _get(row_blocks, i),
+    new_rows, new_cols = plan.tile_reduction.forward(plan.tile_map, args, _get(row_blocks, i),
                                            _get(col_blocks, j), _get(row_stats, i),
                                            columns_stats, use_cols)
     row_stats = _set(row_stats, i, new_rows)
@@ -233,7 +233,7 @@ def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_l
       c_g = c_lse
     else:
       c_lse, c_g = _get(col_lse, j), jnp.where(use_cols, _get(col_g, j), 0.0)
-    dcos, dp, dk = plan.reduction.backward(plan.tile_map, args, a, b, _get(row_lse, i),
+    dcos, dp, dk = plan.tile_reduction.backward(plan.tile_map, args, a, b, _get(row_lse, i),
                                            _get(row_g, i), c_lse, c_g)
     drows = drows.at[i].add(dcos @ b.vectors)
     if plan.kind == "symmetric":
@@ -252,11 +252,11 @@ def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_l
 
 def init_stats(plan: Plan, rows: Side, columns: Side | None):
   dtype = rows.vectors.dtype
-  row_stats = plan.reduction.init(rows.ids.shape[0], dtype, plan.tile_map)
+  row_stats = plan.tile_reduction.init(rows.ids.shape[0], dtype, plan.tile_map)
   col_stats = None
   if plan.kind == "rows_and_columns":
     assert columns is not None, "the two-tower kind has a column side"
-    col_stats = plan.reduction.init(columns.ids.shape[0], dtype, plan.tile_map)
+    col_stats = plan.tile_reduction.init(columns.ids.shape[0], dtype, plan.tile_map)
   return row_stats, col_stats
 
 
@@ -274,7 +274,7 @@ def _lse(plan: Plan, rows: Side, columns: Side | None, args: MapArgs):
   stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
   row_stats, col_stats = accumulate(plan, args, rows, rows if columns is None else columns,
                                     *stats)
-  finish = plan.reduction.finish
+  finish = plan.tile_reduction.finish
   return finish(row_stats), None if col_stats is None else finish(col_stats)
 
 
@@ -296,15 +296,15 @@ def _lse_bwd(plan, residuals, cotangents):
 _lse.defvjp(_lse_fwd, _lse_bwd)
 
 
-def pure_map(mapping, dtype, tile_shape, *, like=None, reduction: type = LogSumExp
-             ) -> tuple[TileMap, MapArgs]:
+def pure_map(mapping, dtype, tile_shape, *, like=None,
+             tile_reduction: TileReduction = LogSumExp()) -> tuple[TileMap, MapArgs]:
   """The static `TileMap` and array `MapArgs` of a `Mapping` for tiles of `dtype`.
 
-  A mapping with a closed form the `reduction` asks for (`reduction.fast_form`) is used
+  A mapping with a closed form the `tile_reduction` asks for (`tile_reduction.fast_form`) is used
   through it; any other is made pure with `jax.closure_convert` (traced values it closes over
   become `consts`). Inside `shard_map`, the arguments are cast to vary like `like`.
   """
-  fast = reduction.fast_form(mapping, jnp.dtype(dtype))
+  fast = tile_reduction.fast_form(mapping, jnp.dtype(dtype))
   step = mapping.bound_step()
   if fast is not None:
     return TileMap(mapping.fn, fast), MapArgs({}, step, ())
@@ -320,7 +320,8 @@ def pure_map(mapping, dtype, tile_shape, *, like=None, reduction: type = LogSumE
 
 
 def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
-                block_size: int | None, column_grad: bool = True, reduction: type = LogSumExp):
+                block_size: int | None, column_grad: bool = True,
+                tile_reduction: TileReduction = LogSumExp()):
   """`(row_out, col_out)`: a reduction over each row's (and column's) tile entries.
 
   With `LogSumExp`, the logsumexp of each row's (and column's) negatives' logits.
@@ -332,7 +333,8 @@ def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
     kind: one of `KINDS`.
     block_size: the largest tile side, or None for `auto_block_size`.
     column_grad: False when the candidates take no gradient (extra negatives).
-    reduction: `LogSumExp` (InfoNCE) or `SigmoidSum` (SigLIP), from `_tiles`.
+    tile_reduction: a `_tiles.TileReduction`: `LogSumExp()` (InfoNCE), `SigmoidSum()`
+      (SigLIP) or `PositiveSum()` (SupCon's positives).
 
   Returns:
     `row_out [M]` and `col_out [K]` (None unless `"rows_and_columns"`); for `LogSumExp`,
@@ -343,20 +345,20 @@ def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
   if block_size is None:
     return by_platform(num_rows, num_cols, functools.partial(
         _tile_reduce, mapping=mapping, kind=kind, column_grad=column_grad,
-        reduction=reduction), rows, columns)
+        tile_reduction=tile_reduction), rows, columns)
   return _tile_reduce(block_size, rows, columns, mapping=mapping, kind=kind,
-                      column_grad=column_grad, reduction=reduction)
+                      column_grad=column_grad, tile_reduction=tile_reduction)
 
 
 def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
-                 column_grad: bool, reduction):
+                 column_grad: bool, tile_reduction: TileReduction):
   num_rows = rows.ids.shape[0]
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   block_rows = balanced_tile(block_size, num_rows)
   block_cols = block_rows if columns is None else balanced_tile(block_size, num_cols)
   tile_map, args = pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
-                            like=rows.vectors, reduction=reduction)
-  plan = Plan(kind, block_rows, block_cols, tile_map, column_grad, reduction)
+                            like=rows.vectors, tile_reduction=tile_reduction)
+  plan = Plan(kind, block_rows, block_cols, tile_map, column_grad, tile_reduction)
   rows, columns = jax.tree.map(_bias_constant, (rows, columns), is_leaf=_is_side)
   padded_rows = pad_side(rows, block_rows)
   padded_cols = None if columns is None else pad_side(columns, block_cols)

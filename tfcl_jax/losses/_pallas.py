@@ -194,7 +194,7 @@ def _kernel_map(mapping, dtype, tile_shape) -> tuple[KernelMap, jax.Array, int]:
   width = 1 << max(0, len(scalars) - 1).bit_length()
   theta = jnp.stack([jnp.asarray(x, dtype) for x in scalars]
                     + [jnp.zeros((), dtype)] * (width - len(scalars)))
-  fast = LogSumExp.fast_form(mapping, jnp.dtype(dtype))
+  fast = LogSumExp().fast_form(mapping, jnp.dtype(dtype))
   return KernelMap(kernel_fn, fast, len(scalars)), theta, len(leaves)
 
 

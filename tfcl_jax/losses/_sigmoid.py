@@ -216,7 +216,7 @@ def sigmoid_loss(
   u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid)
   per_row, _ = tile_reduce(rows.rows, rows.columns, mapping=mapping, kind=rows.kind,
-                           block_size=block_size, reduction=SigmoidSum)
+                           block_size=block_size, tile_reduction=SigmoidSum())
   return _layout.reduce(per_row, rows.rows.valid, reduction, masked=where is not None)
 
 
@@ -281,7 +281,7 @@ def sharded_sigmoid_loss(
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid, offset=offset)
   per_row, _ = device_reduce(axis_name, strategy)(
       rows.rows, rows.columns, mapping=mapping, kind=rows.kind, block_size=block_size,
-      reduction=SigmoidSum)
+      tile_reduction=SigmoidSum())
   return reduce_across_devices(per_row, rows.rows.valid, reduction=reduction,
                                masked=where is not None, axis_name=axis_name, size=size)
 

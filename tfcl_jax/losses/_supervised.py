@@ -48,11 +48,11 @@ def _supcon(u: jax.Array, labels: jax.Array, mapping, block_size) -> jax.Array:
   valid = jnp.ones((n,), bool)
   # The denominator: every other row (a row's only excluded candidate is itself).
   lse, _ = tile_reduce(Side(u, ids, ids, valid), None, mapping=mapping, kind="symmetric",
-                       block_size=block_size, reduction=LogSumExp)
+                       block_size=block_size, tile_reduction=LogSumExp())
   # The numerator: the sum of f over the other rows of the anchor's class.
   positive_sum, _ = tile_reduce(Side(u, ids, labels.astype(jnp.int32), valid), None,
                                 mapping=mapping, kind="symmetric", block_size=block_size,
-                                reduction=PositiveSum)
+                                tile_reduction=PositiveSum())
   counts = jnp.sum(labels[:, None] == labels[None, :], axis=1) - 1  # O(B^2) ints, no D
   has_positive = counts > 0
   per_anchor = jnp.where(has_positive, lse - positive_sum / jnp.maximum(counts, 1), 0.0)

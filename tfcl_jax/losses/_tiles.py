@@ -2,13 +2,15 @@
 row (and column) statistics, forward and backward.
 
 A tile is `a @ b.T` for a block of anchors `a` and a block of candidates `b`. Everything that
-differs between losses lives in a `Reduction` (InfoNCE's logsumexp here); everything that
-differs between maps lives in the mapping (`Mapping.fn`, and its `exp_form` when it has one).
-A fused kernel replaces `forward` and `backward` one for one.
+differs between losses lives in a `TileReduction` (InfoNCE's `LogSumExp`, SigLIP's
+`SigmoidSum`, SupCon's `PositiveSum`); everything that differs between maps lives in the mapping
+(`Mapping.fn`, and its `exp_form` when it has one). A fused kernel replaces `forward` and
+`backward` one for one.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -94,7 +96,41 @@ def _scaled(weights, bias, axis: int):
   return weights * (factor[None, :] if axis == 0 else factor[:, None])
 
 
-class LogSumExp:
+class TileReduction(abc.ABC):
+  """What a loss family folds a tile into: per-row (and per-column) statistics, forward and
+  backward. The engine (`_engine.tile_reduce`) schedules the tiles and owns the custom VJP; a
+  reduction says what one tile contributes. Instances are stateless and compare equal by type,
+  so a reduction is a static argument of `jax.jit` and `jax.custom_vjp`.
+  """
+
+  @abc.abstractmethod
+  def fast_form(self, mapping, dtype) -> Any:
+    """The closed form this reduction uses when `mapping` declares it (e.g. `exp_form`), or
+    None: the tile then calls the mapping's `fn` and differentiates it with `jax.vjp`."""
+
+  @abc.abstractmethod
+  def init(self, num: int, dtype, tile_map: TileMap) -> tuple[jax.Array, ...]:
+    """The statistics of `num` rows before any tile: a tuple of `[num]` arrays."""
+
+  @abc.abstractmethod
+  def finish(self, stats) -> jax.Array:
+    """`[num]`: the per-row output from the statistics after the last tile."""
+
+  @abc.abstractmethod
+  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
+              use_cols):
+    """`(row_stats, col_stats)` with tile `a @ b.T` folded into the statistics of `a`'s rows
+    and (where the traced bool `use_cols` holds; None: no column side) of `b`'s rows."""
+
+  @abc.abstractmethod
+  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g,
+               col_out, col_g):
+    """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished outputs of both
+    sides and their cotangents (`col_g` zero where the tile's columns were not used)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSumExp(TileReduction):
   """InfoNCE's reduction: `lse_i = log sum_{j negative of i} exp(f(c_ij) + b_j)` per row
   (Eq. 1, 11; `b_j` the candidate's `bias`, 0 without one).
 
@@ -103,24 +139,20 @@ class LogSumExp:
   `m` is the running maximum (FlashAttention's online softmax).
   """
 
-  @staticmethod
-  def fast_form(mapping, dtype) -> ExpForm | None:
+  def fast_form(self, mapping, dtype) -> ExpForm | None:
     return mapping.exp_form(dtype)
 
-  @staticmethod
-  def init(num: int, dtype, tile_map: TileMap):
+  def init(self, num: int, dtype, tile_map: TileMap):
     if tile_map.fast is not None:
       return jnp.full((num,), tile_map.fast.shift, dtype), jnp.zeros((num,), dtype)
     return jnp.full((num,), -jnp.inf, dtype), jnp.zeros((num,), dtype)
 
-  @staticmethod
-  def finish(stats) -> jax.Array:
+  def finish(self, stats) -> jax.Array:
     m, s = stats
     nonempty = s > 0
     return jnp.where(nonempty, jnp.log(jnp.where(nonempty, s, 1.0)) + m, -jnp.inf)
 
-  @staticmethod
-  def forward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
+  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
               use_cols):
     """Folds tile `a @ b.T` into the row stats of `a` and (where `use_cols`) the column
     stats of `b`. `use_cols` is a traced bool or None (no column side)."""
@@ -140,8 +172,7 @@ class LogSumExp:
       col_stats = jax.tree.map(lambda new, old: jnp.where(use_cols, new, old), folded, col_stats)
     return row_stats, col_stats
 
-  @staticmethod
-  def backward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_lse, row_g, col_lse,
+  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_lse, row_g, col_lse,
                col_g):
     """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished lse and their
     cotangents on both sides (`col_g` zero where the tile's columns were not used)."""
@@ -175,19 +206,16 @@ def pair_mask(rows: Side, columns: Side) -> jax.Array:
              | (columns.ids[None, :] == rows.positive_ids[:, None])))
 
 
-class _Sum:
+class _Sum(TileReduction):
   """A reduction that sums per-pair terms: statistics `(sum,)` per row (and column)."""
 
-  @staticmethod
-  def init(num: int, dtype, tile_map: TileMap):
+  def init(self, num: int, dtype, tile_map: TileMap):
     return (jnp.zeros((num,), dtype),)
 
-  @staticmethod
-  def finish(stats) -> jax.Array:
+  def finish(self, stats) -> jax.Array:
     return stats[0]
 
-  @staticmethod
-  def fold(terms, row_stats, col_stats, use_cols):
+  def fold(self, terms, row_stats, col_stats, use_cols):
     """Adds the tile's `terms [m, k]` to the row sums and (where `use_cols`) column sums."""
     row_stats = (row_stats[0] + jnp.sum(terms, axis=1),)
     if use_cols is not None:
@@ -195,35 +223,32 @@ class _Sum:
     return row_stats, col_stats
 
 
+@dataclasses.dataclass(frozen=True)
 class SigmoidSum(_Sum):
   """SigLIP's reduction: `sum_j -log sigmoid(l_ij (f(c_ij) + b))` per row, `l_ij = +1` on the
   positive, `-1` elsewhere; the bias is folded into the map. Maps with a closed form of the
   log-sigmoid (`log_sigmoid_form`; Eq. 11's `sigmoid(2 artanh c) = (1 + c)/2`) use it."""
 
-  @staticmethod
-  def fast_form(mapping, dtype):
+  def fast_form(self, mapping, dtype):
     return mapping.log_sigmoid_form(dtype)
 
-  @staticmethod
-  def _signs(a: Side, b: Side):
+  def _signs(self, a: Side, b: Side):
     return jnp.where(b.ids[None, :] == a.positive_ids[:, None], 1.0, -1.0)
 
-  @staticmethod
-  def forward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
+  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
               use_cols):
     cos = a.vectors @ b.vectors.T
-    sign = SigmoidSum._signs(a, b).astype(cos.dtype)
+    sign = self._signs(a, b).astype(cos.dtype)
     if tile_map.fast is not None:
       terms = tile_map.fast.term(cos, sign)
     else:
       terms = jax.nn.softplus(-sign * _logits(tile_map, cos, args))
-    return SigmoidSum.fold(jnp.where(pair_mask(a, b), terms, 0.0), row_stats, col_stats, use_cols)
+    return self.fold(jnp.where(pair_mask(a, b), terms, 0.0), row_stats, col_stats, use_cols)
 
-  @staticmethod
-  def backward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
+  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
                col_g):
     cos = a.vectors @ b.vectors.T
-    sign = SigmoidSum._signs(a, b).astype(cos.dtype)
+    sign = self._signs(a, b).astype(cos.dtype)
     keep = pair_mask(a, b)
     scale = row_g[:, None] + col_g[None, :]
     if tile_map.fast is not None:
@@ -246,23 +271,21 @@ def label_mask(rows: Side, columns: Side) -> jax.Array:
           & (columns.positive_ids[None, :] == rows.positive_ids[:, None]))
 
 
+@dataclasses.dataclass(frozen=True)
 class PositiveSum(_Sum):
   """SupCon's numerator: `sum_{p in P(i)} f(c_ip)` per row, `P(i)` the other rows of `i`'s
   class (`label_mask`). Linear in the logits, so it needs no closed form."""
 
-  @staticmethod
-  def fast_form(mapping, dtype):
+  def fast_form(self, mapping, dtype):
     return None
 
-  @staticmethod
-  def forward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
+  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
               use_cols):
     cos = a.vectors @ b.vectors.T
     terms = jnp.where(label_mask(a, b), _logits(tile_map, cos, args), 0.0)
-    return PositiveSum.fold(terms, row_stats, col_stats, use_cols)
+    return self.fold(terms, row_stats, col_stats, use_cols)
 
-  @staticmethod
-  def backward(tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
+  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
                col_g):
     cos = a.vectors @ b.vectors.T
     _, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,

@@ -16,7 +16,7 @@ the pure map with the closed forms, checks and logit scale it declares to the lo
 - `from_spec("tau=0.25")`: any of them from its map spec (the grammar: docs/specs.md); the
   losses also take the spec itself (`mapping="free"`);
 - `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature map,
-  `s` of a scaled free map.
+  `s` of a scaled free map; `max_logit_scale(mapping)` its cap.
 """
 
 from tfcl_jax.mappings._base import (
@@ -35,6 +35,7 @@ from tfcl_jax.mappings._temperature import (
     annealed_temperature,
     learnable_temperature,
     logit_scale,
+    max_logit_scale,
     temperature,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "learnable_temperature",
     "logit_scale",
     "max_free_logit",
+    "max_logit_scale",
     "n_aware_free",
     "temperature",
     "temperature_free",

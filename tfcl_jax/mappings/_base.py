@@ -24,7 +24,8 @@ class MapFunction(abc.ABC):
 
   A map implements `__call__`; the other methods are its optional contract with the losses,
   each declaring nothing by default: cheaper closed forms (`exp_form`, `log_sigmoid_form`),
-  conditions on its parameters (`parameter_checks`) and its logit scale (`logit_scale`).
+  conditions on its parameters (`parameter_checks`) and its logit scale (`logit_scale`) with
+  its cap (`max_logit_scale`).
   `Mapping` wraps a plain function `fn(cos, params, step)` in one that declares nothing.
   """
 
@@ -52,6 +53,10 @@ class MapFunction(abc.ABC):
   def logit_scale(self, params: MappingType[str, Any]) -> jax.Array | None:
     """The factor it multiplies cosines (or free's logits) by, or None (no single scale)."""
     del params
+    return None
+
+  def max_logit_scale(self) -> float | None:
+    """The cap on a learnt logit scale (`min(exp(t), cap)`), or None (no cap)."""
     return None
 
 

@@ -176,6 +176,9 @@ class _LearnableFree(MapFunction):
   def logit_scale(self, params) -> jax.Array:
     return capped_exp(params["t"], self.max_scale)
 
+  def max_logit_scale(self) -> float | None:
+    return self.max_scale
+
   def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
     # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.
     return (finite_check("t", params["t"]),)

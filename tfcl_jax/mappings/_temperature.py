@@ -110,6 +110,9 @@ class _Learnable(MapFunction):
   def logit_scale(self, params) -> jax.Array:
     return capped_exp(params["t"], self.max_scale)
 
+  def max_logit_scale(self) -> float | None:
+    return self.max_scale
+
   def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
     # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.
     return (finite_check("t", params["t"]),)
@@ -219,6 +222,27 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
   raise TypeError(f"mapping must be a fixed or learnable temperature (cos / tau, "
                   f"min(exp(t), max_scale) cos) or a scaled free map (s 2 artanh(cos)) to have "
                   f"a logit scale; got {spec!r}.")
+
+
+def max_logit_scale(mapping: Mapping) -> float | None:
+  """The cap on a learnable map's logit scale, `max_scale` of `min(exp(t), max_scale)`, or None.
+
+  CLIP caps its learnt scale at 100 (spec `learnable=0.07:100`); a scale that reaches the cap
+  stops learning. None for an uncapped learnable map and for every map without a learnt scale.
+
+  Examples:
+    >>> from tfcl_jax import mappings
+    >>> mappings.max_logit_scale(mappings.from_spec("learnable=0.07:100"))
+    100.0
+    >>> mappings.max_logit_scale(mappings.from_spec("learnable_free")) is None
+    True
+
+  Args:
+    mapping: any `Mapping`.
+  """
+  if not isinstance(mapping, Mapping):
+    raise TypeError(f"mapping must be a Mapping, got {type(mapping).__name__}.")
+  return mapping.fn.max_logit_scale()
 
 
 @dataclasses.dataclass(frozen=True)
