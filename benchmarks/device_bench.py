@@ -3,10 +3,10 @@ PyTorch and Inf-CL, memory, and the tile sweeps behind the default tiles.
 
 Suites (`--suite`, default all four, in this order):
 
-* `correctness`: loss and gradients (both views, the map's parameters) of `info_nce` with
-  `implementation="xla"` and `"pallas"`, float32 and bfloat16 inputs, several maps and modes,
+* `correctness`: loss and gradients (both views, the mapping's parameters) of `info_nce` with
+  `implementation="xla"` and `"pallas"`, float32 and bfloat16 inputs, several mappings and modes,
   against the dense loss in float64 on the same inputs (`--check_sizes`); relative errors;
-* `ntxent`: NT-Xent (`negatives="all"`, `--mapping`, default the free map) and
+* `ntxent`: NT-Xent (`negatives="all"`, `--mapping`, default the free mapping) and
 * `clip`: CLIP's symmetric loss (`negatives="cross", symmetric=True`, `--clip_mapping`,
   default `tau=0.07`), each at `N = 2^12 ... 2^17` (`--sizes`), float32 and bfloat16:
   tiled XLA (the default call), Pallas, the dense formulation where its memory allows,
@@ -54,7 +54,7 @@ from benchmarks import timing, torch_ntxent  # noqa: E402
 from tfcl_jax import losses, mappings  # noqa: E402
 
 SUITES = ("correctness", "ntxent", "clip", "sweep")
-# Each map in a mode (the map is code inside the tile, the mode the kernels around it).
+# Each mapping in a mode (the mapping is code inside the tile, the mode the kernels around it).
 CHECKS = (("free", "ntxent"), ("tau=0.07", "clip"), ("learnable=0.07:100", "clip"),
           ("dynamic=0.1:0.2", "cross"), ("learnable_free=100", "ntxent"))
 FLOOR_MODE = {"ntxent": "all", "clip": "two-tower", "cross": "cross"}
@@ -75,12 +75,12 @@ def _relative(got, expected) -> float:
 
 
 def correctness(args, report) -> list[dict]:
-  """Worst relative error of loss, gradients and map gradients against float64."""
+  """Worst relative error of loss, gradients and mapping gradients against float64."""
   rows = []
   for n in args.check_sizes:
     for dtype in args.dtypes:
       a, b, z1, z2 = _inputs(n, args.dim, dtype)
-      for spec, loss in (check for check in CHECKS if check[0] in args.check_maps):
+      for spec, loss in (check for check in CHECKS if check[0] in args.check_mappings):
         expected_value, expected_grads = dv.reference_loss(a, b, spec, loss)
         for implementation in ("xla", "pallas"):
           if implementation == "pallas" and not _pallas_runs(n, args):
@@ -93,7 +93,7 @@ def correctness(args, report) -> list[dict]:
 
           result, note = dv.guarded(lambda fn=fn, mapping=mapping, z1=z1, z2=z2: jax.device_get(
               jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(z1, z2, mapping)))
-          row = {"n": n, "dtype": dtype, "map": spec, "loss": loss,
+          row = {"n": n, "dtype": dtype, "mapping": spec, "loss": loss,
                  "implementation": implementation, "note": note}
           if result is not None:
             value, grads = result
@@ -106,8 +106,8 @@ def correctness(args, report) -> list[dict]:
           rows.append(row)
   report.table(f"Correctness against float64 (D = {args.dim}): worst relative error "
                "(max |error| / max |float64 value|)",
-               ["N", "dtype", "map", "loss", "implementation", "loss", "dz", "dparams"],
-               [[r["n"], r["dtype"], r["map"], r["loss"], r["implementation"],
+               ["N", "dtype", "mapping", "loss", "implementation", "loss", "dz", "dparams"],
+               [[r["n"], r["dtype"], r["mapping"], r["loss"], r["implementation"],
                  *(r["note"] and [r["note"], "", ""] or [
                      f"{r['loss_error']:.1e}", f"{r['grad_error']:.1e}",
                      "-" if r["param_error"] is None else f"{r['param_error']:.1e}"])]
@@ -342,15 +342,15 @@ def parse(argv: list[str] | None):
   parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
   parser.add_argument("--sizes", type=int, nargs="*", default=[2**k for k in range(12, 18)])
   parser.add_argument("--check_sizes", type=int, nargs="*", default=[1000, 4096])
-  parser.add_argument("--check_maps", nargs="*", default=[spec for spec, _ in CHECKS],
+  parser.add_argument("--check_mappings", nargs="*", default=[spec for spec, _ in CHECKS],
                       choices=[spec for spec, _ in CHECKS])
   parser.add_argument("--sweep_sizes", type=int, nargs="*", default=[4096, 16384, 65536])
   parser.add_argument("--sweep_dtypes", nargs="*", default=["float32", "bfloat16"])
   parser.add_argument("--dim", type=int, default=256)
   parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"],
                       choices=["float32", "bfloat16"])
-  parser.add_argument("--mapping", default="free", help="NT-Xent's map spec")
-  parser.add_argument("--clip_mapping", default="tau=0.07", help="CLIP's map: tau=<value>")
+  parser.add_argument("--mapping", default="free", help="NT-Xent's mapping spec")
+  parser.add_argument("--clip_mapping", default="tau=0.07", help="CLIP's mapping: tau=<value>")
   parser.add_argument("--blocks", type=int, nargs="*", default=[2048, 4096, 8192, 16384])
   parser.add_argument("--launches", nargs="*",
                       default=["32:4:3", "64:8:2", "64:8:3", "64:8:4", "128:8:2"],

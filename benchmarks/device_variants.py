@@ -102,7 +102,7 @@ def launch_options(block: int, warps: int, stages: int):
 
 
 def compiled(loss_fn, shape, mapping):
-  """`Variant` of the jitted loss + gradient (both views and the map) compiled for `shape`."""
+  """`Variant` of the jitted loss + gradient (both views and the mapping) compiled for `shape`."""
   grad = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1, 2)))
   program = grad.lower(shape, shape, mapping).compile()
   memory = program.memory_analysis()

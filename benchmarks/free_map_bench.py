@@ -1,4 +1,4 @@
-r"""Cost of formulations of the temperature-free map (Eq. 11) inside info_nce loss + grad.
+r"""Cost of formulations of the temperature-free mapping (Eq. 11) inside info_nce loss + grad.
 
 `mappings.temperature_free()` computes `log1p(c) - log1p(-c)` after a clamp. This compares, in
 one process with interleaved repeats, other forms of the same function (same clamp) and

@@ -13,10 +13,10 @@ minima over the repeats, measured in this one process (medians are printed too).
   `all`: symmetric tiles once), and the loss's ratio to that limit (`8/12` of the floor);
 * ours: `info_nce(z1, z2, mapping=..., negatives=..., symmetric=...)` and
   `sigmoid_loss(z1, z2, mapping=..., negatives=...)` with no `block_size` (the default call)
-  for `tau = 0.1` and the temperature-free map, loss and gradients of both views;
+  for `tau = 0.1` and the temperature-free mapping, loss and gradients of both views;
   `--mappings` adds learnable / dynamic / annealed rows and their ratios to `tau = 0.1`;
 * PyTorch eager, LightlySSL's NT-Xent formula (`benchmarks/torch_ntxent.py`), `tau = 0.1` and
-  the free map, when torch is installed (`pip install -e ".[bench]"`);
+  the free mapping, when torch is installed (`pip install -e ".[bench]"`);
 * `optax.losses.ntxent` (`tau = 0.1`) where XLA's memory estimate for its `[2N, 2N, D]`
   tensor fits `--optax_max_gib`.
 
@@ -45,14 +45,14 @@ def _ours(spec: str, mode: str):
   negatives, symmetric = MODES[mode]
 
   def loss(z1, z2, mapping):
-    if symmetric is None:  # SigLIP's loss, bias 0: the free map's closed form applies
+    if symmetric is None:  # SigLIP's loss, bias 0: the free mapping's closed form applies
       return losses.sigmoid_loss(z1, z2, mapping=mapping, negatives=negatives)
     return losses.info_nce(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric)
 
   if spec == "free_n":  # the loss fills in its own candidate count; no parameter
     grad = jax.jit(jax.value_and_grad(lambda z1, z2: loss(z1, z2, spec), argnums=(0, 1)))
     return grad
-  # Gradients reach both views and, for a learnable map, its t.
+  # Gradients reach both views and, for a learnable mapping, its t.
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
   mapping = mappings.from_spec(spec)
   return lambda z1, z2: grad(z1, z2, mapping)
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
           f"| {r(get('torch tau'), get(('all', 'tau=0.1')))} "
           f"| {r(get('torch free'), get(('all', 'free')))} "
           f"| {r(get('optax'), get(('all', 'tau=0.1')))} |")
-  print("\nThroughput, negatives='all', free map: the floor's GFLOP/s (12 N^2 D multiply-adds), "
+  print("\nThroughput, negatives='all', free mapping: the floor's GFLOP/s "
+        "(12 N^2 D multiply-adds), "
         "the loss's at the tiled count (8 N^2 D), and loss / (8/12 floor), the distance from "
         "the symmetric-tile limit:")
   print("| N | floor GFLOP/s | loss GFLOP/s | loss / tile limit |")

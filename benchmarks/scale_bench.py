@@ -57,19 +57,19 @@ def _views(n, d, dtype):
   return z1.astype(dtype), z2.astype(dtype)
 
 
-def _loss_fn(method, map_name, negatives, block_size, loss_name="info_nce"):
+def _loss_fn(method, mapping_name, negatives, block_size, loss_name="info_nce"):
   from tfcl_jax import losses, mappings
   if method == "optax":
     import jax.numpy as jnp
     import optax
-    tau = float(MAPPINGS[map_name].split("=")[1])
+    tau = float(MAPPINGS[mapping_name].split("=")[1])
 
     def optax_loss(z1, z2):
       labels = jnp.tile(jnp.arange(z1.shape[0]), 2)
       return optax.losses.ntxent(jnp.concatenate([z1, z2]), labels, temperature=tau)
 
     return optax_loss
-  mapping = mappings.from_spec(MAPPINGS[map_name])
+  mapping = mappings.from_spec(MAPPINGS[mapping_name])
 
   def loss(z1, z2):
     rows = z1.shape[0] * (2 if negatives == "all" else 1)
@@ -127,7 +127,7 @@ def dense_bytes(*, n, d, dtype, negatives, mapping="tau") -> int:
   (`_plain_dense_loss`), compiled but not run: what dense would need."""
   import jax
   import jax.numpy as jnp
-  del mapping  # the plan is the same for every elementwise map
+  del mapping  # the plan is the same for every elementwise mapping
   shape = jax.ShapeDtypeStruct((n, d), jnp.dtype(dtype))
   grad = jax.jit(jax.value_and_grad(_plain_dense_loss(negatives), (0, 1)))
   stats = grad.lower(shape, shape).compile().memory_analysis()
@@ -310,7 +310,7 @@ def main(argv=None):
   parser.add_argument("--n", type=int, default=2**17, help="pairs for --largest")
   parser.add_argument("--d", type=int, default=256, help="dimension for --largest")
   parser.add_argument("--loss", default="info_nce", choices=["info_nce", "sigmoid"],
-                      help="the loss of --largest: info_nce or sigmoid_loss (free map, b = 0)")
+                      help="the loss of --largest: info_nce or sigmoid_loss (free mapping, b = 0)")
   args = parser.parse_args(argv)
   if args.loss != "info_nce" and not args.largest:
     parser.error("--loss applies to --largest only")

@@ -148,7 +148,7 @@ def make_model(config, data: sequences.SequenceData) -> dcrec.DCRec:
       graph_dropout=config.graph_dropout, graph_dropout_at_eval=config.graph_dropout_at_eval)
 
 
-def make_train_step(config, model: dcrec.DCRec, loss: losses.LossSpec,
+def make_train_step(config, model: dcrec.DCRec, loss: losses.Loss,
                     graphs: dcrec_objective.DCRecGraphs, mesh):
   """DCRec's sharded train step on the training-phase `graphs`."""
   loss_fn = dcrec_objective.make_dcrec_loss(
@@ -157,7 +157,7 @@ def make_train_step(config, model: dcrec.DCRec, loss: losses.LossSpec,
   return training.make_train_step(loss_fn, mesh=mesh)
 
 
-def initial_state(config, model: dcrec.DCRec, loss: losses.LossSpec, example: dict,
+def initial_state(config, model: dcrec.DCRec, loss: losses.Loss, example: dict,
                   key: jax.Array, *, num_steps: int) -> training.TrainState:
   """The run's train state, its model initialised on one batch `example`."""
   return training.create_train_state(

@@ -47,7 +47,7 @@ row 0 of `info_nce(..., reduction="none")` and differentiates it in $C$."""),
 At the optimum $[1, -1]$ the positive's softmax probability is $\sigma(2/\tau) < 1$: logits live
 in $[-1/\tau, 1/\tau]$, an interval of finite length $2/\tau$. (The paper's text prints
 $\sigma(2\tau)$; its quoted values $\sigma(2) = 0.88$ at $\tau = 1$ and $\sigma(20) = 0.99$ at
-$\tau = 0.1$ are $\sigma(2/\tau)$.) The temperature-free map $\log\frac{1 + c}{1 - c}$ (Eq. 11)
+$\tau = 0.1$ are $\sigma(2/\tau)$.) The temperature-free mapping $\log\frac{1 + c}{1 - c}$ (Eq. 11)
 is unbounded; in floating point it stops at `mappings.max_free_logit`."""),
     ("code", """for tau in TAUS:
   print(f"tau = {tau:<5}: sigma(2/tau) = {float(analysis.softmax_ceiling(tau)):.10f},"
@@ -101,7 +101,7 @@ figures.plot(eq10)
 plt.show()
 print("max |Eq. 10 - autodiff| =", max_gap(eq10))
 print("|dL/dt| at C = 0:", np.asarray(analysis.eq10(0.0, np.array(ts))))"""),
-    ("md", r"""## Section 4: the temperature-free map (Eq. 11-13, Figure 5)
+    ("md", r"""## Section 4: the temperature-free mapping (Eq. 11-13, Figure 5)
 
 $$f(c) = \log\frac{1 + c}{1 - c} = 2\,\mathrm{artanh}(c) \quad (11)$$
 $$L_i = -\log \frac{(1 + C)^2}{(1 + C)^2 + (N - 1)(1 - C)^2} \quad (12), \qquad
@@ -136,7 +136,7 @@ plt.show()"""),
 The gradient of $L_i$ in the logit of negative $k$ is its softmax weight
 $w_k = e^{f(s_k)} / \sum_j e^{f(s_j)}$: harder negatives (larger $s_k$) are pushed more. In cosine,
 $\partial L_i / \partial s_k = w_k f'(s_k)$. With $c/\tau$ the weight grows like $e^{s/\tau}$;
-with the free map like $\left(\frac{1 + s}{1 - s}\right)^2$ and $f'(s) = 2/(1 - s^2)$ adds a
+with the free mapping like $\left(\frac{1 + s}{1 - s}\right)^2$ and $f'(s) = 2/(1 - s^2)$ adds a
 push that grows without bound for near-duplicate negatives. Below: an anchor with positive at
 $0.5$ and 16 negatives spread over $[-0.95, 0.95]$."""),
     ("code", """negatives = np.linspace(-0.95, 0.95, 16)

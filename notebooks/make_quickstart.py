@@ -18,7 +18,7 @@ Kim & Kim, *Temperature-Free Loss Function for Contrastive Learning* (arXiv 2501
 temperature to tune. This notebook
 
 1. drops `tfcl_jax.losses.info_nce` into a plain Flax/optax loop you might already have,
-2. trains SimCLR on scikit-learn's 8x8 digits with the temperature-free map against two fixed
+2. trains SimCLR on scikit-learn's 8x8 digits with the temperature-free mapping against two fixed
    temperatures, using `tfcl_jax.training`, and plots kNN accuracy and the gradient norm.
 
 Runs on a CPU in a couple of minutes.
@@ -134,7 +134,7 @@ ax1.legend()
 plt.tight_layout()
 plt.show()"""),
     ("md", r"""With `tau = 1` the logits live in `[-1, 1]` (Example 3.1's representational limit) and the
-gradient shrinks as training goes; the temperature-free map needs no `tau` and keeps a gradient
+gradient shrinks as training goes; the temperature-free mapping needs no `tau` and keeps a gradient
 until positives align (Eq. 13). For the full sweep (5 losses x 3 seeds, tables and plots):
 
 ```

@@ -15,9 +15,9 @@ CELLS = [
 Wang & Liu (CVPR 2021) read InfoNCE as a *hardness-aware* loss: a negative with similarity `s_k`
 is pushed in proportion to its softmax weight, so harder (more similar) negatives are pushed more,
 and the temperature sets how much more. This notebook draws that push per negative for fixed
-`tau`, DySTreSS's dynamic `tau(s)` and the temperature-free map of Kim & Kim (arXiv 2501.17683,
-Eq. 11), works out both limits `tau -> 0` and `tau -> inf`, and places the free map between them.
-The pushes are computed with `tfcl_jax.analysis.negative_gradients` (autodiff through the
+`tau`, DySTreSS's dynamic `tau(s)` and the temperature-free mapping of Kim & Kim (arXiv 2501.17683,
+Eq. 11), works out both limits `tau -> 0` and `tau -> inf`, and places the free mapping between
+them. The pushes are computed with `tfcl_jax.analysis.negative_gradients` (autodiff through the
 library's own `info_nce`) or, for `cos/tau`, `negative_weights / tau`.
 
 """ + nbtools.COLAB_NOTE),
@@ -49,7 +49,7 @@ One anchor, its positive at `s_+ = 0.8`, and one negative at every similarity of
 (all in the same softmax). `dL/ds_k = w_k f'(s_k)`, with `w_k` the negative's softmax weight
 (`analysis.negative_weights`). We plot each negative's share of the total push
 `g_k / sum_j g_j`: the *hardness profile* of the mapping. For `cos/tau` it is
-`exp(s/tau)` up to a constant; for the free map, `w_k f'(s_k) ~ (1+s)/(1-s) * 2/(1-s^2)
+`exp(s/tau)` up to a constant; for the free mapping, `w_k f'(s_k) ~ (1+s)/(1-s) * 2/(1-s^2)
 = 2/(1-s)^2`."""),
     ("code", """push, level_push = {}, {}
 for name, m in MAPS.items():  # one compiled gradient per mapping
@@ -68,7 +68,7 @@ plt.show()
 free = push["free"]
 closed = 2 / (1 - S) ** 2
 share, closed_share = free / free.sum(), closed / closed.sum()
-print("free map: max relative deviation of the push from 2/(1-s)^2 (up to a constant):",
+print("free mapping: max relative deviation of the push from 2/(1-s)^2 (up to a constant):",
       f"{np.max(np.abs(share - closed_share) / closed_share):.2e}")"""),
     ("md", r"""## 2. The limit `tau -> 0`: only the hardest negative counts
 
@@ -121,10 +121,10 @@ for tau in (10.0, 100.0, 1000.0):
         f"second order err={abs(loss - second):.2e}  push spread max/min={g.max() / g.min():.4f}")
 ratios = [f"{a / b:.1f}" for a, b in zip(errors, errors[1:], strict=False)]
 print("first-order error ratio per decade of tau:", ratios)"""),
-    ("md", r"""## 4. Where the free map sits
+    ("md", r"""## 4. Where the free mapping sits
 
 A fixed `tau` has the same *hardness contrast* everywhere: the push ratio between two negatives is
-`exp((s_2 - s_1)/tau)`. The free map's ratio is `((1 - s_1)/(1 - s_2))^2`, so its *equivalent
+`exp((s_2 - s_1)/tau)`. The free mapping's ratio is `((1 - s_1)/(1 - s_2))^2`, so its *equivalent
 temperature* between two similarity levels, `tau_eq = (s_2 - s_1) / log(g_2/g_1)`, changes along
 the sphere. Locally, `1/f'(s) = (1 - s^2)/2`: about 0.5 around `s = 0` (the high-temperature,
 near-equal-weight regime of Section 3), falling to 0 as `s -> 1` (the hardest-only regime of
@@ -153,14 +153,14 @@ ax.set(xlabel="similarity s", ylabel="local temperature", title="local temperatu
 ax.legend(fontsize=8)
 plt.show()
 free_tau = table["free"]
-print("free map equivalent tau falls with hardness:",
+print("free mapping equivalent tau falls with hardness:",
       all(a > b for a, b in zip(free_tau, free_tau[1:], strict=False)))"""),
     ("md", r"""## Reading
 
 * Fixed `tau` interpolates between the two limits with one knob: small `tau` pushes only the
   hardest negatives (and, Section 3 of the paper, starves everything else of gradient), large
   `tau` pushes all negatives equally, like the simple loss.
-* The free map is not one point on that line: it acts like `tau ~ 0.6` among easy negatives
+* The free mapping is not one point on that line: it acts like `tau ~ 0.6` among easy negatives
   (`s < 0`), `tau ~ 0.36` between 0 and 0.5, and `tau ~ 0.02` among near-duplicates
   (`0.9 < s < 0.99`). It is hardness-aware only at the top end.
 * Its push per negative grows as `2/(1-s)^2`, without bound as `s -> 1`; a fixed `tau`

@@ -43,7 +43,7 @@ def _embeddings(cosines):
 
 @jax.jit
 def _row0_losses(z1, z2, tau, t):
-  """info_nce's row-0 loss for cos/tau, exp(t) cos and the free map: one compile per N."""
+  """info_nce's row-0 loss for cos/tau, exp(t) cos and the free mapping: one compile per N."""
   row0 = lambda mapping: losses.info_nce(z1, z2, mapping=mapping, reduction="none")[0]
   return (row0(mappings.temperature(tau)), row0(mappings.learnable_temperature(t=t)),
           row0(mappings.temperature_free()))
@@ -255,7 +255,7 @@ class BadInputTest(chex.TestCase):
       analysis.eq10(0.5, np.inf)
     with pytest.raises(TypeError, match="mapping must be a callable"):
       analysis.gradient_scale(0.1, 0.5, 2)
-    with pytest.raises(ValueError, match="Invalid map spec 'fre'"):
+    with pytest.raises(ValueError, match="Invalid mapping spec 'fre'"):
       analysis.gradient_scale("fre", 0.5, 2)
     with pytest.raises(ValueError, match="cos_negatives must have a last axis"):
       analysis.negative_weights(free, 0.5, 0.2)

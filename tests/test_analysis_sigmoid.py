@@ -44,7 +44,7 @@ def test_closed_forms_equal_autodiff(N):
 
 def test_what_the_closed_forms_say():
   C = np.array([0.0, 0.5, 1.0])
-  # Free map, b = 0: N / (1 + C): never vanishing, N / 2 at the optimum.
+  # Free mapping, b = 0: N / (1 + C): never vanishing, N / 2 at the optimum.
   np.testing.assert_allclose(sigmoid.sigmoid_gradient_scale_free(C, 8), 8 / (1 + C), rtol=1e-12)
   # Best bias at C = 1: b = -log(N - 1)/2 leaves sqrt(N - 1); k = 2 leaves 0.
   best = -0.5 * np.log(7.0)

@@ -70,7 +70,7 @@ def _run(tmp_path, *extra):
                             "--blocks", "16", "--launches", "16:4:2", "--repeats", "1",
                             "--floor_repeats", "1", "--max_seconds", "0.1",
                             "--pallas_cpu_max", "32", "--no_torch", "--no_inf_cl",
-                            "--check_maps", "tau=0.07", *extra])
+                            "--check_mappings", "tau=0.07", *extra])
 
 
 def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):

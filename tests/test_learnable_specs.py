@@ -1,4 +1,4 @@
-"""A map with trainable params named by a spec string: every loss refuses it with the fix, and
+"""A mapping with trainable params named by a spec string: every loss refuses it with the fix, and
 the two ways that hold the params (a bound `Mapping`, a loss spec with `params=`) train them.
 
 A string is rebuilt at its initial values on every call, so `mapping="learnable_free=100"`
@@ -56,7 +56,7 @@ def test_a_learnable_spec_string_is_refused_with_the_fix(loss, spec):
   canonical = mappings.from_spec(spec).spec
   assert f"mappings.from_spec({canonical!r})" in message and "m.bind(params=" in message
   assert f"losses.from_spec({canonical!r})" in message
-  # The fix the message names runs: the map built once, bound to its params.
+  # The fix the message names runs: the mapping built once, bound to its params.
   built = mappings.from_spec(spec)
   assert np.isfinite(LOSSES[loss](z1, z2, built.bind(params=built.params)))
 
@@ -69,7 +69,7 @@ def test_a_spec_string_without_params_still_works(loss, spec):
 
 
 def test_the_refused_string_would_never_have_trained():
-  # What the refusal prevents: at t = 0 the learnable free map is the free map itself, and a
+  # What the refusal prevents: at t = 0 the learnable free mapping is the free mapping itself, and a
   # string is built at t = 0 on every call.
   z1, z2 = _views()
   at_start = mappings.from_spec("learnable_free=100")
@@ -108,8 +108,8 @@ def test_a_loss_spec_needs_its_params_and_trains_them(spec):
 
 @pytest.mark.parametrize("spec", LEARNABLE)
 def test_a_map_built_inside_a_trace_keeps_its_spec(spec):
-  # A map built under jit (as the sharded losses build it, inside shard_map) names the same
-  # map: CLIP's cap included.
+  # A mapping built under jit (as the sharded losses build it, inside shard_map) names the same
+  # mapping: CLIP's cap included.
   traced = []
   jax.jit(lambda: traced.append(mappings.from_spec(spec).spec))()
   assert traced == [mappings.from_spec(spec).spec]

@@ -1,4 +1,4 @@
-"""Input checks of the losses: an empty feature axis (D = 0), and the map's parameters under
+"""Input checks of the losses: an empty feature axis (D = 0), and the mapping's parameters under
 `check_finite` (a traced tau <= 0, a non-finite learnable t, schedule or bias), against
 NumPy references of the losses written here."""
 
@@ -127,7 +127,7 @@ class EmptyFeaturesTest(chex.TestCase):
                                 rtol=1e-6)
 
 
-# -- the map's parameters under `check_finite=True` -------------------------------------------
+# -- the mapping's parameters under `check_finite=True` -------------------------------------------
 
 
 def _checked(loss, mapping_of):
@@ -211,7 +211,7 @@ class TracedTemperatureTest(parameterized.TestCase):
       with pytest.raises(ValueError, match=rf"^check_finite=True checks concrete values, but "
                          rf"{traced} is traced .* check_finite='checkify' .*checkify.checkify"):
         transform(lambda a: loss(a, z2, check_finite=True))(z1)
-    # The map's traced parameter, with concrete embeddings.
+    # The mapping's traced parameter, with concrete embeddings.
     with pytest.raises(ValueError, match=r"but the parameter tau of mapping 'tau=<traced>' is "
                                          r"traced"):
       jax.jit(lambda tau: loss(z1, z2, mapping=mappings.temperature(tau),
@@ -240,7 +240,7 @@ class OtherMapParametersTest(parameterized.TestCase):
       return losses.info_nce(z1, z2, mapping=m, check_finite=check_finite)
 
     bad = base.bind(params={"t": jnp.asarray(jnp.nan)})
-    error, _ = checkify.checkify(jax.jit(loss))(bad)  # the map's params are traced leaves
+    error, _ = checkify.checkify(jax.jit(loss))(bad)  # the mapping's params are traced leaves
     assert error.get().startswith(
         "t must be finite (check_finite), got nan (mapping 'learnable=0.5')")
     with pytest.raises(ValueError, match=r"^t must be finite \(check_finite\), got nan"):
@@ -276,7 +276,7 @@ class OtherMapParametersTest(parameterized.TestCase):
                                                     check_finite="checkify", **kw))
       error, _ = checkify.checkify(loss)(kw)
       assert error.get().startswith(f"{name} must be finite (check_finite)")
-    # The bias does not hide the map's own check.
+    # The bias does not hide the mapping's own check.
     error, _ = _checked(lambda a, b, **kw: losses.sigmoid_loss(a, b, bias=jnp.asarray(-1.0),
                                                                **kw), mappings.temperature)(0.0)
     assert error.get().startswith("tau must be finite and > 0")
@@ -290,7 +290,7 @@ class OtherMapParametersTest(parameterized.TestCase):
       return [(check.name, check.requirement, bool(check.valid))
               for check in m.parameter_checks()]
 
-    # Concrete parameters are checked when the map is built: nothing left to check.
+    # Concrete parameters are checked when the mapping is built: nothing left to check.
     for m in (mappings.temperature_free(), mappings.temperature(0.5),
               mappings.dynamic_temperature(0.1, 0.2), mappings.as_mapping(lambda c: 3.0 * c)):
       assert declared(m) == [], m.spec

@@ -56,12 +56,12 @@ def test_call_is_the_named_loss():
 
 @pytest.mark.parametrize("text, message", [
     ("tau=0.1/b=1", "only a sigmoid loss"),
-    ("sigmoid", "expected sigmoid/<map>"),
+    ("sigmoid", "expected sigmoid/<mapping>"),
     ("sigmoid/free/c=1", "not b=<init> or learn_b=<init>"),
     ("sigmoid/free/b=x", "not a number"),
     ("sigmoid/tau=0.1/learn_b=prior", "needs num_candidates"),
     ("sigmoid/tau=-1", "tau"),
-    ("sigmoid/free/b=1/c", "expected sigmoid/<map>"),
+    ("sigmoid/free/b=1/c", "expected sigmoid/<mapping>"),
 ])
 def test_bad_specs_name_the_problem(text, message):
   with pytest.raises(ValueError, match=message):
@@ -98,7 +98,7 @@ def test_canonical_spec_is_the_built_spec(text, canonical):
   loss = losses.from_spec(text, num_candidates=8)
   assert loss.spec == canonical
   assert losses.from_spec(loss.spec, num_candidates=8).spec == canonical  # round trip
-  if loss.mapping is not None:  # the map part of the spec is the map's own spec
+  if loss.mapping is not None:  # the mapping part of the spec is the mapping's own spec
     assert loss.mapping.spec in canonical
 
 
@@ -165,12 +165,12 @@ def test_call_checks_log_q_and_negatives():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("clip:sigmoid/free", "clip: takes a map spec"),
+    ("clip:sigmoid/free", "clip: takes a mapping spec"),
     ("clip:free+logq", "scores both directions"),
     ("sigmoid/free+logq", "scores both directions"),
-    ("clip:dot", "'dot' is not a map spec"),
+    ("clip:dot", "'dot' is not a mapping spec"),
     ("tua=1", "Accepted forms"),
-    ("tua=1", "where <map> is a map spec"),
+    ("tua=1", "where <mapping> is a mapping spec"),
 ])
 def test_bad_retrieval_forms_name_the_problem(text, message):
   with pytest.raises(ValueError, match=message):
@@ -190,4 +190,4 @@ def test_bad_retrieval_forms_name_the_problem(text, message):
 ])
 def test_loss_spec_fields_are_checked(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    losses.LossSpec("x", **kwargs)
+    losses.Loss("x", **kwargs)

@@ -19,7 +19,7 @@ from tfcl_jax import losses, mappings
 DTYPES = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
 MODES = (("cross", False), ("cross", True), ("all", False))  # (negatives, symmetric)
 
-# NumPy versions of the maps, written independently of tfcl_jax.mappings.
+# NumPy versions of the mappings, written independently of tfcl_jax.mappings.
 NUMPY_MAPS = {
     "tau=0.1": lambda c: c / 0.1,
     "tau=0.02": lambda c: c / 0.02,  # below 1/30: the engine takes the running-max path
@@ -112,7 +112,7 @@ def _dense_reference_loss(z1, z2, logit_map, negatives, symmetric):
       rows = jnp.concatenate([rows, jax.nn.logsumexp(logits, axis=0) - jnp.diag(logits)])
     return rows.mean()
   u = jnp.concatenate([u1, u2])
-  self_pairs = jnp.eye(2 * n, dtype=bool)  # masked before the map: f(1) is inf for Eq. 11
+  self_pairs = jnp.eye(2 * n, dtype=bool)  # masked before the mapping: f(1) is inf for Eq. 11
   logits = jnp.where(self_pairs, -jnp.inf, logit_map(jnp.where(self_pairs, 0.0, u @ u.T)))
   positive = logits[jnp.arange(2 * n), (jnp.arange(2 * n) + n) % (2 * n)]
   return (jax.nn.logsumexp(logits, axis=1) - positive).mean()
@@ -197,9 +197,9 @@ def test_every_loss_takes_a_spec_string_as_its_mapping(spec):
 
 def test_a_mapping_that_is_no_spec_and_no_callable_is_refused_by_name():
   z1, z2 = random_pair(4, 3)
-  with pytest.raises(ValueError, match="Invalid map spec 'fre'"):
+  with pytest.raises(ValueError, match="Invalid mapping spec 'fre'"):
     losses.info_nce(z1, z2, mapping="fre")
-  with pytest.raises(TypeError, match="mapping must be .* a map spec string"):
+  with pytest.raises(TypeError, match="mapping must be .* a mapping spec string"):
     losses.info_nce(z1, z2, mapping=0.1)
 
 
@@ -313,7 +313,7 @@ class EdgeCaseTest(chex.TestCase):
 
   def test_positive_at_cos_one_beats_tau_bound(self):
     # Example 3.1: at [1, -1] the positive's probability is sigmoid(2 / tau) for division by
-    # tau; the free map gets much closer to one.
+    # tau; the free mapping gets much closer to one.
     z1 = np.array([[1.0, 0.0], [-1.0, 0.0]], np.float32)
     loss_tau = losses.info_nce(z1, z1, mapping=mappings.temperature(0.1))
     loss_free = losses.info_nce(z1, z1)
@@ -356,7 +356,7 @@ def test_mapping_passes_through_jit_and_optax_updates_it():
   updates, _ = optimizer.update(grad, optimizer.init(mapping))
   moved = optax.apply_updates(mapping, updates)
   np.testing.assert_allclose(moved.params["t"], t - 0.1 * grad.params["t"], rtol=1e-6)
-  assert loss._cache_size() == 1  # same spec and form: one compilation for both maps
+  assert loss._cache_size() == 1  # same spec and form: one compilation for both mappings
 
 
 def test_vmap_over_batches_of_pairs():

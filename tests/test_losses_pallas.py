@@ -1,5 +1,5 @@
 """The fused kernels (`info_nce(..., implementation="pallas")`, interpreted on CPU) against the
-XLA engine and a NumPy reference: values and gradients (embeddings and the map's parameters),
+XLA engine and a NumPy reference: values and gradients (embeddings and the mapping's parameters),
 ragged N and D, D held whole and in chunks, masks, extra negatives, every mapping with scalar
 parameters, bfloat16 inputs (raw rows in the kernels);
 the Triton backend (GPUs, what a CPU runs) and the Mosaic backend (TPUs, forced here)."""
@@ -67,7 +67,7 @@ def _grad(mode, where, bank):
 
 
 # Every mapping on the two hardest modes (masked NT-Xent; the two-tower loss with a bank),
-# every mode under the learnable map (its parameter's gradient takes every path).
+# every mode under the learnable mapping (its parameter's gradient takes every path).
 CASES = ([(name, "all-masked") for name in MAPPINGS]
          + [(name, "symmetric-bank") for name in MAPPINGS if name != "learnable"]
          + [("learnable", mode) for mode in MODES if mode != "all-masked"])
@@ -84,7 +84,7 @@ def test_pallas_equals_xla_values_and_gradients(name, mode):
 
 # Tiles that serve both their sides: `all`'s pairs of blocks once each (an even number of
 # blocks has pairs at distance nb / 2, formed by one program of the two), the two-tower loss's
-# columns from the row pass (closed forms: tau, free); maps with and without a closed form.
+# columns from the row pass (closed forms: tau, free); mappings with and without a closed form.
 EVEN_CASES = [("free", "all", 48), ("learnable", "all-masked", 64), ("tau", "symmetric", 64),
               ("dynamic", "cross-masked-bank", 64), ("free", "symmetric", 16)]
 
@@ -122,7 +122,7 @@ def test_tpu_kernels_equal_xla_values_and_gradients(name, mode, rows, monkeypatc
 
 
 def test_a_traced_temperature_closed_over_by_the_map_gets_its_gradient():
-  # A schedule evaluated outside the loss: the map closes over a traced tau.
+  # A schedule evaluated outside the loss: the mapping closes over a traced tau.
   z1, z2, _, _ = _views()
 
   def loss(tau, implementation):

@@ -12,7 +12,7 @@ from absl.testing import parameterized
 from tfcl_jax import losses, mappings
 from tfcl_jax.losses import _engine, _tiles
 
-# NumPy maps, written independently of tfcl_jax.mappings.
+# NumPy mappings, written independently of tfcl_jax.mappings.
 NUMPY_MAPS = {
     "tau=0.1": lambda c: c / 0.1,
     "tau=0.02": lambda c: c / 0.02,

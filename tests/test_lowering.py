@@ -75,10 +75,10 @@ def _info_nce_report(mapping, mode, implementation, n, d, dtype, platform):
   return lowering.inspect(lowering.lower(grad, *args, platform=platform), platform=platform)
 
 
-# The map is code inside the tile, the mode the kernels around it: each map lowers in two modes,
-# the k-th map in mode k for GPUs and in mode k + 2 for TPUs (cyclically), both by each
-# implementation. Every map and every mode is so lowered for both platforms by both
-# implementations, and every mode with three or four maps.
+# The mapping is code inside the tile, the mode the kernels around it: each mapping lowers in two
+# modes, the k-th mapping in mode k for GPUs and in mode k + 2 for TPUs (cyclically), both by each
+# implementation. Every mapping and every mode is so lowered for both platforms by both
+# implementations, and every mode with three or four mappings.
 _MODE_NAMES = list(MODES)
 CASES = [(name, _MODE_NAMES[(k + shift) % len(MODES)], implementation, platform)
          for k, name in enumerate(MAPPINGS)
@@ -150,7 +150,7 @@ def test_sigmoid_and_supervised_losses_lower(n, d, dtype):
     return losses.supervised_info_nce(z, jnp.arange(z.shape[0]) % 100, mapping=mapping)
 
   mapping = MAPPINGS[("tau", "free", "clip")[index % 3]]
-  # One platform each, swapped from size to size: every spec, negatives, map and N lowers for
+  # One platform each, swapped from size to size: every spec, negatives, mapping and N lowers for
   # both.
   first = (index % 4 + index // 4) % 2
   sigmoid_platform, supervised_platform = PLATFORMS[first], PLATFORMS[1 - first]

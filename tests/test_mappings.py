@@ -149,7 +149,7 @@ class DynamicTemperatureTest(parameterized.TestCase):
 
   @parameterized.parameters((np.float64, 1e-14), (np.float32, 2e-6))
   def test_tau_formula_and_stop_gradient(self, dtype, rtol):
-    # The map's Taylor series for tau against the cosine formula, on a fine grid of [-1, 1]
+    # The mapping's Taylor series for tau against the cosine formula, on a fine grid of [-1, 1]
     # and a few ulps past +-1 (where a normalised vector's self-similarity can land).
     eps = np.finfo(dtype).eps
     s = np.concatenate([np.linspace(-1, 1, 4001), [-1 - 4 * eps, 1 + 4 * eps]]).astype(dtype)
@@ -266,7 +266,7 @@ def test_mappings_are_pytrees_whose_leaves_are_the_learnable_scalars():
   rebuilt = jax.tree.unflatten(treedef, leaves)
   assert rebuilt.spec == learnable.spec and float(rebuilt(0.5)) == float(learnable(0.5))
   assert jax.tree.leaves(mappings.temperature(0.5)) == []
-  # Built-in maps of equal hyperparameters have equal static parts: jit compiles once.
+  # Built-in mappings of equal hyperparameters have equal static parts: jit compiles once.
   assert (jax.tree.structure(mappings.temperature(0.5))
           == jax.tree.structure(mappings.from_spec("tau=0.5")))
   traced = jax.jit(lambda m, c: m(c))
@@ -286,7 +286,7 @@ def test_logit_scale_is_the_factor_of_temperature_maps_cap_included():
   capped = mappings.from_spec("learnable=0.07:100")
   assert float(mappings.logit_scale(capped, params={"t": jnp.log(50.0)})) == pytest.approx(50.0)
   assert float(mappings.logit_scale(capped, params={"t": jnp.log(400.0)})) == 100.0
-  # The scale is what the map multiplies a cosine by.
+  # The scale is what the mapping multiplies a cosine by.
   assert float(capped(0.5, params={"t": jnp.log(400.0)})) == pytest.approx(50.0)
 
 
@@ -317,11 +317,11 @@ def test_as_mapping_reads_spec_strings():
 
 
 class MapFunctionContractTest(parameterized.TestCase):
-  """A map's optional forms are a declared contract (`MapFunction`), not looked up by name."""
+  """A mapping's optional forms are declared (`MappingFunction`), not looked up by name."""
 
   def test_a_plain_function_is_wrapped_and_declares_nothing(self):
     m = mappings.Mapping("double", lambda cos, params, step: 2.0 * cos)
-    assert isinstance(m.fn, mappings.MapFunction)
+    assert isinstance(m.fn, mappings.MappingFunction)
     assert m.exp_form(jnp.float32) is None and m.log_sigmoid_form(jnp.float32) is None
     assert m.parameter_checks() == ()
     np.testing.assert_allclose(m(jnp.asarray([0.25, -0.5])), [0.5, -1.0])
@@ -329,18 +329,18 @@ class MapFunctionContractTest(parameterized.TestCase):
       mappings.logit_scale(m)
 
   def test_a_map_function_must_be_callable(self):
-    class NoCall(mappings.MapFunction):
+    class NoCall(mappings.MappingFunction):
       pass
 
     with pytest.raises(TypeError, match="abstract"):
       NoCall()
-    with pytest.raises(TypeError, match="fn must be a MapFunction or a callable"):
+    with pytest.raises(TypeError, match="fn must be a MappingFunction or a callable"):
       mappings.Mapping("three", 3)
 
   def test_what_a_user_map_declares_reaches_the_library(self):
     # 3 cos with its closed form exp(3c - 3) and scale 3: the loss through the declared form
     # equals the NumPy loss, and logit_scale reads the declaration.
-    class Triple(mappings.MapFunction):
+    class Triple(mappings.MappingFunction):
       def __call__(self, cos, params, step):
         return 3.0 * cos
 

@@ -98,7 +98,7 @@ def test_center_is_normalised_mean_of_unit_features_and_scale_invariant():
 
 
 def _msc_reference(out_1, out_2, center, logit):
-  """MSC's `run_epoch` + `contrastive_loss` (Reiss & Hoshen's code) in NumPy, any logit map."""
+  """MSC's `run_epoch` + `contrastive_loss` (Reiss & Hoshen's code) in NumPy, any logit mapping."""
   out_1, out_2 = _normalize(out_1) - center, _normalize(out_2) - center
   angular = (out_1**2).sum(1).mean() + (out_2**2).sum(1).mean()
   u1, u2 = _normalize(out_1), _normalize(out_2)

@@ -19,6 +19,6 @@ def test_temperature_hardness_notebook_runs(tmp_path):
   # The notebook's own checks of the closed form and of both limits.
   deviation = float(printed.split("(up to a constant):")[1].split()[0])
   assert deviation < 1e-6
-  assert "free map equivalent tau falls with hardness: True" in printed
+  assert "free mapping equivalent tau falls with hardness: True" in printed
   ratios = printed.split("first-order error ratio per decade of tau:")[1].splitlines()[0]
   assert all(90 < float(r.strip(" '[]")) < 110 for r in ratios.split(","))  # error ~ tau^-2

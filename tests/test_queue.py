@@ -42,7 +42,7 @@ def test_queue_feeds_info_nce_and_takes_no_gradient():
   value, grad = jax.jit(jax.value_and_grad(loss))(z1)
   filled = losses.info_nce(z1, z2, extra_negatives=jnp.concatenate([z1[2:], z1, z1[:0]]))
   # Slots: z1[2:], then z1 wraps round. Rows of one direction at cosines near 1, where the free
-  # map's slope 2 / (1 - c^2) turns a float32 rounding of c into ~1e-5 of a logit: two
+  # mapping's slope 2 / (1 - c^2) turns a float32 rounding of c into ~1e-5 of a logit: two
   # compiled programs agree to a few ulp of that.
   np.testing.assert_allclose(value, filled, rtol=1e-5)
   chex.assert_tree_all_finite(grad)

@@ -211,7 +211,7 @@ def test_ids_only_tower_is_its_table_and_bags_average_their_tokens():
 ])
 def test_objective_feeds_the_library_loss(text, symmetric):
   """The towers' embeddings of the batch's users and items, gathered by the objective, scored
-  by the loss itself (`LossSpec.__call__`) with the batch's padding and log q."""
+  by the loss itself (`Loss.__call__`) with the batch's padding and log q."""
   model = towers.TwoTower(
       towers.Tower(vocab_sizes={"user_id": 5}, categorical=("user_id",), dim=8),
       towers.Tower(vocab_sizes={"item_id": 9}, categorical=("item_id",), dim=8))

@@ -1,5 +1,5 @@
-"""The scaled free maps (`learnable_free`, `n_aware_free`): values and closed forms against NumPy,
-free at the start / at N = 2, gradient scales against the closed forms (Eq. 10 and 13 with a
+"""The scaled free mappings (`learnable_free`, `n_aware_free`): values and closed forms against
+NumPy, free at the start / at N = 2, gradient scales against the closed forms (Eq. 10 and 13 with a
 scale), InfoNCE against a dense NumPy reference, the Pallas kernels against the XLA engine,
 specs and their errors, finite values and gradients at cos = +-1."""
 
@@ -83,7 +83,7 @@ def test_exp_form_is_absent_where_one_shift_cannot_hold_the_logits():
   assert m.exp_form(jnp.dtype(jnp.float32)) is None
   with jax.enable_x64(True):
     assert m.exp_form(jnp.dtype(jnp.float64)) is not None
-  # Learnable maps take their gradient through the map, as learnable_temperature does.
+  # Learnable mappings take their gradient through the mapping, as learnable_temperature does.
   assert mappings.learnable_free().exp_form(jnp.dtype(jnp.float32)) is None
   assert mappings.learnable_free().log_sigmoid_form(jnp.dtype(jnp.float32)) is None
 
@@ -115,7 +115,7 @@ def test_at_the_start_and_at_two_candidates_they_are_free_exactly():
   z2 = z1 + 0.5 * jax.random.normal(jax.random.key(1), (12, 8))
   for negatives in ("cross", "all"):
     free_loss = losses.info_nce(z1, z2, negatives=negatives)
-    # N = 2 sums free's own closed form; the learnable map takes the running maximum instead.
+    # N = 2 sums free's own closed form; the learnable mapping takes the running maximum instead.
     n_aware = mappings.n_aware_free(num_candidates=2)
     np.testing.assert_array_equal(losses.info_nce(z1, z2, mapping=n_aware, negatives=negatives),
                                   free_loss)
@@ -268,8 +268,8 @@ def test_info_nce_with_a_shifted_or_no_closed_form_matches_numpy(n):
 
 
 def test_n_aware_free_takes_the_closed_form_in_the_engine(monkeypatch):
-  """The tiled engine sums exp_form's weights (no map call) for free_n: the map's fn is never
-  traced inside the tiles, and the result matches the running-maximum path."""
+  """The tiled engine sums exp_form's weights (no mapping call) for free_n: the mapping's fn is
+  never traced inside the tiles, and the result matches the running-maximum path."""
   from tfcl_jax.losses import _tiles  # noqa: PLC0415
 
   m = mappings.n_aware_free(num_candidates=16)
@@ -280,7 +280,7 @@ def test_n_aware_free_takes_the_closed_form_in_the_engine(monkeypatch):
   monkeypatch.setattr(_tiles, "_logits", lambda *a: calls.append(1) or original(*a))
   fast = jax.value_and_grad(lambda a: losses.info_nce(a, z2, mapping=m, block_size=8))(z1)
   assert not calls
-  plain = mappings.as_mapping(lambda c: m(c))  # the same map with no closed form
+  plain = mappings.as_mapping(lambda c: m(c))  # the same mapping with no closed form
   slow = jax.value_and_grad(lambda a: losses.info_nce(a, z2, mapping=plain, block_size=8))(z1)
   assert calls
   chex.assert_trees_all_close(fast, slow, rtol=2e-5, atol=1e-6)
@@ -309,8 +309,8 @@ PALLAS_MODES = {
 }
 
 
-# Each map in one mode, alternating (the map is code inside the tile; tests/test_losses_pallas.py
-# runs every mode), and free_n and learnable_free in both.
+# Each mapping in one mode, alternating (the mapping is code inside the tile;
+# tests/test_losses_pallas.py runs every mode), and free_n and learnable_free in both.
 PALLAS_CASES = [(name, list(PALLAS_MODES)[k % 2]) for k, name in enumerate(PALLAS_MAPS)] + [
     ("free_n", "symmetric"), ("learnable_free", "all-masked")]
 
@@ -355,7 +355,7 @@ def test_specs_parse_build_and_round_trip():
   assert mappings.learnable_free(max_scale=100).spec == "learnable_free=100"
   assert mappings.learnable_free().spec == "learnable_free"
   assert mappings.n_aware_free(num_candidates=511).spec == "free_n=511"
-  # The map spec `free_n=N` is the same map as the loss's `free_n` with num_candidates=N.
+  # The mapping spec `free_n=N` is the same mapping as the loss's `free_n` with num_candidates=N.
   cos = jnp.asarray(COS, jnp.float32)
   np.testing.assert_array_equal(mappings.from_spec("free_n=511")(cos), loss.mapping(cos))
 

@@ -38,7 +38,7 @@ def mesh8():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"losses": "tau=0.1,warm"}, "'warm' is not a map spec"),
+    ({"losses": "tau=0.1,warm"}, "'warm' is not a mapping spec"),
     ({"losses": "tau=-1"}, "tau must be a finite number > 0"),
     ({"dataset": "mnist"}, "Unknown dataset 'mnist'"),
     ({"mode": "grid"}, "config.mode must be one of"),

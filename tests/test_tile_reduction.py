@@ -24,24 +24,24 @@ class _ScoredLogitSum(_tiles.TileReduction):
   def fast_form(self, mapping, dtype):
     return None
 
-  def init(self, num, dtype, tile_map):
+  def init(self, num, dtype, tile_mapping):
     return (jnp.zeros((num,), dtype),)
 
   def finish(self, stats):
     return stats[0]
 
-  def forward(self, tile_map, args, a, b, row_stats, col_stats, use_cols):
+  def forward(self, tile_mapping, args, a, b, row_stats, col_stats, use_cols):
     cos = a.vectors @ b.vectors.T
-    terms = jnp.where(_tiles.pair_mask(a, b), tile_map.fn(cos, args.params, args.step,
+    terms = jnp.where(_tiles.pair_mask(a, b), tile_mapping.fn(cos, args.params, args.step,
                                                          *args.consts), 0.0)
     row_stats = (row_stats[0] + terms.sum(axis=1),)
     if use_cols is not None:
       col_stats = (col_stats[0] + jnp.where(use_cols, terms.sum(axis=0), 0.0),)
     return row_stats, col_stats
 
-  def backward(self, tile_map, args, a, b, row_out, row_g, col_out, col_g):
+  def backward(self, tile_mapping, args, a, b, row_out, row_g, col_out, col_g):
     cos = a.vectors @ b.vectors.T
-    _, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
+    _, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
                      *args.consts)
     dlogits = jnp.where(_tiles.pair_mask(a, b), row_g[:, None] + col_g[None, :], 0.0)
     dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))

@@ -22,7 +22,7 @@ from tfcl_jax.models import gcn
 from tfcl_jax.objectives import grace as grace_objective
 
 
-def parse_spec(spec: str, num_nodes: int) -> losses.LossSpec:
+def parse_spec(spec: str, num_nodes: int) -> losses.Loss:
   """`losses.from_spec` for GRACE's loss: every node's two views, `negatives="all"`."""
   return losses.from_spec(spec, num_candidates=losses.num_candidates(num_nodes, negatives="all"))
 
@@ -41,7 +41,7 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 
 def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
-          loss: losses.LossSpec, key: jax.Array
+          loss: losses.Loss, key: jax.Array
           ) -> tuple[gcn.GRACE, training.TrainState, gcn.Propagation]:
   """The run's model, initial train state (the model initialised with `key`) and full-graph
   propagation."""
@@ -56,7 +56,7 @@ def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphB
   return model, state, full
 
 
-def make_train_step(config, model: gcn.GRACE, loss: losses.LossSpec, mesh):
+def make_train_step(config, model: gcn.GRACE, loss: losses.Loss, mesh):
   """GRACE's full-batch train step: the whole graph is one replicated batch."""
   loss_fn = grace_objective.make_grace_loss(model, loss, edge_rate=config.edge_rate,
                                             feature_rate=config.feature_rate,

@@ -104,7 +104,7 @@ def make_optimizer(config: ml_collections.ConfigDict, params, *, total_steps: in
   return msc.freeze(tx, params, frozen=_frozen(config))
 
 
-def make_train_step(config: ml_collections.ConfigDict, encoder, loss: losses.LossSpec, mesh,
+def make_train_step(config: ml_collections.ConfigDict, encoder, loss: losses.Loss, mesh,
                     augment_fn):
   """MSC's sharded fine-tuning step (`objectives.msc`, `training.make_train_step`)."""
   loss_fn = msc_objective.make_msc_loss(encoder, loss=loss, augment=augment_fn,
@@ -206,7 +206,7 @@ class Trainer:
       self._tx = make_optimizer(self.config, params, total_steps=self.max_steps)
     return self._tx
 
-  def train_step(self, loss: losses.LossSpec):
+  def train_step(self, loss: losses.Loss):
     if loss.spec not in self._steps:
       self._steps[loss.spec] = make_train_step(self.config, self.encoder, loss, self.mesh,
                                                   self.images.augment)

@@ -137,7 +137,7 @@ def make_evaluator(model: towers.TwoTower, data: Data, *, cosine: bool):
   return evaluate
 
 
-def _scale(loss_params, loss: losses.LossSpec) -> float:
+def _scale(loss_params, loss: losses.Loss) -> float:
   """The logit scale a learnable map applies (`min(exp(t), cap)`), NaN for other maps."""
   if "t" not in loss_params:
     return float("nan")
@@ -158,7 +158,7 @@ def popularity_row(config, data: Data, run: plan.Run) -> dict:
           "seconds_per_epoch": 0.0, **{f"scale@{e}": nan for e in range(1, config.epochs + 1)}}
 
 
-def build(config, data: Data, loss: losses.LossSpec, example: dict, key: jax.Array, *,
+def build(config, data: Data, loss: losses.Loss, example: dict, key: jax.Array, *,
           mesh, num_steps: int):
   """`(model, initial train state, train step)` of one run, the model initialised on the
   batch `example`."""

@@ -142,14 +142,14 @@ def make_optimizer(config: ml_collections.ConfigDict, *, batch_size: int, steps_
       momentum=config.momentum, weight_decay=config.weight_decay)
 
 
-def make_train_step(config: ml_collections.ConfigDict, model, loss: losses.LossSpec, mesh,
+def make_train_step(config: ml_collections.ConfigDict, model, loss: losses.Loss, mesh,
                     augment_fn):
   """The sharded train step of `config.objective` (`make_loss_fn`,
   `training.make_train_step`)."""
   return step.make_train_step(make_loss_fn(config, model, loss, augment_fn), mesh=mesh)
 
 
-def make_loss_fn(config: ml_collections.ConfigDict, model, loss: losses.LossSpec, augment_fn):
+def make_loss_fn(config: ml_collections.ConfigDict, model, loss: losses.Loss, augment_fn):
   """The `loss_fn` of `config.objective` (`objectives.simclr.make_simclr_loss`: SimCLR, or
   SupCon in the form `OBJECTIVES` names)."""
   return simclr.make_simclr_loss(model, loss=loss, augment=augment_fn,
@@ -221,7 +221,7 @@ class Trainer:
           self.config, batch_size=batch_size, steps_per_epoch=self.steps_per_epoch(batch_size))
     return self._optimizers[batch_size]
 
-  def train_step(self, loss: losses.LossSpec):
+  def train_step(self, loss: losses.Loss):
     if loss.spec not in self._steps:
       self._steps[loss.spec] = make_train_step(self.config, self.model, loss, self.mesh,
                                                self.images.augment)

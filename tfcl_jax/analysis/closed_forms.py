@@ -1,5 +1,5 @@
 r"""Closed forms of Section 3-4's examples: losses (Eq. 3, 6, 9, 12) and gradient scales (Eq. 4, 7,
-10, 13, and Eq. 10 and 13 for a scaled free map) at the cosine pattern [C, -C, ..., -C], plus
+10, 13, and Eq. 10 and 13 for a scaled free mapping) at the cosine pattern [C, -C, ..., -C], plus
 Example 3.1's softmax ceiling.
 
 All functions broadcast over their array arguments (C, tau, N, t) like NumPy ufuncs.
@@ -264,7 +264,7 @@ def scaled_free_gradient_scale(C: jax.typing.ArrayLike, N: jax.typing.ArrayLike,
   Args:
     C: cosine half-distance in `(-1, 1)`.
     N: number of candidates (integer `>= 2`).
-    s: the map's scale, finite and > 0.
+    s: the mapping's scale, finite and > 0.
 
   Returns:
     The broadcast gradient scale.
@@ -288,8 +288,8 @@ def learnable_free_t_gradient_scale(C: jax.typing.ArrayLike, N: jax.typing.Array
             \qquad s = e^t, \; r = \frac{1 - C}{1 + C}
 
   The gradient of `mappings.learnable_free`'s `t` at `[C, -C, ..., -C]`. It generalises
-  Eq. 10 (CLIP's `exp(t) cos` at `N = 2`) to the free map: zero at `C = 0` for every `t`, so
-  `t` is left where it starts, at the free map (`t = 0`), until the positive moves away from
+  Eq. 10 (CLIP's `exp(t) cos` at `N = 2`) to the free mapping: zero at `C = 0` for every `t`, so
+  `t` is left where it starts, at the free mapping (`t = 0`), until the positive moves away from
   its negatives.
 
   Examples:

@@ -1,5 +1,5 @@
 r"""The gradient-scale figures of Sections 3-4 (Figures 2-5, Eq. 10), the same for the scaled free
-maps (`mappings.n_aware_free`, `mappings.learnable_free`), and their sigmoid analogues.
+mappings (`mappings.n_aware_free`, `mappings.learnable_free`), and their sigmoid analogues.
 
 Each function returns a `Figure`: for every curve, the closed form on a fine grid (a line) and,
 at a few points, the same closed form beside the autodiff value through the library's loss
@@ -147,7 +147,7 @@ def figure4(*, tau: float = 0.25, ns: Sequence[int] = (2, 4, 8, 16), points: int
 
 def figure5(*, ns: Sequence[int] = (2, 4, 8, 16), points: int = 20, line_points: int = 400,
             c_one_offset: float = 1e-6) -> Figure:
-  """Figure 5: Eq. 13, `|dL/dC|` over C with the temperature-free map (Eq. 11), a curve per N."""
+  """Figure 5: Eq. 13, `|dL/dC|` over C with the free mapping (Eq. 11), a curve per N."""
   x = _c_points(points, c_one_offset, start=0.025)
   line_x = np.linspace(0.0, 1.0, line_points)
   auto = _by_n(mappings.temperature_free(), x, ns)
@@ -176,18 +176,18 @@ def eq10_figure(*, ts: Sequence[float] = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 
 
 def scaled_free_figure(*, ns: Sequence[int] = (2, 64, 512), tau: float = 0.1, points: int = 20,
                        line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
-  r"""`|dL/dC|` of the N-aware free map beside free (Eq. 13) and `cos / tau` (Eq. 7), per N.
+  r"""`|dL/dC|` of the N-aware free mapping beside free (Eq. 13) and `cos / tau` (Eq. 7), per N.
 
   For each N: free (`s = 1`, Eq. 13), `mappings.n_aware_free(num_candidates=N)` (Eq. 13 with
   the scale `s(N) = mappings.free_scale(N)`, `analysis.scaled_free_gradient_scale`; left out at
   N = 2, where it is free) and `mappings.temperature(tau)` (Eq. 7). One colour per N, one line
-  style per map:
+  style per mapping:
 
   .. math:: \left|\frac{\partial L_i}{\partial C}\right|
             = \frac{4 s}{1 - C^2} \frac{(N - 1) r^{2s}}{1 + (N - 1) r^{2s}},
             \qquad r = \frac{1 - C}{1 + C}
 
-  The autodiff side differentiates `losses.info_nce` with each map itself
+  The autodiff side differentiates `losses.info_nce` with each mapping itself
   (`gradients.gradient_scale`); its cost grows as `N^3` (the pattern's embeddings are
   `[N, N + 1]`).
 
@@ -251,7 +251,7 @@ def learnable_free_t_figure(*, ns: Sequence[int] = (2, 64, 512),
 
   (`analysis.learnable_free_t_gradient_scale`), zero at `C = 0` as CLIP's Eq. 10, which is drawn
   at N = 2 and CLIP's start `t = log(1 / 0.07)` (`analysis.eq10`). The autodiff side
-  differentiates `losses.info_nce` in the map's own parameter `t`
+  differentiates `losses.info_nce` in the mapping's own parameter `t`
   (`gradients.temperature_gradient_scale` for CLIP's).
 
   Examples:
@@ -298,7 +298,7 @@ def learnable_free_t_figure(*, ns: Sequence[int] = (2, 64, 512),
 
 def sigmoid_figure(*, n: int = 16, taus: Sequence[float] = (0.1, 0.5, 1.0), points: int = 20,
                    line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
-  """`|dL/dC|` of the sigmoid loss at [C, -C, ...]: division by tau (b = 0), the free map with
+  """`|dL/dC|` of the sigmoid loss at [C, -C, ...]: division by tau (b = 0), the free mapping with
   b = 0 and with the best b at C = 1 (-log(N - 1) / 2), and the doubled log-odds."""
   x = _c_points(points, c_one_offset, start=0.025)
   line_x = np.linspace(0.0, 1.0, line_points)

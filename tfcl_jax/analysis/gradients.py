@@ -46,7 +46,7 @@ def gradient_scale(mapping: mappings.MappingLike, C: jax.typing.ArrayLike, N: in
     [2.0, 0.5333]
 
   Args:
-    mapping: a `tfcl_jax.mappings.Mapping`, a map spec or a callable `cos -> logits`.
+    mapping: a `tfcl_jax.mappings.Mapping`, a mapping spec or a callable `cos -> logits`.
     C: float or floating array of cosines in the open interval `(-1, 1)`.
     N: number of candidates, a Python int `>= 2` (static: it sets shapes).
 
@@ -117,7 +117,7 @@ def optimum_probability(mapping: mappings.MappingLike, *, N: int = 2) -> jax.Arr
     1.0
 
   Args:
-    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
+    mapping: a `Mapping`, a mapping spec or a callable `cos -> logits`.
     N: number of candidates, a Python int `>= 2` (keyword-only).
 
   Returns:
@@ -153,7 +153,7 @@ def negative_weights(
   The gradient of `L_i` in the logit of negative `k` is `w_k`; together with the
   positive's probability `1 - sum_k w_k` they sum to 1. A harder negative
   (larger `s_k`) gets more weight; how much more depends on the mapping: `cos/tau`
-  grows as `e^{s/tau}`, the temperature-free map as `((1 + s)/(1 - s))^2`.
+  grows as `e^{s/tau}`, the temperature-free mapping as `((1 + s)/(1 - s))^2`.
 
   Examples:
     >>> from tfcl_jax import mappings
@@ -163,7 +163,7 @@ def negative_weights(
     [0.1223, 0.2721]
 
   Args:
-    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
+    mapping: a `Mapping`, a mapping spec or a callable `cos -> logits`.
     cos_positive: `[...]` cosine of the positive pair, in `[-1, 1]`.
     cos_negatives: `[..., K]` cosines of the `K` negatives, in `[-1, 1]`.
 
@@ -188,7 +188,7 @@ def negative_gradients(
   .. math:: \frac{\partial L_i}{\partial s_k} = w_k\, f'(s_k)
 
   with `w_k` from `negative_weights`. For `cos/tau` this is `w_k / tau`
-  (Wang & Liu's hardness-aware gradient); the temperature-free map multiplies
+  (Wang & Liu's hardness-aware gradient); the temperature-free mapping multiplies
   by `f'(s) = 2/(1 - s^2)`, which grows without bound for near-duplicate
   negatives.
 
@@ -200,7 +200,7 @@ def negative_gradients(
     [0.2445, 0.5442]
 
   Args:
-    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
+    mapping: a `Mapping`, a mapping spec or a callable `cos -> logits`.
     cos_positive: `[...]` cosine of the positive pair, in `(-1, 1)`.
     cos_negatives: `[..., K]` cosines of the negatives, in `(-1, 1)`.
 

@@ -4,7 +4,7 @@ The sigmoid analogues of Eq. 7, 10 and 13: closed forms, and the same quantities
 through `losses.sigmoid_loss` (which they check, and which extends them to any mapping).
 
 At the pattern, one anchor scores its positive at cosine `C` and `N - 1` negatives at `-C`;
-for an odd map `f` (`cos / tau`, `exp(t) cos`, the scaled log-odds) with `x = f(C)`:
+for an odd mapping `f` (`cos / tau`, `exp(t) cos`, the scaled log-odds) with `x = f(C)`:
 
 .. math:: L = \operatorname{softplus}(-x - b) + (N - 1)\operatorname{softplus}(b - x),
   \qquad \left|\frac{\partial L}{\partial C}\right|
@@ -77,7 +77,7 @@ def sigmoid_gradient_scale_tau(C, tau, N, *, b=0.0) -> jax.Array:
 
 def sigmoid_gradient_scale_free(C, N, *, b=0.0, k=1.0) -> jax.Array:
   r"""`|dL/dC|` of the sigmoid loss with the scaled log-odds `f = 2k artanh(c)`: the sigmoid
-  analogue of Eq. 13 (`k = 1` is Eq. 11's map).
+  analogue of Eq. 13 (`k = 1` is Eq. 11's mapping).
 
   With `e^x = ((1 + C)/(1 - C))^k` and `f' = 2k / (1 - C^2)`:
 
@@ -184,7 +184,7 @@ def sigmoid_gradient_scale(mapping: mappings.MappingLike, C: jax.typing.ArrayLik
     [4.0, 2.6667]
 
   Args:
-    mapping: a `Mapping`, a map spec or a callable `cos -> logits`.
+    mapping: a `Mapping`, a mapping spec or a callable `cos -> logits`.
     C: cosines in the open interval `(-1, 1)`.
     N: candidates, a Python int `>= 2`.
     bias: the loss's bias `b`, a float.

@@ -1,7 +1,8 @@
 r"""Mean-Shifted Contrastive (MSC) loss: fine-tune a pretrained encoder on one normal class.
 
 Section 5.3 of Kim & Kim (arXiv 2501.17683) swaps MSC's `cos / 0.25` (Eq. 1) for the
-temperature-free map (Eq. 11); everything else follows Reiss & Hoshen (AAAI 2023) and their code.
+temperature-free mapping (Eq. 11); everything else follows Reiss & Hoshen (AAAI 2023) and their
+code.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tfcl_jax import _checks, losses
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import _checks, losses, mappings
 
 #: The key of `TrainState.model_state` that holds the center during fine-tuning, a non-trained
 #: variable of the objective, replicated and checkpointed with the BatchNorm statistics.
@@ -104,7 +104,7 @@ def msc_loss(
     z2: jax.typing.ArrayLike,
     *,
     center: jax.typing.ArrayLike,
-    mapping: mappings_lib.MappingLike | None = None,
+    mapping: mappings.MappingLike | None = None,
     angular: bool = True,
 ) -> jax.Array:
   r"""The MSC objective of two views: InfoNCE on mean-shifted features plus the angular center term.
@@ -133,7 +133,7 @@ def msc_loss(
     z1: `[N, D]` float features of the first views (`N >= 2`).
     z2: `[N, D]` float features of the second views.
     center: `[D]` the center (`center(...)` of the normal training features).
-    mapping: a `Mapping`, a map spec or a callable `cos -> logits`; default
+    mapping: a `Mapping`, a mapping spec or a callable `cos -> logits`; default
       `mappings.temperature_free()`.
     angular: add the angular center term (MSC's `--angular`, used for its results).
 

@@ -23,7 +23,7 @@ AFFINE_UNIFORMS = 7
 
 
 def _between(uniforms: jax.Array, low: float, high: float) -> jax.Array:
-  """Maps U(0, 1) draws to U(low, high)."""
+  """Mappings U(0, 1) draws to U(low, high)."""
   return low + (high - low) * uniforms
 
 

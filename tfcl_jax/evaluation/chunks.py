@@ -15,7 +15,7 @@ def map_chunks(fn: Callable[[jax.Array], jax.Array], queries: jax.Array, *,
   """`concatenate([fn(chunk) for chunk in queries split by chunk_size])` with one compiled `fn`.
 
   The queries are padded with zero rows to a multiple of the chunk (at most `Q` rows per
-  chunk), mapped with `lax.map`, and the padding's outputs dropped. `fn` maps `[c, ...]` to
+  chunk), mapped with `lax.map`, and the padding's outputs dropped. `fn` mappings `[c, ...]` to
   `[c, ...]` row by row (a padded row must not change the others' outputs).
 
   Examples:

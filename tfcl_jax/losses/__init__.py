@@ -1,9 +1,9 @@
-"""Contrastive losses with a pluggable similarity-to-logit map: one tiled engine for all of them.
+"""Contrastive losses with a pluggable similarity-to-logit mapping, on one tiled engine.
 
 InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the default
-temperature-free map), with extra negatives from a queue; SigLIP's sigmoid loss; the same
+temperature-free mapping), with extra negatives from a queue; SigLIP's sigmoid loss; the same
 losses across devices; the supervised contrastive loss; the softmax over raw dot products.
-`from_spec` reads a loss spec (docs/specs.md) into a `LossSpec`, a loss with its map and its
+`from_spec` reads a loss spec (docs/specs.md) into a `Loss`, a loss with its mapping and its
 parameters. Every cosine loss runs the tiled engine: dense logits are its one-tile case, chosen
 automatically where they are faster.
 """
@@ -22,10 +22,10 @@ from tfcl_jax.losses._sigmoid import (
     sigmoid_loss_on_mesh,
 )
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.losses.spec import LossSpec, as_loss, canonical_spec, from_spec, num_candidates
+from tfcl_jax.losses.spec import Loss, as_loss, canonical_spec, from_spec, num_candidates
 
 __all__ = [
-    "LossSpec",
+    "Loss",
     "STRATEGIES",
     "as_loss",
     "auto_block_size",

@@ -120,9 +120,9 @@ def device_reduce(axis_name, strategy):
   def ring(block_size, rows, columns, *, kind, mapping, tile_reduction):
     block_rows = _engine.balanced_tile(block_size, rows.ids.shape[0])
     block_cols = _engine.balanced_tile(block_size, columns.ids.shape[0])
-    tile_map, args = _engine.pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
+    tile_mapping, args = _engine.pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
                                       like=rows.vectors, tile_reduction=tile_reduction)
-    plan = _engine.Plan(kind, block_rows, block_cols, tile_map,
+    plan = _engine.Plan(kind, block_rows, block_cols, tile_mapping,
                         tile_reduction=tile_reduction)
     row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
         plan, axis_name, _engine.pad_side(rows, block_rows), _engine.pad_side(columns, block_cols),

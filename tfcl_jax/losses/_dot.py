@@ -1,4 +1,4 @@
-"""The softmax over raw dot products: InfoNCE without normalisation or map (the `dot` loss)."""
+"""The softmax over raw dot products: InfoNCE without normalisation or mapping (the `dot` loss)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax.losses._tiles import LogSumExp, MapArgs, Side, TileMap, TileReduction
+from tfcl_jax.losses._tiles import LogSumExp, MappingArgs, Side, TileMapping, TileReduction
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 
@@ -43,7 +43,7 @@ class Plan:
   kind: str
   block_rows: int
   block_cols: int
-  tile_map: TileMap
+  tile_mapping: TileMapping
   column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
   tile_reduction: TileReduction = LogSumExp()  # what a tile folds into per-row statistics
 
@@ -160,7 +160,7 @@ def _column_use(plan: Plan, i, j):
   return i != j  # symmetric: a diagonal tile's columns are its own rows, already counted
 
 
-def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, col_stats):
+def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_stats, col_stats):
   """Folds every tile of `rows x columns` into the statistics (shapes multiples of the blocks).
 
   `col_stats` is None for `"rows"`; for `"symmetric"`, `columns` is `rows` and the column
@@ -181,7 +181,7 @@ def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, 
     use_cols = _column_use(plan, i, j)
     columns_stats = _get(row_stats if plan.kind == "symmetric" else col_stats, j) if (
         use_cols is not None) else None
-    new_rows, new_cols = plan.tile_reduction.forward(plan.tile_map, args, _get(row_blocks, i),
+    new_rows, new_cols = plan.tile_reduction.forward(plan.tile_mapping, args, _get(row_blocks, i),
                                            _get(col_blocks, j), _get(row_stats, i),
                                            columns_stats, use_cols)
     row_stats = _set(row_stats, i, new_rows)
@@ -200,7 +200,7 @@ def accumulate(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_stats, 
   return flat(row_stats), None if col_stats is None else flat(col_stats)
 
 
-def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_lse, row_g,
+def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_lse, row_g,
                      col_lse, col_g, grads):
   """Adds the gradients of `sum_i g_i out_i (+ sum_j g'_j out'_j)` over every tile.
 
@@ -233,7 +233,7 @@ def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_l
       c_g = c_lse
     else:
       c_lse, c_g = _get(col_lse, j), jnp.where(use_cols, _get(col_g, j), 0.0)
-    dcos, dp, dk = plan.tile_reduction.backward(plan.tile_map, args, a, b, _get(row_lse, i),
+    dcos, dp, dk = plan.tile_reduction.backward(plan.tile_mapping, args, a, b, _get(row_lse, i),
                                            _get(row_g, i), c_lse, c_g)
     drows = drows.at[i].add(dcos @ b.vectors)
     if plan.kind == "symmetric":
@@ -252,15 +252,15 @@ def accumulate_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side, row_l
 
 def init_stats(plan: Plan, rows: Side, columns: Side | None):
   dtype = rows.vectors.dtype
-  row_stats = plan.tile_reduction.init(rows.ids.shape[0], dtype, plan.tile_map)
+  row_stats = plan.tile_reduction.init(rows.ids.shape[0], dtype, plan.tile_mapping)
   col_stats = None
   if plan.kind == "rows_and_columns":
     assert columns is not None, "the two-tower kind has a column side"
-    col_stats = plan.tile_reduction.init(columns.ids.shape[0], dtype, plan.tile_map)
+    col_stats = plan.tile_reduction.init(columns.ids.shape[0], dtype, plan.tile_mapping)
   return row_stats, col_stats
 
 
-def zero_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side | None):
+def zero_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side | None):
   dcols = None
   if plan.kind != "symmetric" and plan.column_grad:
     assert columns is not None, "only the symmetric kind has no column side"
@@ -270,7 +270,7 @@ def zero_grads(plan: Plan, args: MapArgs, rows: Side, columns: Side | None):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _lse(plan: Plan, rows: Side, columns: Side | None, args: MapArgs):
+def _lse(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
   stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
   row_stats, col_stats = accumulate(plan, args, rows, rows if columns is None else columns,
                                     *stats)
@@ -290,15 +290,15 @@ def _lse_bwd(plan, residuals, cotangents):
       plan, args, rows, rows if columns is None else columns, row_lse, row_g, col_lse, col_g,
       match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
   # The step's cotangent is None (an integer).
-  return no_grad(rows, drows), no_grad(columns, dcols), MapArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
+  return no_grad(rows, drows), no_grad(columns, dcols), MappingArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
 
 
 _lse.defvjp(_lse_fwd, _lse_bwd)
 
 
-def pure_map(mapping, dtype, tile_shape, *, like=None,
-             tile_reduction: TileReduction = LogSumExp()) -> tuple[TileMap, MapArgs]:
-  """The static `TileMap` and array `MapArgs` of a `Mapping` for tiles of `dtype`.
+def pure_mapping(mapping, dtype, tile_shape, *, like=None,
+             tile_reduction: TileReduction = LogSumExp()) -> tuple[TileMapping, MappingArgs]:
+  """The static `TileMapping` and array `MappingArgs` of a `Mapping` for tiles of `dtype`.
 
   A mapping with a closed form the `tile_reduction` asks for (`tile_reduction.fast_form`) is used
   through it; any other is made pure with `jax.closure_convert` (traced values it closes over
@@ -307,7 +307,7 @@ def pure_map(mapping, dtype, tile_shape, *, like=None,
   fast = tile_reduction.fast_form(mapping, jnp.dtype(dtype))
   step = mapping.bound_step()
   if fast is not None:
-    return TileMap(mapping.fn, fast), MapArgs({}, step, ())
+    return TileMapping(mapping.fn, fast), MappingArgs({}, step, ())
   params = jax.tree.map(jnp.asarray, mapping.params)
   example = jnp.zeros(tile_shape, dtype)
   if like is not None:
@@ -316,7 +316,7 @@ def pure_map(mapping, dtype, tile_shape, *, like=None,
   consts = tuple(consts)
   if like is not None:
     consts = match_varying(consts, like)
-  return TileMap(fn, None), MapArgs(params, step, consts)
+  return TileMapping(fn, None), MappingArgs(params, step, consts)
 
 
 def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
@@ -356,9 +356,9 @@ def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, 
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   block_rows = balanced_tile(block_size, num_rows)
   block_cols = block_rows if columns is None else balanced_tile(block_size, num_cols)
-  tile_map, args = pure_map(mapping, rows.vectors.dtype, (block_rows, block_cols),
+  tile_mapping, args = pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
                             like=rows.vectors, tile_reduction=tile_reduction)
-  plan = Plan(kind, block_rows, block_cols, tile_map, column_grad, tile_reduction)
+  plan = Plan(kind, block_rows, block_cols, tile_mapping, column_grad, tile_reduction)
   rows, columns = jax.tree.map(_bias_constant, (rows, columns), is_leaf=_is_side)
   padded_rows = pad_side(rows, block_rows)
   padded_cols = None if columns is None else pad_side(columns, block_cols)

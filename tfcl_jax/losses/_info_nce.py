@@ -1,12 +1,11 @@
-"""InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the free map)."""
+"""InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 when free)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import _checks
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout, _pallas
 from tfcl_jax.losses._engine import tile_reduce
 
@@ -75,7 +74,7 @@ def info_nce(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping: mappings_lib.MappingLike | None = None,
+    mapping: mappings.MappingLike | None = None,
     negatives: str = "cross",
     symmetric: bool = False,
     reduction: str = "mean",
@@ -87,7 +86,7 @@ def info_nce(
     candidate_bias: jax.typing.ArrayLike | None = None,
     check_finite: bool | str = False,
 ) -> jax.Array:
-  r"""InfoNCE of two views with a pluggable similarity-to-logit map (Eq. 1, 11).
+  r"""InfoNCE of two views with a pluggable similarity-to-logit mapping (Eq. 1, 11).
 
   For anchor `i` with positive `i+` and candidate set `K_i`,
 
@@ -114,7 +113,7 @@ def info_nce(
     `candidate_sampling_probability`). It acts in logit space after the mapping: under
     `cos / tau` it is the usual `cos/tau - log q`; under the free map the corrected logit is
     `2 artanh(c) - log q`, the cosine's log-odds shifted by the same amount. Under `cos/tau`
-    the correction weighs less against the similarity as `tau` shrinks; the free map has no
+    the correction weighs less against the similarity as `tau` shrinks; the free mapping has no
     `tau`, so that balance is fixed.
 
   Embeddings are L2-normalised inside (a zero vector gives cosine 0 and finite gradients).
@@ -124,7 +123,7 @@ def info_nce(
   pass recomputes each tile (a custom VJP), so memory is O(N * block + N * D) for every
   mapping. For `"all"`, `S = U U^T` is symmetric and each off-diagonal tile serves its rows
   and its columns: about two `[2N, 2N, D]` products for loss and gradient, where the dense
-  computation needs three. Maps that declare a closed form of `exp(f(c))` (Eq. 11:
+  computation needs three. Mappings that declare a closed form of `exp(f(c))` (Eq. 11:
   `(1 + c)/(1 - c)`; `tau` not below 1/30 in float32) use it, with no running maximum.
 
   Examples:
@@ -154,10 +153,10 @@ def info_nce(
   Args:
     z1: `[N, D]` float embeddings of the first view.
     z2: `[N, D]` float embeddings of the second view; row `i` is the positive of `z1[i]`.
-    mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`"free"`, `"tau=0.1"`:
+    mapping: a `tfcl_jax.mappings.Mapping`, a mapping spec (`"free"`, `"tau=0.1"`:
       `mappings.from_spec`; `"free_n"` takes this loss's candidates per anchor, `N` for
       `"cross"` and `2N - 1` for `"all"`, plus the `K` extra negatives) or any callable
-      `cos -> logits`, applied elementwise; default `mappings.temperature_free()`. A map
+      `cos -> logits`, applied elementwise; default `mappings.temperature_free()`. A mapping
       with trainable params is passed built and bound (`m.bind(params=...)`): its spec
       string is refused, since a string cannot hold the params.
     negatives: `"cross"` or `"all"` (see above).
@@ -176,10 +175,10 @@ def info_nce(
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
       Pallas interpreter elsewhere, which is slow and meant for tests).
     check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
-      that the map's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` >
-      0, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete arrays.
-      `True` checks concrete values only and refuses traced ones (inside `jit`, `grad`, `vmap`)
-      with a `ValueError` that says what to do; `"checkify"` checks traced values too, as
+      that the mapping's parameters meet its conditions (`Mapping.parameter_checks`: a traced
+      `tau > 0`, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete
+      arrays. `True` checks concrete values only and refuses traced ones (inside `jit`, `grad`,
+      `vmap`) with a `ValueError` that says what to do; `"checkify"` checks traced values too, as
       `jax.experimental.checkify` checks that the caller reports: `err, loss =
       checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a reduction
       over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:

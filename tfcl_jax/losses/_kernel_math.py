@@ -1,4 +1,4 @@
-r"""What the fused InfoNCE kernels share: the map as a kernel sees it, the tile's mask and
+r"""What the fused InfoNCE kernels share: the mapping as a kernel sees it, the tile's mask and
 cotangent, and the choice between a compiled kernel and Pallas's interpreter.
 
 The tile math is written once, on `[block, 1]` row values and `[1, block]` column values, and
@@ -7,7 +7,7 @@ traced into the Triton kernels (`_kernel_triton`) and the Mosaic TPU kernels (`_
 * `keep_mask`: the pair `(i, j)` is a negative of row `i` (`_tiles.mask`);
 * `tile_cotangent`: `dS_ij = f'(S_ij) (g_i exp(f_ij - lse_i) + h_j exp(f_ij - lse'_j))`, the
   second term when the columns have statistics of their own (CLIP's two-tower loss, NT-Xent's
-  symmetric matrix), and the map's parameter cotangent `sum dlogits df/dtheta`.
+  symmetric matrix), and the mapping's parameter cotangent `sum dlogits df/dtheta`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from jax.experimental import pallas as pl
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelMap:
+class KernelMapping:
   """The mapping as the kernels see it: static callables over scalars loaded from `theta`.
 
-  `fn(cos, theta)` with `theta` a tuple of scalars (the map's parameters, the step, then the
-  scalars it closes over); `fast` the map's `ExpForm` or None.
+  `fn(cos, theta)` with `theta` a tuple of scalars (the mapping's parameters, the step, then the
+  scalars it closes over); `fast` the mapping's `ExpForm` or None.
   """
 
   fn: Callable[[jax.Array, tuple[jax.Array, ...]], jax.Array]
@@ -35,7 +35,7 @@ class KernelMap:
   num_theta: int
 
 
-def load_theta(kmap: KernelMap, theta_ref) -> tuple[jax.Array, ...]:
+def load_theta(kmap: KernelMapping, theta_ref) -> tuple[jax.Array, ...]:
   # One scalar load each: Triton lowers `ref[k]`, not slices of a loaded vector.
   return tuple(theta_ref[k] for k in range(kmap.num_theta))
 
@@ -52,7 +52,7 @@ def without_empty(lse, g):
   return jnp.where(ok, lse, 0.0), jnp.where(ok, g, 0.0)
 
 
-def tile_cotangent(kmap: KernelMap, theta, cos, keep, r_lse, r_g, c_lse, c_g, *,
+def tile_cotangent(kmap: KernelMapping, theta, cos, keep, r_lse, r_g, c_lse, c_g, *,
                    columns: bool, theta_from_columns: bool):
   """`(dS, dtheta)` of one tile; the rows' `lse`, `g` are `[block, 1]`, the columns' `[1, block]`.
 

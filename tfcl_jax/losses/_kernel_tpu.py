@@ -6,8 +6,8 @@ order on one core (`"arbitrary"`), its `BlockSpec`s bringing one `[block, D]` ti
 into VMEM per step (pipelined by Mosaic), the running statistics and gradient accumulators in
 VMEM scratch, initialised at the first column block and written out at the last. Per-row
 values are `[block, 1]` blocks and per-column values `[1, block]` blocks (TPU tiles are
-`8 x 128`: `block` is a multiple of 128); the map's scalars are in SMEM. The backward has a
-row kernel (`dU`, and the map's parameter gradients, packed into the lanes of an `[8, 128]`
+`8 x 128`: `block` is a multiple of 128); the mapping's scalars are in SMEM. The backward has a
+row kernel (`dU`, and the mapping's parameter gradients, packed into the lanes of an `[8, 128]`
 block per row block) and a column kernel (`dV`) with its grid transposed.
 """
 
@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tfcl_jax.losses._kernel_math import (
-    KernelMap,
+    KernelMapping,
     compiled_or_interpreted,
     keep_mask,
     load_theta,
@@ -69,7 +69,7 @@ def _cos(r_ref, c_ref) -> jax.Array:
                              preferred_element_type=jnp.float32)
 
 
-def _forward_kernel(kmap: KernelMap, theta_ref, r_ref, r_ids_ref, r_pos_ref, r_valid_ref,
+def _forward_kernel(kmap: KernelMapping, theta_ref, r_ref, r_ids_ref, r_pos_ref, r_valid_ref,
                    c_ref, c_ids_ref, c_valid_ref, lse_ref, m_ref, s_ref):
   """Grid `(i, j)`: folds tile `(i, j)` into row block `i`'s `(max, sum)`; `lse` at the end."""
   j = pl.program_id(1)
@@ -114,7 +114,7 @@ def _pack(values, shape) -> jax.Array:
   return packed
 
 
-def _tile_cotangent(kmap: KernelMap, columns: bool, theta_from_columns: bool, theta_ref, r_ref,
+def _tile_cotangent(kmap: KernelMapping, columns: bool, theta_from_columns: bool, theta_ref, r_ref,
                     r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref, c_ids_ref,
                     c_valid_ref, c_lse_ref, c_g_ref, dtype):
   """`(dS, dtheta)` of the grid step's tile, from the row and column blocks' refs."""
@@ -127,7 +127,7 @@ def _tile_cotangent(kmap: KernelMap, columns: bool, theta_from_columns: bool, th
                         columns=columns, theta_from_columns=theta_from_columns)
 
 
-def _row_grad_kernel(kmap: KernelMap, columns: bool, theta_from_columns: bool, theta_ref,
+def _row_grad_kernel(kmap: KernelMapping, columns: bool, theta_from_columns: bool, theta_ref,
                     r_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref,
                     c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref, dr_ref, dtheta_ref, acc_ref,
                     dtheta_acc_ref):
@@ -153,7 +153,7 @@ def _row_grad_kernel(kmap: KernelMap, columns: bool, theta_from_columns: bool, t
     dtheta_ref[...] = dtheta_acc_ref[...].astype(dtheta_ref.dtype)
 
 
-def _col_grad_kernel(kmap: KernelMap, columns: bool, theta_ref, c_ref, c_ids_ref, c_valid_ref,
+def _col_grad_kernel(kmap: KernelMapping, columns: bool, theta_ref, c_ref, c_ids_ref, c_valid_ref,
                     c_lse_ref, c_g_ref, r_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref,
                     r_g_ref, dc_ref, acc_ref):
   """Grid `(j, i)`: `dV_j += dS_ij^T U_i` (tiles in the row kernel's orientation)."""
@@ -208,7 +208,7 @@ def _col_values(side: Side):
   return side.ids[None, :], side.valid.astype(jnp.int32)[None, :]
 
 
-def forward(kmap: KernelMap, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
+def forward(kmap: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
   """Each row of `a`: the logsumexp of its negatives among the rows of `b`."""
   (m, d), k, block = a.vectors.shape, b.vectors.shape[0], tiles_.block
   rows, cols = _by_rows(block, d, 0), _by_rows(block, d, 1)
@@ -222,9 +222,9 @@ def forward(kmap: KernelMap, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Arra
   return lse[:, 0]
 
 
-def row_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
+def row_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
               c_g, *, columns: bool, theta_from_columns: bool):
-  """`(dU, dtheta)`: the row blocks' gradients, and the map's summed over row blocks."""
+  """`(dU, dtheta)`: the row blocks' gradients, and the mapping's summed over row blocks."""
   (m, d), k, block = rows.vectors.shape, cols.vectors.shape[0], tiles_.block
   row_block, col_block = _by_rows(block, d, 0), _by_rows(block, d, 1)
   row_value, col_value = _by_rows(block, 1, 0), _by_cols(block, 1)
@@ -245,7 +245,7 @@ def row_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_l
   return drows, dtheta
 
 
-def col_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
+def col_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
               c_g, *, columns: bool) -> jax.Array:
   """`dV`: the column blocks' gradients (grid `(column block, row block)`)."""
   (m, d), k, block = rows.vectors.shape, cols.vectors.shape[0], tiles_.block

@@ -7,7 +7,7 @@ FlashAttention-2's layout:
   `S = U_i V_j^T` is one matrix product over the whole embedding dimension when `D` (padded to
   a power of two) is at most `WHOLE_D` (256 for bfloat16 inputs, 128 for float32); wider
   embeddings are walked in chunks of `CHUNK_D`;
-* the map is applied inside the tile, and the tile is folded into per-row statistics or,
+* the mapping is applied inside the tile, and the tile is folded into per-row statistics or,
   backward, into the program's gradient block, which is a loop carry (registers) when `D` is
   held whole and the program's own output block beyond that;
 * here no program writes another's output: no atomics.
@@ -15,10 +15,10 @@ FlashAttention-2's layout:
 Kernels:
 
 * `forward`: `lse_i = log sum_{j negative of i} exp(f(S_ij))`, an online logsumexp, or a plain
-  sum of `w(S_ij) = exp(f(S_ij) - shift)` for maps with a closed form (`Mapping.exp_form`;
+  sum of `w(S_ij) = exp(f(S_ij) - shift)` for mappings with a closed form (`Mapping.exp_form`;
   Eq. 11's `w = (1 + c) / (1 - c)`);
 * `row_grads`: each tile recomputed and its cotangent (`_kernel_math`), then
-  `dU_i = sum_j dS_ij V_j` with the map's parameter gradients (the anchors' gradient against a
+  `dU_i = sum_j dS_ij V_j` with the mapping's parameter gradients (the anchors' gradient against a
   bank of extra negatives, which takes none).
 
 The kernels that serve both sides of a tile, writing across programs, are
@@ -49,7 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from tfcl_jax.losses._kernel_math import (
-    KernelMap,
+    KernelMapping,
     compiled_or_interpreted,
     keep_mask,
     load_theta,
@@ -164,7 +164,7 @@ def _cols(x):
 _ALL = slice(None)
 
 
-def _forward_kernel(kmap: KernelMap, g: _Geometry, theta_ref, r_ref, r_scale_ref, r_ids_ref,
+def _forward_kernel(kmap: KernelMapping, g: _Geometry, theta_ref, r_ref, r_scale_ref, r_ids_ref,
                    r_pos_ref, r_valid_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, lse_ref):
   """One row block's logsumexp over every column block (grid: row blocks)."""
   block, dtype = g.block, lse_ref.dtype
@@ -211,7 +211,7 @@ def _finish(g: _Geometry, out_ref, acc):
     out_ref[...] = acc.astype(out_ref.dtype)
 
 
-def _row_grad_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_from_columns: bool,
+def _row_grad_kernel(kmap: KernelMapping, g: _Geometry, columns: bool, theta_from_columns: bool,
                     theta_ref, r_ref, r_scale_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref,
                     r_g_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref,
                     dr_ref, dtheta_ref):
@@ -283,7 +283,7 @@ def _candidate_arrays(side: Side):
   return (side.vectors, inverse_norms(side.vectors), side.ids, side.valid.astype(jnp.int32))
 
 
-def forward(kmap: KernelMap, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
+def forward(kmap: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
   """Each row of `a`: the logsumexp of its negatives among the rows of `b`."""
   (m, d), k = a.vectors.shape, b.vectors.shape[0]
   g = _geometry(tiles_, d, k, a.vectors)
@@ -296,10 +296,10 @@ def forward(kmap: KernelMap, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Arra
       name="info_nce_lse")(theta, *_anchor_arrays(a), *_candidate_arrays(b))
 
 
-def row_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
+def row_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
               c_g, *, columns: bool, theta_from_columns: bool):
   """`(G_rows, dtheta)`: the row blocks' gradients with respect to their unit rows (in the
-  statistics' dtype), and the map's summed over row blocks."""
+  statistics' dtype), and the mapping's summed over row blocks."""
   (m, d), k = rows.vectors.shape, cols.vectors.shape[0]
   g = _geometry(tiles_, d, k, rows.vectors)
   row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)

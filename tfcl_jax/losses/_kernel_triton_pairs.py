@@ -1,16 +1,16 @@
 r"""Triton kernels whose programs write each other's rows (atomic adds): one tile serves both
 of its sides.
 
-* `symmetric_forward` (`negatives="all"`, maps with a closed form `w = exp(f - shift)`): `S = U
+* `symmetric_forward` (`negatives="all"`, mappings with a closed form `w = exp(f - shift)`): `S = U
   U^T` is symmetric, so program `i` forms its diagonal tile and the tiles `(i, i + t mod nb)`,
   `t = 1 .. nb/2` (each unordered pair of blocks once, the half-circulant schedule that keeps
   programs equally loaded); a tile's row sums of `w` go to block `i` and its column sums to
   block `j`. A closed form has a fixed shift, so sums from different programs add exactly;
-  a map without one keeps the row kernel, whose running maximum is its own.
-* `two_sided_forward` (CLIP's two-tower loss, closed-form maps): one pass over `S = U V^T`
+  a mapping without one keeps the row kernel, whose running maximum is its own.
+* `two_sided_forward` (CLIP's two-tower loss, closed-form mappings): one pass over `S = U V^T`
   gives each row's sum (the program's own) and each column's (added across programs).
 * `symmetric_grads`: `dU = (G + G^T) U` on the same schedule, `G_ij U_j` to block `i` and
-  `G_ij^T U_i` to block `j`; the map's parameters take both terms of an off-diagonal tile.
+  `G_ij^T U_i` to block `j`; the mapping's parameters take both terms of an off-diagonal tile.
 * `both_grads` (`"rows"` and `"rows_and_columns"` with candidate gradients): one kernel for
   `dU_i = sum_j dS_ij V_j` (the program's own, in registers) and `dV_j = sum_i dS_ij^T U_i`
   (added across programs), each tile formed once where separate row and column kernels
@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from tfcl_jax.losses._kernel_math import (
-    KernelMap,
+    KernelMapping,
     keep_mask,
     load_theta,
     tile_cotangent,
@@ -105,7 +105,7 @@ def _symmetric_tile(g: _Geometry, refs, span_i, rows, span_j, active):
   return cos, keep, cols
 
 
-def _symmetric_forward_kernel(kmap: KernelMap, g: _Geometry, u_ref, scale_ref, ids_ref,
+def _symmetric_forward_kernel(kmap: KernelMapping, g: _Geometry, u_ref, scale_ref, ids_ref,
                               pos_ref, valid_ref, sums_in_ref, sums_ref):
   del sums_in_ref  # zeros, aliased to `sums_ref`
   i = pl.program_id(0)
@@ -128,8 +128,8 @@ def _symmetric_forward_kernel(kmap: KernelMap, g: _Geometry, u_ref, scale_ref, i
   pltriton.atomic_add(sums_ref, (span_i,), own)
 
 
-def symmetric_forward(kmap: KernelMap, tiles_: Tiles, theta, side: Side) -> jax.Array:
-  """Each row's logsumexp over its negatives among the rows of `side` (closed-form maps)."""
+def symmetric_forward(kmap: KernelMapping, tiles_: Tiles, theta, side: Side) -> jax.Array:
+  """Each row's logsumexp over its negatives among the rows of `side` (closed-form mappings)."""
   del theta  # a closed form has no parameters
   (m, d), dtype = side.vectors.shape, stats_dtype(side.vectors)
   g = _geometry(tiles_, d, m, side.vectors)
@@ -141,7 +141,7 @@ def symmetric_forward(kmap: KernelMap, tiles_: Tiles, theta, side: Side) -> jax.
   return _lse(sums, kmap.fast.shift)
 
 
-def _two_sided_forward_kernel(kmap: KernelMap, g: _Geometry, r_ref, r_scale_ref, r_ids_ref,
+def _two_sided_forward_kernel(kmap: KernelMapping, g: _Geometry, r_ref, r_scale_ref, r_ids_ref,
                               r_pos_ref, r_valid_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref,
                               col_in_ref, row_ref, col_ref):
   del col_in_ref  # zeros, aliased to `col_ref`
@@ -163,8 +163,8 @@ def _two_sided_forward_kernel(kmap: KernelMap, g: _Geometry, r_ref, r_scale_ref,
   row_ref[...] = jax.lax.fori_loop(0, g.steps, body, jnp.zeros((g.block,), jnp.float32))
 
 
-def two_sided_forward(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side):
-  """`(row_lse, col_lse)` of the two-tower loss from one pass (closed-form maps)."""
+def two_sided_forward(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side):
+  """`(row_lse, col_lse)` of the two-tower loss from one pass (closed-form mappings)."""
   del theta
   (m, d), k, dtype = rows.vectors.shape, cols.vectors.shape[0], stats_dtype(rows.vectors)
   g = _geometry(tiles_, d, k, rows.vectors)
@@ -180,7 +180,7 @@ def two_sided_forward(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: S
   return _lse(row_sums, kmap.fast.shift), _lse(col_sums, kmap.fast.shift)
 
 
-def _symmetric_grads_kernel(kmap: KernelMap, g: _Geometry, theta_ref, u_ref, scale_ref, ids_ref,
+def _symmetric_grads_kernel(kmap: KernelMapping, g: _Geometry, theta_ref, u_ref, scale_ref, ids_ref,
                             pos_ref, valid_ref, lse_ref, g_ref, du_in_ref, du_ref, dtheta_ref):
   del du_in_ref  # zeros, aliased to `du_ref`
   i = pl.program_id(0)
@@ -235,7 +235,7 @@ def _symmetric_grads_kernel(kmap: KernelMap, g: _Geometry, theta_ref, u_ref, sca
       dtheta_ref[0, k] = jnp.zeros((), dtheta_ref.dtype)
 
 
-def symmetric_grads(kmap: KernelMap, tiles_: Tiles, theta, side: Side, lse, g_):
+def symmetric_grads(kmap: KernelMapping, tiles_: Tiles, theta, side: Side, lse, g_):
   """`(G, dtheta)` of `sum_i g_i lse_i` for `S = U U^T`: the gradient for the unit rows."""
   (m, d), dtype = side.vectors.shape, stats_dtype(side.vectors)
   g = _geometry(tiles_, d, m, side.vectors, tiles_.pair_block_d)
@@ -251,7 +251,7 @@ def symmetric_grads(kmap: KernelMap, tiles_: Tiles, theta, side: Side, lse, g_):
   return du, jnp.sum(dtheta, axis=0)
 
 
-def _both_grads_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_ref, r_ref,
+def _both_grads_kernel(kmap: KernelMapping, g: _Geometry, columns: bool, theta_ref, r_ref,
                        r_scale_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref,
                        c_scale_ref, c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref, dc_in_ref, dr_ref,
                        dtheta_ref, dc_ref):
@@ -298,7 +298,7 @@ def _both_grads_kernel(kmap: KernelMap, g: _Geometry, columns: bool, theta_ref, 
     dtheta_ref[0, k] = value
 
 
-def both_grads(kmap: KernelMap, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
+def both_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
                c_g, *, columns: bool):
   """`(G_rows, G_cols, dtheta)`: both sides' gradients for their unit rows from one pass."""
   (m, d), k, dtype = rows.vectors.shape, cols.vectors.shape[0], stats_dtype(rows.vectors)

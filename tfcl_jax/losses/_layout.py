@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from tfcl_jax import _checks
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import _checks, mappings
 from tfcl_jax.losses._tiles import Side
 
 NEGATIVES = ("cross", "all")
@@ -190,8 +189,8 @@ def check_finite(x: jax.Array, *, name: str, mode: bool | str) -> None:
                  "NaN/inf value(s).")
 
 
-def check_parameters(mapping: mappings_lib.Mapping, *, mode: bool | str) -> None:
-  """`check_finite` of the losses: the map's parameters meet its declared conditions.
+def check_parameters(mapping: mappings.Mapping, *, mode: bool | str) -> None:
+  """`check_finite` of the losses: the mapping's parameters meet its declared conditions.
 
   `Mapping.parameter_checks`: a traced `tau` finite and > 0, a learnable `t` finite, ...
   A concrete condition raises at once; a traced one adds a `jax.experimental.checkify` check
@@ -199,7 +198,7 @@ def check_parameters(mapping: mappings_lib.Mapping, *, mode: bool | str) -> None
   a traced `tau = 0` gives a non-finite loss and `tau < 0` a finite but meaningless one.
 
   Raises:
-    ValueError: a concrete parameter fails its condition (names the parameter and the map);
+    ValueError: a concrete parameter fails its condition (names the parameter and the mapping);
       a traced one under `mode=True`.
   """
   for check in mapping.parameter_checks():
@@ -216,25 +215,25 @@ def check_parameters(mapping: mappings_lib.Mapping, *, mode: bool | str) -> None
       checkify.check(check.valid, message, check.value)
 
 
-def loss_mapping(mapping: mappings_lib.MappingLike | None, *, num_candidates: int
-                 ) -> mappings_lib.Mapping:
-  """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`); a spec string of a map with
+def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
+                 ) -> mappings.Mapping:
+  """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`); a spec string of a mapping with
   trainable params is refused.
 
-  A string cannot hold parameters: the map would be built afresh at their initial values on
-  every call (`learnable_free=100`'s `t = 0`, the temperature-free map itself) and nothing
+  A string cannot hold parameters: the mapping would be built afresh at their initial values on
+  every call (`learnable_free=100`'s `t = 0`, the temperature-free mapping itself) and nothing
   would ever train them. The error says how to hold them.
 
   Raises:
-    ValueError: `mapping` is a spec string of a map with trainable params.
+    ValueError: `mapping` is a spec string of a mapping with trainable params.
   """
-  built = mappings_lib.as_mapping(mapping, num_candidates=num_candidates)
+  built = mappings.as_mapping(mapping, num_candidates=num_candidates)
   if isinstance(mapping, str) and built.learnable:
     spec, names = built.spec, sorted(built.params)
     raise ValueError(
         f"mapping={mapping!r} has trainable params {names}, which a spec string cannot hold: "
         f"the loss would use their initial values on every call and never train them. Build "
-        f"the map once, m = mappings.from_spec({spec!r}), keep m.params with the trainable "
+        f"the mapping once, m = mappings.from_spec({spec!r}), keep m.params with the trainable "
         f"params (e.g. params['loss']) and pass mapping=m.bind(params=params['loss']) (the "
         f"README's quickstart), or name the loss by its loss spec, losses.from_spec({spec!r}), "
         f"whose params go into the train state; to evaluate at the initial values, pass "
@@ -268,7 +267,7 @@ def check_extra(extra_negatives, extra_where, dim: int):
 
 def candidates_per_anchor(n: int, negatives: str, bank: jax.Array | None = None) -> int:
   """Candidates per anchor of a batch of `n` pairs (the static count, padding included):
-  `n` for `"cross"`, `2n - 1` for `"all"`, plus the bank's `K` rows. The `N` that the map
+  `n` for `"cross"`, `2n - 1` for `"all"`, plus the bank's `K` rows. The `N` that the mapping
   `free_n` takes from the loss."""
   count = 2 * n - 1 if negatives == "all" else n
   return count + (0 if bank is None else bank.shape[0])

@@ -5,7 +5,7 @@ Mosaic kernels on TPUs, the same kernels interpreted on a CPU.
 two-tower loss, every column's) negatives to Pallas kernels built as FlashAttention-2's: the
 forward walks the column blocks of each row block with the mapping applied inside the tile
 and an online logsumexp; the backward recomputes each tile. On TPUs it takes two kernels, one
-over row blocks (`dU`, and the map's parameter gradients) and one over column blocks (`dV`),
+over row blocks (`dU`, and the mapping's parameter gradients) and one over column blocks (`dV`),
 no program writing another's output; on GPUs each tile serves both of its sides, the other
 side's share added atomically (`_kernel_triton_pairs`: `"all"`'s symmetric tiles, the two
 directions of the two-tower loss in one pass, one backward kernel). Two backends:
@@ -30,8 +30,8 @@ hold the kernels, since JAX lowers each kernel's call for every platform of the 
 one platform at a time.
 
 `N` is padded to whole blocks with rows that are no one's candidate (and, for Triton, `D` to
-a power of two or to whole chunks with zeros): exact, one O(N D) copy. The map's parameters,
-the step and any scalar the map closes over travel to the kernels as one vector `theta`.
+a power of two or to whole chunks with zeros): exact, one O(N D) copy. The mapping's parameters,
+the step and any scalar the mapping closes over travel to the kernels as one vector `theta`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from tfcl_jax.losses import (
     _layout,
     _triton_tiles,
 )
-from tfcl_jax.losses._kernel_math import KernelMap
+from tfcl_jax.losses._kernel_math import KernelMapping
 from tfcl_jax.losses._tiles import LogSumExp, Side
 
 BACKENDS = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
@@ -65,14 +65,14 @@ class _Plan:
   """Static description of one fused computation."""
 
   backend: str
-  kmap: KernelMap
+  kernel_mapping: KernelMapping
   kind: str
   tiles: Any  # the backend's `Tiles`
   column_grad: bool
   step_index: int  # theta's entry that holds the step
 
   def call(self, name: str, *args, **kwargs):
-    return getattr(BACKENDS[self.backend], name)(self.kmap, self.tiles, *args, **kwargs)
+    return getattr(BACKENDS[self.backend], name)(self.kernel_mapping, self.tiles, *args, **kwargs)
 
   def pairs(self):
     """The backend's kernels that serve both sides of a tile (atomics), or None."""
@@ -87,14 +87,14 @@ def _as_anchors(side: Side) -> Side:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _lse(plan: _Plan, theta, rows: Side, cols: Side | None):
   pairs = plan.pairs()
-  fast = plan.kmap.fast is not None  # sums with a fixed shift add across programs exactly
+  fast = plan.kernel_mapping.fast is not None  # sums with a fixed shift add across programs exactly
   if plan.kind == "symmetric":
     if pairs is not None and fast:
-      return pairs.symmetric_forward(plan.kmap, plan.tiles, theta, rows), None
+      return pairs.symmetric_forward(plan.kernel_mapping, plan.tiles, theta, rows), None
     return plan.call("forward", theta, rows, rows), None
   assert cols is not None  # "rows" and "rows_and_columns" have a column side
   if plan.kind == "rows_and_columns" and pairs is not None and fast:
-    return pairs.two_sided_forward(plan.kmap, plan.tiles, theta, rows, cols)
+    return pairs.two_sided_forward(plan.kernel_mapping, plan.tiles, theta, rows, cols)
   row_lse = plan.call("forward", theta, rows, cols)
   if plan.kind == "rows":
     return row_lse, None
@@ -112,7 +112,8 @@ def _lse_bwd(plan, residuals, cotangents):
   pairs = plan.pairs()
   dcols = None
   if plan.kind == "symmetric" and pairs is not None:
-    drows, dtheta = pairs.symmetric_grads(plan.kmap, plan.tiles, theta, rows, row_lse, row_g)
+    drows, dtheta = pairs.symmetric_grads(plan.kernel_mapping, plan.tiles, theta, rows, row_lse,
+                                          row_g)
   elif plan.kind == "symmetric":
     # S = U U^T: dU = (G + G^T) U, the column term being row j's own statistics.
     drows, dtheta = plan.call("row_grads", theta, rows, rows, row_lse, row_g, row_lse, row_g,
@@ -122,7 +123,7 @@ def _lse_bwd(plan, residuals, cotangents):
     if not two_sided:
       col_lse = col_g = jnp.zeros(cols.ids.shape, row_lse.dtype)
     if plan.column_grad and pairs is not None:
-      drows, dcols, dtheta = pairs.both_grads(plan.kmap, plan.tiles, theta, rows, cols,
+      drows, dcols, dtheta = pairs.both_grads(plan.kernel_mapping, plan.tiles, theta, rows, cols,
                                               row_lse, row_g, col_lse, col_g,
                                               columns=two_sided)
     else:
@@ -166,12 +167,12 @@ def supports(mapping) -> bool:
       jnp.ndim(leaf) == 0 for leaf in jax.tree.leaves(mapping.params))
 
 
-def _kernel_map(mapping, dtype, tile_shape) -> tuple[KernelMap, jax.Array, int]:
-  """The map as the kernels call it, `theta` and the step's index in it.
+def _kernel_mapping(mapping, dtype, tile_shape) -> tuple[KernelMapping, jax.Array, int]:
+  """The mapping as the kernels call it, `theta` and the step's index in it.
 
-  `theta`: the map's parameters, the step and the scalars it closes over (e.g. a scheduled
+  `theta`: the mapping's parameters, the step and the scalars it closes over (e.g. a scheduled
   `tau` computed outside, which then gets its gradient), as one vector of `dtype` (padded to
-  a power of two). A kernel holds no arrays but its inputs: a map that closes over a
+  a power of two). A kernel holds no arrays but its inputs: a mapping that closes over a
   non-scalar array is refused.
   """
   params = jax.tree.map(jnp.asarray, dict(mapping.params))
@@ -195,7 +196,7 @@ def _kernel_map(mapping, dtype, tile_shape) -> tuple[KernelMap, jax.Array, int]:
   theta = jnp.stack([jnp.asarray(x, dtype) for x in scalars]
                     + [jnp.zeros((), dtype)] * (width - len(scalars)))
   fast = LogSumExp().fast_form(mapping, jnp.dtype(dtype))
-  return KernelMap(kernel_fn, fast, len(scalars)), theta, len(leaves)
+  return KernelMapping(kernel_fn, fast, len(scalars)), theta, len(leaves)
 
 
 def _pad(side: Side, block: int, padded_dim: int) -> Side:
@@ -220,9 +221,10 @@ def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
   num_rows, dim = rows.vectors.shape
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   tiles = BACKENDS[backend].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
-  kmap, theta, step_index = _kernel_map(mapping, _triton_tiles.stats_dtype(rows.vectors),
+  kernel_mapping, theta, step_index = _kernel_mapping(mapping,
+                                                      _triton_tiles.stats_dtype(rows.vectors),
                                         (tiles.block, tiles.block))
-  plan = _Plan(backend, kmap, kind, tiles, column_grad, step_index)
+  plan = _Plan(backend, kernel_mapping, kind, tiles, column_grad, step_index)
   padded_dim = tiles.padded_dim(dim)
   padded_rows = _pad(rows, tiles.block, padded_dim)
   padded_cols = None if columns is None else _pad(columns, tiles.block, padded_dim)

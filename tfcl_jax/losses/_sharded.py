@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import jax
 
-from tfcl_jax import _checks
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._devices import (
-  STRATEGIES,
-  axis_size,
-  device_reduce,
-  on_mesh,
-  reduce_across_devices,
+    STRATEGIES,
+    axis_size,
+    device_reduce,
+    on_mesh,
+    reduce_across_devices,
 )
 from tfcl_jax.losses._info_nce import negatives_lse, row_losses
 
@@ -26,7 +25,7 @@ def sharded_info_nce(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping: mappings_lib.MappingLike | None = None,
+    mapping: mappings.MappingLike | None = None,
     negatives: str = "cross",
     symmetric: bool = False,
     axis_name: str = "data",
@@ -70,7 +69,7 @@ def sharded_info_nce(
   Args:
     z1: `[n, D]` float, this device's first-view embeddings.
     z2: `[n, D]` float, this device's second-view embeddings (row i the positive of `z1[i]`).
-    mapping: `cos -> logits` (a `tfcl_jax.mappings.Mapping` or a map spec; `"free_n"` counts
+    mapping: `cos -> logits` (a `tfcl_jax.mappings.Mapping` or a mapping spec; `"free_n"` counts
       the global batch's candidates); default temperature-free.
     negatives: `"cross"` or `"all"` as in `losses.info_nce`, over the global batch.
     symmetric: CLIP's two-tower loss (with `"cross"`), as in `losses.info_nce`.

@@ -1,4 +1,4 @@
-r"""The sigmoid contrastive loss (SigLIP) with any similarity-to-logit map, on the same tiles."""
+r"""The sigmoid contrastive loss (SigLIP) under any similarity-to-logit mapping."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import _checks
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._devices import (
-  STRATEGIES,
-  axis_size,
-  device_reduce,
-  on_mesh,
-  reduce_across_devices,
+    STRATEGIES,
+    axis_size,
+    device_reduce,
+    on_mesh,
+    reduce_across_devices,
 )
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._tiles import SigmoidSum
@@ -62,12 +61,12 @@ def _check_bias(bias, name: str = "bias"):
   return bias
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: the inner map may hold a tracer
-class _Biased(mappings_lib.MapFunction):
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: the inner mapping may hold a tracer
+class _Biased(mappings.MappingFunction):
   """`f(c) + b`, or `f(c) - f(r)` (`relative`): the params are `f`'s and `"bias"` (`b`), or
   `"relative_bias"` (`r`), beside them."""
 
-  inner: mappings_lib.MapFunction
+  inner: mappings.MappingFunction
   relative: bool
 
   @property
@@ -87,22 +86,23 @@ class _Biased(mappings_lib.MapFunction):
       return logits - self.inner(bias, inner, step)
     return logits + bias
 
-  def parameter_checks(self, params, step) -> tuple[mappings_lib.ParameterCheck, ...]:
-    # The inner map's own checks, then the bias's: a NaN or infinite bias gives a non-finite loss.
+  def parameter_checks(self, params, step) -> tuple[mappings.ParameterCheck, ...]:
+    # The inner mapping's own checks, then the bias's: a NaN or infinite bias gives a non-finite
+    # loss.
     inner, bias = self.split(params)
     return (*self.inner.parameter_checks(inner, step), finite_check(self.key, bias))
 
 
-def _biased(mapping: mappings_lib.Mapping, bias, relative_bias) -> mappings_lib.Mapping:
+def _biased(mapping: mappings.Mapping, bias, relative_bias) -> mappings.Mapping:
   """`mapping` with the bias folded in: `f(c) + b`, or `f(c) - f(r)` for a relative bias `r`."""
   if relative_bias is None and isinstance(bias, float) and bias == 0.0:
-    return mapping  # keeps the map's closed forms (Eq. 11: sigmoid(f) = (1 + c) / 2)
+    return mapping  # keeps the mapping's closed forms (Eq. 11: sigmoid(f) = (1 + c) / 2)
   fn = _Biased(mapping.fn, relative_bias is not None)
   if fn.key in mapping.params:
     raise ValueError(f"mapping {mapping.spec!r} has a parameter named {fn.key!r}, the name of "
                      "the sigmoid loss's bias.")
   value = bias if relative_bias is None else relative_bias
-  return mappings_lib.Mapping(mapping.spec, fn, {**mapping.params, fn.key: value},
+  return mappings.Mapping(mapping.spec, fn, {**mapping.params, fn.key: value},
                               mapping.scheduled, mapping.step)
 
 
@@ -126,7 +126,7 @@ def sigmoid_loss(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping: mappings_lib.MappingLike | None = None,
+    mapping: mappings.MappingLike | None = None,
     bias: float | jax.typing.ArrayLike = 0.0,
     relative_bias: float | jax.typing.ArrayLike | None = None,
     negatives: str = "cross",
@@ -135,7 +135,7 @@ def sigmoid_loss(
     block_size: int | None = None,
     check_finite: bool | str = False,
 ) -> jax.Array:
-  r"""The sigmoid contrastive loss (SigLIP) with a pluggable similarity-to-logit map.
+  r"""The sigmoid contrastive loss (SigLIP) with a pluggable similarity-to-logit mapping.
 
   Every scored pair is an independent binary term:
 
@@ -144,7 +144,7 @@ def sigmoid_loss(
 
   and the loss is the mean of `L_i` over anchors (SigLIP's `sum / N`). With
   `f = exp(t) cos` and a learnable `b` this is SigLIP (Zhai et al. 2023; init `t = log 10`,
-  `b = -10`); with the temperature-free map (Eq. 11) and `b = 0` the positive term is exact,
+  `b = -10`); with the temperature-free mapping (Eq. 11) and `b = 0` the positive term is exact,
   `sigmoid(2 artanh c) = (1 + c)/2`, and the loss is
   `-sum_j log((1 + l_ij c_ij) / 2)`: the tiles use that closed form.
 
@@ -174,9 +174,9 @@ def sigmoid_loss(
   Args:
     z1: `[N, D]` float embeddings of the first view (images).
     z2: `[N, D]` float embeddings of the second view (texts); row `i` pairs with `z1[i]`.
-    mapping: a `tfcl_jax.mappings.Mapping`, a map spec (`mappings.from_spec`; `"free_n"`
+    mapping: a `tfcl_jax.mappings.Mapping`, a mapping spec (`mappings.from_spec`; `"free_n"`
       takes `N` candidates per anchor for `"cross"`, `2N - 1` for `"all"`) or a callable
-      `cos -> logits`; default `mappings.temperature_free()`. A map with trainable params
+      `cos -> logits`; default `mappings.temperature_free()`. A mapping with trainable params
       is passed built and bound (`m.bind(params=...)`); its spec string is refused.
     bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
       state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).
@@ -186,16 +186,15 @@ def sigmoid_loss(
     where: optional `[N]` bool mask of valid pairs (padded batches).
     block_size: the largest tile side, or None (automatic).
     check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
-      that the map's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau` >
-      0, a learnable `t` finite), and `bias` (or `relative_bias`) finite: `ValueError` naming the
+      that the mapping's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau >
+      0`, a learnable `t` finite), and `bias` (or `relative_bias`) finite: `ValueError` naming the
       argument or parameter on concrete arrays. `True` checks concrete values only and refuses
       traced ones (inside `jit`, `grad`, `vmap`) with a `ValueError` that says what to do;
       `"checkify"` checks traced values too, as `jax.experimental.checkify` checks that the caller
-      reports: `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by
-      default: it costs a reduction over the inputs. Without it a NaN input gives a NaN loss, and a
-      traced `tau` is not checked: `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a
-      finite but meaningless one (a concrete `tau <= 0` is refused by `mappings.temperature`
-      itself).
+      reports: `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default:
+      it costs a reduction over the inputs. Without it a NaN input gives a NaN loss, and a traced
+      `tau` is not checked: `tau = 0` gives a non-finite loss (inf, or NaN), `tau < 0` a finite but
+      meaningless one (a concrete `tau <= 0` is refused by `mappings.temperature` itself).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or `[N]` (`cross`) / `[2N]` (`all`)
@@ -224,7 +223,7 @@ def sharded_sigmoid_loss(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
-    mapping: mappings_lib.MappingLike | None = None,
+    mapping: mappings.MappingLike | None = None,
     bias: float | jax.typing.ArrayLike = 0.0,
     relative_bias: float | jax.typing.ArrayLike | None = None,
     negatives: str = "cross",

@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import _checks
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._tiles import LogSumExp, PositiveSum, Side
@@ -63,7 +62,7 @@ def supervised_info_nce(
     z: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
-    mapping: mappings_lib.MappingLike | None = None,
+    mapping: mappings.MappingLike | None = None,
     form: str = "ntxent",
     block_size: int | None = None,
     check_finite: bool | str = False,
@@ -87,7 +86,7 @@ def supervised_info_nce(
 
     averaged over the anchors with at least one positive (`SupConLoss`'s reducer; the
     original code's `temperature / base_temperature` factor, 1 at its default τ = 0.07,
-    is not applied). On the engine's tiles: two passes, memory O(B * block), for every map.
+    is not applied). On the engine's tiles: two passes, memory O(B * block), for every mapping.
 
   `f = cos / tau` (Eq. 1, SupCon's recipe fixes τ = 0.1) or `2 artanh(cos)` (Eq. 11).
   With `mapping=temperature(tau)`, `"ntxent"` equals `optax.losses.ntxent(z, labels,
@@ -112,14 +111,14 @@ def supervised_info_nce(
   Args:
     z: `[B, D]` float embeddings.
     labels: `[B]` integer labels; equal labels are positives.
-    mapping: a `Mapping`, a map spec (`mappings.from_spec`; `"free_n"` takes `B - 1`
+    mapping: a `Mapping`, a mapping spec (`mappings.from_spec`; `"free_n"` takes `B - 1`
       candidates per anchor) or a callable `cos -> logits`; default
-      `mappings.temperature_free()`. A map with trainable params is passed built and bound
+      `mappings.temperature_free()`. A mapping with trainable params is passed built and bound
       (`m.bind(params=...)`); its spec string is refused.
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
     check_finite: `False`, `True` or `"checkify"`, as in `losses.info_nce`: every input
-      embedding finite and the map's parameters meet its conditions (`True`: concrete
+      embedding finite and the mapping's parameters meet its conditions (`True`: concrete
       values, a `ValueError` naming `z` and the first bad row; `"checkify"`: under `jit`
       too, a `checkify` check the caller reports). Off by default.
 

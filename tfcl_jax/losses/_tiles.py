@@ -3,7 +3,7 @@ row (and column) statistics, forward and backward.
 
 A tile is `a @ b.T` for a block of anchors `a` and a block of candidates `b`. Everything that
 differs between losses lives in a `TileReduction` (InfoNCE's `LogSumExp`, SigLIP's
-`SigmoidSum`, SupCon's `PositiveSum`); everything that differs between maps lives in the mapping
+`SigmoidSum`, SupCon's `PositiveSum`); everything that differs between mappings lives in the mapping
 (`Mapping.fn`, and its `exp_form` when it has one). A fused kernel replaces `forward` and
 `backward` one for one.
 """
@@ -37,7 +37,7 @@ class Side(NamedTuple):
   bias: jax.Array | None = None
 
 
-class MapArgs(NamedTuple):
+class MappingArgs(NamedTuple):
   """A mapping made pure: `fn(cos, params, step, *consts)` and its array arguments.
 
   `consts` are traced values `fn` closed over (e.g. a traced `tau`), hoisted by
@@ -50,7 +50,7 @@ class MapArgs(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class TileMap:
+class TileMapping:
   """The static part of a mapping inside the kernels: its pure `fn`, and the closed form the
   reduction asked the mapping for (`exp_form` for InfoNCE, `log_sigmoid_form` for SigLIP), or
   None."""
@@ -66,8 +66,8 @@ def mask(rows: Side, columns: Side) -> jax.Array:
           & (columns.ids[None, :] != rows.positive_ids[:, None]))
 
 
-def _logits(tile_map: TileMap, cos, args: MapArgs):
-  return tile_map.fn(cos, args.params, args.step, *args.consts)
+def _logits(tile_mapping: TileMapping, cos, args: MappingArgs):
+  return tile_mapping.fn(cos, args.params, args.step, *args.consts)
 
 
 def _fold(stats, logits, axis: int):
@@ -109,7 +109,7 @@ class TileReduction(abc.ABC):
     None: the tile then calls the mapping's `fn` and differentiates it with `jax.vjp`."""
 
   @abc.abstractmethod
-  def init(self, num: int, dtype, tile_map: TileMap) -> tuple[jax.Array, ...]:
+  def init(self, num: int, dtype, tile_mapping: TileMapping) -> tuple[jax.Array, ...]:
     """The statistics of `num` rows before any tile: a tuple of `[num]` arrays."""
 
   @abc.abstractmethod
@@ -117,14 +117,14 @@ class TileReduction(abc.ABC):
     """`[num]`: the per-row output from the statistics after the last tile."""
 
   @abc.abstractmethod
-  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
-              use_cols):
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols):
     """`(row_stats, col_stats)` with tile `a @ b.T` folded into the statistics of `a`'s rows
     and (where the traced bool `use_cols` holds; None: no column side) of `b`'s rows."""
 
   @abc.abstractmethod
-  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g,
-               col_out, col_g):
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
+               row_g, col_out, col_g):
     """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished outputs of both
     sides and their cotangents (`col_g` zero where the tile's columns were not used)."""
 
@@ -142,9 +142,9 @@ class LogSumExp(TileReduction):
   def fast_form(self, mapping, dtype) -> ExpForm | None:
     return mapping.exp_form(dtype)
 
-  def init(self, num: int, dtype, tile_map: TileMap):
-    if tile_map.fast is not None:
-      return jnp.full((num,), tile_map.fast.shift, dtype), jnp.zeros((num,), dtype)
+  def init(self, num: int, dtype, tile_mapping: TileMapping):
+    if tile_mapping.fast is not None:
+      return jnp.full((num,), tile_mapping.fast.shift, dtype), jnp.zeros((num,), dtype)
     return jnp.full((num,), -jnp.inf, dtype), jnp.zeros((num,), dtype)
 
   def finish(self, stats) -> jax.Array:
@@ -152,28 +152,28 @@ class LogSumExp(TileReduction):
     nonempty = s > 0
     return jnp.where(nonempty, jnp.log(jnp.where(nonempty, s, 1.0)) + m, -jnp.inf)
 
-  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
-              use_cols):
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols):
     """Folds tile `a @ b.T` into the row stats of `a` and (where `use_cols`) the column
     stats of `b`. `use_cols` is a traced bool or None (no column side)."""
     cos = a.vectors @ b.vectors.T
     keep = mask(a, b)
-    if tile_map.fast is not None:
-      w = jnp.where(keep, tile_map.fast.weight(cos), 0.0)
+    if tile_mapping.fast is not None:
+      w = jnp.where(keep, tile_mapping.fast.weight(cos), 0.0)
       row_stats = row_stats[0], row_stats[1] + jnp.sum(_scaled(w, b.bias, 0), axis=1)
       if use_cols is not None:
         col_sum = jnp.sum(_scaled(w, a.bias, 1), axis=0)
         col_stats = col_stats[0], col_stats[1] + jnp.where(use_cols, col_sum, 0.0)
       return row_stats, col_stats
-    logits = jnp.where(keep, _logits(tile_map, cos, args), -jnp.inf)
+    logits = jnp.where(keep, _logits(tile_mapping, cos, args), -jnp.inf)
     row_stats = _fold(row_stats, _shifted(logits, b.bias, 0), axis=1)
     if use_cols is not None:
       folded = _fold(col_stats, _shifted(logits, a.bias, 1), axis=0)
       col_stats = jax.tree.map(lambda new, old: jnp.where(use_cols, new, old), folded, col_stats)
     return row_stats, col_stats
 
-  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_lse, row_g, col_lse,
-               col_g):
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_lse,
+               row_g, col_lse, col_g):
     """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished lse and their
     cotangents on both sides (`col_g` zero where the tile's columns were not used)."""
     keep = mask(a, b)
@@ -181,15 +181,15 @@ class LogSumExp(TileReduction):
     row_ok, col_ok = jnp.isfinite(row_lse), jnp.isfinite(col_lse)
     row_lse, col_lse = jnp.where(row_ok, row_lse, 0.0), jnp.where(col_ok, col_lse, 0.0)
     row_g, col_g = jnp.where(row_ok, row_g, 0.0), jnp.where(col_ok, col_g, 0.0)
-    if tile_map.fast is not None:
+    if tile_mapping.fast is not None:
       # dlse_i/dc_ij = exp(f_ij + b_j - lse_i) f'_ij = exp(shift - lse_i) e^{b_j} w'(c_ij).
-      shift = tile_map.fast.shift
+      shift = tile_mapping.fast.shift
       row_scale = _scaled((row_g * jnp.exp(shift - row_lse))[:, None], b.bias, 0)
       col_scale = _scaled((col_g * jnp.exp(shift - col_lse))[None, :], a.bias, 1)
-      dcos = jnp.where(keep, (row_scale + col_scale) * tile_map.fast.weight_grad(cos), 0.0)
+      dcos = jnp.where(keep, (row_scale + col_scale) * tile_mapping.fast.weight_grad(cos), 0.0)
       return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
           jnp.zeros_like(k) for k in args.consts)
-    logits, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
+    logits, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
                           *args.consts)
     logits = jnp.where(keep, logits, -jnp.inf)
     dlogits = (row_g[:, None] * jnp.exp(_shifted(logits, b.bias, 0) - row_lse[:, None])
@@ -209,7 +209,7 @@ def pair_mask(rows: Side, columns: Side) -> jax.Array:
 class _Sum(TileReduction):
   """A reduction that sums per-pair terms: statistics `(sum,)` per row (and column)."""
 
-  def init(self, num: int, dtype, tile_map: TileMap):
+  def init(self, num: int, dtype, tile_mapping: TileMapping):
     return (jnp.zeros((num,), dtype),)
 
   def finish(self, stats) -> jax.Array:
@@ -226,7 +226,7 @@ class _Sum(TileReduction):
 @dataclasses.dataclass(frozen=True)
 class SigmoidSum(_Sum):
   """SigLIP's reduction: `sum_j -log sigmoid(l_ij (f(c_ij) + b))` per row, `l_ij = +1` on the
-  positive, `-1` elsewhere; the bias is folded into the map. Maps with a closed form of the
+  positive, `-1` elsewhere; the bias is folded into the mapping. Mappings with a closed form of the
   log-sigmoid (`log_sigmoid_form`; Eq. 11's `sigmoid(2 artanh c) = (1 + c)/2`) use it."""
 
   def fast_form(self, mapping, dtype):
@@ -235,27 +235,27 @@ class SigmoidSum(_Sum):
   def _signs(self, a: Side, b: Side):
     return jnp.where(b.ids[None, :] == a.positive_ids[:, None], 1.0, -1.0)
 
-  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
-              use_cols):
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols):
     cos = a.vectors @ b.vectors.T
     sign = self._signs(a, b).astype(cos.dtype)
-    if tile_map.fast is not None:
-      terms = tile_map.fast.term(cos, sign)
+    if tile_mapping.fast is not None:
+      terms = tile_mapping.fast.term(cos, sign)
     else:
-      terms = jax.nn.softplus(-sign * _logits(tile_map, cos, args))
+      terms = jax.nn.softplus(-sign * _logits(tile_mapping, cos, args))
     return self.fold(jnp.where(pair_mask(a, b), terms, 0.0), row_stats, col_stats, use_cols)
 
-  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
-               col_g):
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
+               row_g, col_out, col_g):
     cos = a.vectors @ b.vectors.T
     sign = self._signs(a, b).astype(cos.dtype)
     keep = pair_mask(a, b)
     scale = row_g[:, None] + col_g[None, :]
-    if tile_map.fast is not None:
-      dcos = jnp.where(keep, scale * tile_map.fast.term_grad(cos, sign), 0.0)
+    if tile_mapping.fast is not None:
+      dcos = jnp.where(keep, scale * tile_mapping.fast.term_grad(cos, sign), 0.0)
       return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
           jnp.zeros_like(k) for k in args.consts)
-    logits, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
+    logits, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
                           *args.consts)
     # d softplus(-s x)/dx = -s sigmoid(-s x)
     dlogits = jnp.where(keep, scale * -sign * jax.nn.sigmoid(-sign * logits), 0.0)
@@ -279,16 +279,16 @@ class PositiveSum(_Sum):
   def fast_form(self, mapping, dtype):
     return None
 
-  def forward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_stats, col_stats,
-              use_cols):
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols):
     cos = a.vectors @ b.vectors.T
-    terms = jnp.where(label_mask(a, b), _logits(tile_map, cos, args), 0.0)
+    terms = jnp.where(label_mask(a, b), _logits(tile_mapping, cos, args), 0.0)
     return self.fold(terms, row_stats, col_stats, use_cols)
 
-  def backward(self, tile_map: TileMap, args: MapArgs, a: Side, b: Side, row_out, row_g, col_out,
-               col_g):
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
+               row_g, col_out, col_g):
     cos = a.vectors @ b.vectors.T
-    _, vjp = jax.vjp(lambda c, p, *k: tile_map.fn(c, p, args.step, *k), cos, args.params,
+    _, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
                      *args.consts)
     dlogits = jnp.where(label_mask(a, b), row_g[:, None] + col_g[None, :], 0.0)
     dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))

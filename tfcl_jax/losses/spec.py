@@ -1,7 +1,7 @@
-r"""Loss specs: a loss family with its map and its own parameters, named by one string.
+r"""Loss specs: a loss family with its mapping and its own parameters, named by one string.
 
 Configs and command lines name a training objective by a loss spec (`free`, `clip:tau=0.1`,
-`sigmoid/learnable=0.1/learn_b=siglip`, `dot+logq`, ...). `from_spec` parses it into a `LossSpec`
+`sigmoid/learnable=0.1/learn_b=siglip`, `dot+logq`, ...). `from_spec` parses it into a `Loss`
 whose `params` go into the train state (`params["loss"]`) and whose `__call__` evaluates the
 loss with the state's values; `canonical_spec` gives its canonical string without building it.
 The grammar, with a table of every form, is docs/specs.md.
@@ -16,35 +16,34 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import _checks
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._dot import dot_product_softmax
 from tfcl_jax.losses._info_nce import info_nce
 from tfcl_jax.losses._sigmoid import BIAS_INITS, sigmoid_bias_init, sigmoid_loss
-from tfcl_jax.mappings import _spec as map_spec
+from tfcl_jax.mappings import _spec as mapping_spec
 
-#: The loss families a loss spec names (`LossSpec.family`).
+#: The loss families a loss spec names (`Loss.family`).
 FAMILIES = ("info_nce", "sigmoid", "dot")
-#: The suffix of a loss spec that adds the logQ correction (`LossSpec.logq`).
+#: The suffix of a loss spec that adds the logQ correction (`Loss.logq`).
 LOGQ_SUFFIX = "+logq"
-#: The prefix of a loss spec that makes InfoNCE symmetric, CLIP's loss (`LossSpec.symmetric`).
+#: The prefix of a loss spec that makes InfoNCE symmetric, CLIP's loss (`Loss.symmetric`).
 SYMMETRIC_PREFIX = "clip:"
 #: The forms of a loss spec, one a line (`from_spec`'s errors print them; docs/specs.md).
 SPEC_FORMS = (
-    "<map>                         InfoNCE under the map, e.g. free, tau=0.5, learnable=0.07",
-    "clip:<map>                    CLIP's symmetric InfoNCE, e.g. clip:learnable=0.07:100",
-    "sigmoid/<map>                 sigmoid loss, bias 0",
-    "sigmoid/<map>/b=<init>        fixed bias: a number, siglip (-10) or prior",
-    "sigmoid/<map>/learn_b=<init>  learnable bias starting at <init>",
-    "dot                           softmax over raw dot products: no normalisation, no map",
-    "<map>+logq, dot+logq          minus log q of each candidate (the logQ correction)",
+    "<mapping>                         InfoNCE under the mapping: free, tau=0.5, learnable=0.07",
+    "clip:<mapping>                    CLIP's symmetric InfoNCE, e.g. clip:learnable=0.07:100",
+    "sigmoid/<mapping>                 sigmoid loss, bias 0",
+    "sigmoid/<mapping>/b=<init>        fixed bias: a number, siglip (-10) or prior",
+    "sigmoid/<mapping>/learn_b=<init>  learnable bias starting at <init>",
+    "dot                               raw dot products, no normalisation and no mapping",
+    "<mapping>+logq, dot+logq          minus log q of each candidate (the logQ correction)",
 )
 
 
 @dataclasses.dataclass(frozen=True)
-class LossSpec:
-  """A loss: its family, its map, and its own parameters, as a loss spec names them.
+class Loss:
+  """A loss: its family, its mapping, and its own parameters, as a loss spec names them.
 
   Calling it evaluates the loss (see `__call__`); `params` are its trainable scalars, the train
   state's `params["loss"]`.
@@ -62,7 +61,7 @@ class LossSpec:
   Attributes:
     spec: the canonical loss spec (what result tables call the run).
     family: one of `FAMILIES`: `"info_nce"` (Eq. 1; Eq. 11-12 under `free`), `"sigmoid"`
-      (SigLIP) or `"dot"` (`dot_product_softmax`: raw dot products, no map).
+      (SigLIP) or `"dot"` (`dot_product_softmax`: raw dot products, no mapping).
     mapping: the `tfcl_jax.mappings.Mapping` of the cosines; None for `"dot"`.
     bias: the sigmoid loss's fixed bias, or its learnable bias's initial value.
     learn_bias: whether `bias` is a trainable parameter (the `"bias"` entry of `params`).
@@ -73,7 +72,7 @@ class LossSpec:
 
   spec: str
   family: str
-  mapping: mappings_lib.Mapping | None = None
+  mapping: mappings.Mapping | None = None
   bias: float = 0.0
   learn_bias: bool = False
   symmetric: bool = False
@@ -96,7 +95,7 @@ class LossSpec:
 
   @property
   def params(self) -> dict:
-    """The trainable scalars, the map's params plus `"bias"` when it is learnt."""
+    """The trainable scalars, the mapping's params plus `"bias"` when it is learnt."""
     params = {} if self.mapping is None else dict(self.mapping.params)
     if self.learn_bias:
       params["bias"] = jnp.asarray(self.bias, jnp.float32)
@@ -117,7 +116,7 @@ class LossSpec:
       params: the trainable scalars (`self.params`' keys), e.g. the train state's
         `params["loss"]`; required when the loss has any (`self.params` holds their initial
         values), so that a train step cannot leave them untrained by leaving them out.
-      step: the training step a scheduled map reads.
+      step: the training step a scheduled mapping reads.
       log_q: `[N]` float log sampling probabilities of the rows of `z2` as candidates; needed by
         a `+logq` loss (each candidate's logit minus `log_q[j]`), refused by the others.
       **kwargs: to `info_nce` (`negatives`, `where`, `reduction`, `block_size`, ...; the spec
@@ -144,7 +143,7 @@ class LossSpec:
         raise ValueError("the dot loss scores each row of z1 against the rows of z2: "
                          f"negatives must be 'cross', got {negatives!r}.")
       return dot_product_softmax(z1, z2, candidate_bias=candidate_bias, **kwargs)
-    assert self.mapping is not None  # every family but dot has a map (__post_init__)
+    assert self.mapping is not None  # every family but dot has a mapping (__post_init__)
     if params is None and self.params:
       raise ValueError(
           f"loss {self.spec!r} has trainable params {sorted(self.params)}: pass params=..., "
@@ -160,8 +159,8 @@ class LossSpec:
     return sigmoid_loss(z1, z2, mapping=mapping, bias=bias, **kwargs)
 
 
-def as_loss(loss: LossSpec | mappings_lib.Mapping) -> LossSpec:
-  """`loss` as a `LossSpec`: a `LossSpec` as it is, a `Mapping` as InfoNCE under it.
+def as_loss(loss: Loss | mappings.Mapping) -> Loss:
+  """`loss` as a `Loss`: a `Loss` as it is, a `Mapping` as InfoNCE under it.
 
   Examples:
     >>> from tfcl_jax import losses, mappings
@@ -172,10 +171,10 @@ def as_loss(loss: LossSpec | mappings_lib.Mapping) -> LossSpec:
   Raises:
     TypeError: `loss` is neither.
   """
-  if isinstance(loss, mappings_lib.Mapping):
-    return LossSpec(loss.spec, "info_nce", loss)
-  if not isinstance(loss, LossSpec):
-    raise TypeError("loss must be a tfcl_jax.losses.LossSpec (losses.from_spec) or a "
+  if isinstance(loss, mappings.Mapping):
+    return Loss(loss.spec, "info_nce", loss)
+  if not isinstance(loss, Loss):
+    raise TypeError("loss must be a tfcl_jax.losses.Loss (losses.from_spec) or a "
                     f"tfcl_jax.mappings.Mapping (InfoNCE under it), got {type(loss).__name__}.")
   return loss
 
@@ -195,12 +194,12 @@ def num_candidates(batch_size: int, *, negatives: str) -> int:
 
 
 class _Parsed(NamedTuple):
-  """A loss spec read and checked: the canonical spec and `LossSpec`'s fields but the bias,
+  """A loss spec read and checked: the canonical spec and `Loss`'s fields but the bias,
   which is `(learnt, init text)` (a `prior` init needs the candidates to become a number)."""
 
   spec: str
   family: str
-  mapping: map_spec.ParsedMap | None
+  mapping: mapping_spec.ParsedMapping | None
   bias: tuple[bool, str] | None = None
   symmetric: bool = False
   logq: bool = False
@@ -224,8 +223,8 @@ def canonical_spec(text: str) -> str:
   return _parse(text).spec
 
 
-def from_spec(text: str, *, num_candidates: int | None = None) -> LossSpec:
-  """Parses a loss spec (docs/specs.md) into its `LossSpec`.
+def from_spec(text: str, *, num_candidates: int | None = None) -> Loss:
+  """Parses a loss spec (docs/specs.md) into its `Loss`.
 
   Examples:
     >>> from tfcl_jax import losses
@@ -245,19 +244,19 @@ def from_spec(text: str, *, num_candidates: int | None = None) -> LossSpec:
   Args:
     text: the spec.
     num_candidates: candidates per anchor (`losses.num_candidates`: `2N - 1` for
-      `negatives="all"`, `N` for `"cross"`); needed only by a `prior` bias and the map
+      `negatives="all"`, `N` for `"cross"`); needed only by a `prior` bias and the mapping
       `free_n` (`mappings.n_aware_free`).
 
   Raises:
     TypeError: `text` is not a str.
     ValueError: for a malformed spec (listing the accepted forms), or a `prior` bias or the
-      map `free_n` without `num_candidates`.
+      mapping `free_n` without `num_candidates`.
   """
   parsed = _parse(text)
   mapping = None
   if parsed.mapping is not None and parsed.mapping.needs_candidates:
     if num_candidates is None:
-      raise ValueError(f"Invalid loss spec {text!r}: the map {parsed.mapping.spec!r} needs "
+      raise ValueError(f"Invalid loss spec {text!r}: the mapping {parsed.mapping.spec!r} needs "
                        "num_candidates (candidates per anchor, losses.num_candidates).")
     mapping = parsed.mapping.build(num_candidates)
   elif parsed.mapping is not None:
@@ -269,7 +268,7 @@ def from_spec(text: str, *, num_candidates: int | None = None) -> LossSpec:
       bias = _bias(init, num_candidates)
     except ValueError as error:
       raise ValueError(f"Invalid loss spec {text!r}: {error}") from None
-  return LossSpec(parsed.spec, parsed.family, mapping, bias, learn_bias, parsed.symmetric,
+  return Loss(parsed.spec, parsed.family, mapping, bias, learn_bias, parsed.symmetric,
                   parsed.logq)
 
 
@@ -286,22 +285,22 @@ def _parse(text: str) -> _Parsed:
     if body.startswith(SYMMETRIC_PREFIX):
       inner = body[len(SYMMETRIC_PREFIX):]
       if inner.split("/")[0] == "sigmoid":
-        raise ValueError(f"{SYMMETRIC_PREFIX} takes a map spec (CLIP's loss is InfoNCE); the "
-                         "sigmoid loss is written sigmoid/<map>")
+        raise ValueError(f"{SYMMETRIC_PREFIX} takes a mapping spec (CLIP's loss is InfoNCE); the "
+                         "sigmoid loss is written sigmoid/<mapping>")
       _no_logq(logq, "the symmetric loss (clip:)")
-      mapping = map_spec.parse(inner)
+      mapping = mapping_spec.parse(inner)
       return _Parsed(SYMMETRIC_PREFIX + mapping.spec, "info_nce", mapping, symmetric=True)
     parts = body.split("/")
     if parts[0] != "sigmoid":
       if len(parts) != 1:
         raise ValueError("only a sigmoid loss takes '/' options (e.g. sigmoid/free/learn_b=0)")
-      mapping = map_spec.parse(body)
+      mapping = mapping_spec.parse(body)
       return _Parsed(mapping.spec + (LOGQ_SUFFIX if logq else ""), "info_nce", mapping,
                      logq=logq)
     _no_logq(logq, "the sigmoid loss")
     if len(parts) not in (2, 3):
-      raise ValueError("expected sigmoid/<map>[/b=<init> | /learn_b=<init>]")
-    mapping = map_spec.parse(parts[1])
+      raise ValueError("expected sigmoid/<mapping>[/b=<init> | /learn_b=<init>]")
+    mapping = mapping_spec.parse(parts[1])
     if len(parts) == 2:
       return _Parsed(f"sigmoid/{mapping.spec}", "sigmoid", mapping, (False, "0"))
     match = re.fullmatch(r"(b|learn_b)=(.+)", parts[2])
@@ -314,9 +313,9 @@ def _parse(text: str) -> _Parsed:
                    (match[1] == "learn_b", init))
   except ValueError as error:
     forms = "\n  ".join(SPEC_FORMS)
-    map_forms = "\n  ".join(map_spec.SPEC_FORMS)
+    mapping_forms = "\n  ".join(mapping_spec.SPEC_FORMS)
     raise ValueError(f"Invalid loss spec {text!r}: {error}\nAccepted forms:\n  {forms}\n"
-                     f"where <map> is a map spec:\n  {map_forms}") from None
+                     f"where <mapping> is a mapping spec:\n  {mapping_forms}") from None
 
 
 def _no_logq(logq: bool, what: str) -> None:

@@ -1,10 +1,11 @@
-r"""Similarity-to-logit maps for InfoNCE: fixed, free, learnable, dynamic and annealed temperature.
+r"""Similarity-to-logit mappings: fixed, free, learnable, dynamic and annealed temperature.
 
 Section 2 of Kim & Kim (arXiv 2501.17683) feeds `cos / tau` to the softmax
 (Eq. 1); Section 4 replaces it with the scaled log-odds `2 artanh(cos)` (Eq. 11).
 
-Every map is a `Mapping` (a pytree: learnable scalars are its leaves) around a `MapFunction`,
-the pure map with the closed forms, checks and logit scale it declares to the losses:
+Every mapping is a `Mapping` (a pytree: learnable scalars are its leaves) around a
+`MappingFunction`, the pure mapping with the closed forms, checks and logit scale it declares to the
+losses:
 
 - `temperature(tau)`: `cos / tau` (Eq. 1);
 - `temperature_free()`: `2 artanh(cos)` (Eq. 11), the default of every loss;
@@ -13,17 +14,17 @@ the pure map with the closed forms, checks and logit scale it declares to the lo
 - `n_aware_free(num_candidates=N)`: `s(N) 2 artanh(cos)`, `s(N) = 1 + log(N - 1) / log 9`;
 - `dynamic_temperature(tau_min, tau_max)`: DySTreSS's per-pair `cos / tau(cos)`;
 - `annealed_temperature(schedule)`: `cos / schedule(step)`;
-- `from_spec("tau=0.25")`: any of them from its map spec (the grammar: docs/specs.md); the
+- `from_spec("tau=0.25")`: any of them from its mapping spec (the grammar: docs/specs.md); the
   losses also take the spec itself (`mapping="free"`);
-- `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature map,
-  `s` of a scaled free map; `max_logit_scale(mapping)` its cap.
+- `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature mapping,
+  `s` of a scaled free mapping; `max_logit_scale(mapping)` its cap.
 """
 
 from tfcl_jax.mappings._base import (
     ExpForm,
     LogSigmoidForm,
-    MapFunction,
     Mapping,
+    MappingFunction,
     MappingLike,
     ParameterCheck,
 )
@@ -43,7 +44,7 @@ __all__ = [
     "SPEC_FORMS",
     "ExpForm",
     "LogSigmoidForm",
-    "MapFunction",
+    "MappingFunction",
     "Mapping",
     "MappingLike",
     "ParameterCheck",

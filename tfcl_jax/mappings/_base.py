@@ -1,11 +1,11 @@
-"""The `Mapping` type: a similarity-to-logit map as a pytree, with closed forms for the losses."""
+"""The `Mapping` type: a similarity-to-logit mapping as a pytree, with its closed forms."""
 
 from __future__ import annotations
 
 import abc
+import collections.abc
 import dataclasses
 from collections.abc import Callable
-from collections.abc import Mapping as MappingType
 from typing import Any, NamedTuple
 
 import jax
@@ -14,15 +14,18 @@ import numpy as np
 
 from tfcl_jax import _checks
 
+#: A mapping's trainable scalars by name (`{"t": ...}`; empty for the fixed ones).
+Params = collections.abc.Mapping[str, Any]
+
 # Largest spread of logits, in nats, that a fixed shift may cover: `exp(f(c) - shift)` then
 # stays above exp(-60) ~ 1e-26, far from float32's smallest normal (1e-38).
 FIXED_SHIFT_RANGE = {4: 60.0, 8: 600.0}
 
 
-class MapFunction(abc.ABC):
-  """The pure map inside a `Mapping`, `fn(cos, params, step) -> logits`, and what it declares.
+class MappingFunction(abc.ABC):
+  """The pure mapping inside a `Mapping`, `fn(cos, params, step) -> logits`, and what it declares.
 
-  A map implements `__call__`; the other methods are its optional contract with the losses,
+  A mapping implements `__call__`; the other methods are its optional contract with the losses,
   each declaring nothing by default: cheaper closed forms (`exp_form`, `log_sigmoid_form`),
   conditions on its parameters (`parameter_checks`) and its logit scale (`logit_scale`) with
   its cap (`max_logit_scale`).
@@ -30,7 +33,7 @@ class MapFunction(abc.ABC):
   """
 
   @abc.abstractmethod
-  def __call__(self, cos: jax.Array, params: MappingType[str, Any], step: jax.Array
+  def __call__(self, cos: jax.Array, params: Params, step: jax.Array
                ) -> jax.Array:
     """The logits of `cos` under `params` at training `step`."""
 
@@ -44,13 +47,13 @@ class MapFunction(abc.ABC):
     del dtype
     return None
 
-  def parameter_checks(self, params: MappingType[str, Any], step: jax.Array
+  def parameter_checks(self, params: Params, step: jax.Array
                        ) -> tuple[ParameterCheck, ...]:
-    """The conditions its parameters must meet (none for maps checked when built)."""
+    """The conditions its parameters must meet (none for mappings checked when built)."""
     del params, step
     return ()
 
-  def logit_scale(self, params: MappingType[str, Any]) -> jax.Array | None:
+  def logit_scale(self, params: Params) -> jax.Array | None:
     """The factor it multiplies cosines (or free's logits) by, or None (no single scale)."""
     del params
     return None
@@ -61,8 +64,8 @@ class MapFunction(abc.ABC):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: a closure may hold a tracer
-class _Plain(MapFunction):
-  """A plain function `fn(cos, params, step)` as a `MapFunction` that declares nothing."""
+class _Plain(MappingFunction):
+  """A plain function `fn(cos, params, step)` as a `MappingFunction` that declares nothing."""
 
   fn: Callable[..., jax.Array]
 
@@ -73,10 +76,10 @@ class _Plain(MapFunction):
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mapping:
-  """A similarity-to-logit map, applied elementwise to cosine similarities.
+  """A similarity-to-logit mapping, applied elementwise to cosine similarities.
 
-  Call it on cosines: `mapping(cos) -> logits`. Learnable maps carry their
-  trainable scalars in `params` (a dict, empty for the others); scheduled maps
+  Call it on cosines: `mapping(cos) -> logits`. Learnable mappings carry their
+  trainable scalars in `params` (a dict, empty for the others); scheduled mappings
   read the training `step`. Both can be overridden per call,
   `mapping(cos, params=..., step=...)`, or fixed with `mapping.bind(params=..., step=...)`,
   which is how a train step hands the current ones to a loss inside `jit`.
@@ -85,7 +88,7 @@ class Mapping:
   It passes through `jax.jit`, `vmap` and `grad` as an argument; the gradient with respect to
   a `Mapping` is a `Mapping` whose `params` hold the gradients, and `optax` updates it.
 
-  The pure map `fn` may declare cheaper closed forms that the losses ask for (`exp_form`):
+  The pure mapping `fn` may declare cheaper closed forms that the losses ask for (`exp_form`):
   Eq. 11's `exp(2 artanh c) = (1 + c) / (1 - c)` is one division per logit.
 
   Examples:
@@ -97,28 +100,28 @@ class Mapping:
     (0.5, 'Mapping')
 
   Attributes:
-    spec: its canonical map spec (`from_spec(mapping.spec)` rebuilds it; docs/specs.md).
-    fn: the pure map, a `MapFunction` (`fn(cos, params, step) -> logits` and its declared
+    spec: its canonical mapping spec (`from_spec(mapping.spec)` rebuilds it; docs/specs.md).
+    fn: the pure mapping, a `MappingFunction` (`fn(cos, params, step) -> logits` and its declared
       forms); a plain function `fn(cos, params, step)` is wrapped in one that declares none.
-    params: trainable scalars, `{}` for non-learnable maps.
-    scheduled: whether the map depends on `step`.
+    params: trainable scalars, `{}` for non-learnable mappings.
+    scheduled: whether the mapping depends on `step`.
     step: the step fixed by `bind` (None: 0).
   """
 
   spec: str
-  fn: MapFunction = dataclasses.field(repr=False)
+  fn: MappingFunction = dataclasses.field(repr=False)
   params: dict[str, Any] = dataclasses.field(default_factory=dict)
   scheduled: bool = False
   step: Any = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
-    if not isinstance(self.fn, MapFunction):
+    if not isinstance(self.fn, MappingFunction):
       if not callable(self.fn):
-        raise TypeError(f"fn must be a MapFunction or a callable fn(cos, params, step), got "
+        raise TypeError(f"fn must be a MappingFunction or a callable fn(cos, params, step), got "
                         f"{type(self.fn).__name__}.")
       object.__setattr__(self, "fn", _Plain(self.fn))
 
-  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any], tuple[str, MapFunction, bool]]:
+  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any], tuple[str, MappingFunction, bool]]:
     return (self.params, self.step), (self.spec, self.fn, self.scheduled)
 
   @classmethod
@@ -127,7 +130,7 @@ class Mapping:
     params, step = children
     return cls(spec, fn, params, scheduled, step)
 
-  def __call__(self, cos: jax.typing.ArrayLike, *, params: MappingType[str, Any] | None = None,
+  def __call__(self, cos: jax.typing.ArrayLike, *, params: Params | None = None,
                step: jax.typing.ArrayLike | None = None) -> jax.Array:
     cos = jnp.asarray(cos)
     if not jnp.issubdtype(cos.dtype, jnp.floating):
@@ -141,9 +144,9 @@ class Mapping:
     """The step fixed by `bind`, else 0."""
     return jnp.zeros((), jnp.int32) if self.step is None else jnp.asarray(self.step)
 
-  def bind(self, *, params: MappingType[str, Any] | None = None,
+  def bind(self, *, params: Params | None = None,
            step: jax.typing.ArrayLike | None = None) -> Mapping:
-    """This map with its trainable `params` and training `step` fixed, as a `Mapping`.
+    """This mapping with its trainable `params` and training `step` fixed, as a `Mapping`.
 
     What a train step hands to a loss: unlike `lambda cos: m(cos, params=p, step=s)`, the
     result is still this `Mapping` (same `spec`), so the losses keep its fast forms and take
@@ -158,7 +161,7 @@ class Mapping:
 
     Args:
       params: replaces `self.params` (same keys); None keeps them.
-      step: the training step a scheduled map reads; None keeps the bound one (else 0).
+      step: the training step a scheduled mapping reads; None keeps the bound one (else 0).
     """
     if params is not None and set(params) != set(self.params):
       raise ValueError(
@@ -172,18 +175,18 @@ class Mapping:
     return bool(self.params)
 
   def exp_form(self, dtype: jax.typing.DTypeLike) -> ExpForm | None:
-    """The map's closed form of `exp(f(c) - shift)` for cosines of `dtype`, if it has one.
+    """The mapping's closed form of `exp(f(c) - shift)` for cosines of `dtype`, if it has one.
 
     Losses that sum `exp(logits)` (InfoNCE's logsumexp) use it instead of `exp(fn(c))`:
     a constant `shift` replaces the running maximum, and the weight and its derivative come
-    from the map's own formula. None when the map declares no such form, has learnable
+    from the mapping's own formula. None when the mapping declares no such form, has learnable
     parameters (their gradient goes through `fn`), or its logits span more than the dtype can
     hold under one shift (e.g. `tau < 1/30` in float32).
     """
     return None if self.params else self.fn.exp_form(jnp.dtype(dtype))
 
   def log_sigmoid_form(self, dtype: jax.typing.DTypeLike) -> LogSigmoidForm | None:
-    """The map's closed form of `-log sigmoid(s f(c))`, `s = +-1`, if it has one.
+    """The mapping's closed form of `-log sigmoid(s f(c))`, `s = +-1`, if it has one.
 
     The sigmoid (SigLIP) loss uses it instead of `softplus(-s f(c))`. Eq. 11 has one:
     `sigmoid(2 artanh c) = (1 + c) / 2`. None as for `exp_form`.
@@ -191,15 +194,15 @@ class Mapping:
     return None if self.params else self.fn.log_sigmoid_form(jnp.dtype(dtype))
 
   def parameter_checks(self) -> tuple[ParameterCheck, ...]:
-    """The conditions the map's parameters must meet, at its `params` and bound `step`.
+    """The conditions the mapping's parameters must meet, at its `params` and bound `step`.
 
-    A map built from traced values (`temperature(tau)` inside `jit`, a learnable `t`, a
+    A mapping built from traced values (`temperature(tau)` inside `jit`, a learnable `t`, a
     scheduled `tau` at a traced step) cannot check them when it is built: `cos / 0` gives
     infinite logits and a non-finite loss, and `tau < 0` finite logits of the wrong sign,
-    hence a finite but meaningless loss. The map's `fn` declares its checks
-    (`MapFunction.parameter_checks`, as it declares `exp_form`); the losses run them under
+    hence a finite but meaningless loss. The mapping's `fn` declares its checks
+    (`MappingFunction.parameter_checks`, as it declares `exp_form`); the losses run them under
     `check_finite` (under `jit`, `check_finite="checkify"`: a `jax.experimental.checkify`
-    check). Maps whose parameters are concrete and checked when built (free, fixed `tau`,
+    check). Mappings whose parameters are concrete and checked when built (free, fixed `tau`,
     DySTreSS) and plain callables declare none: `()`.
 
     Examples:
@@ -223,7 +226,7 @@ class Mapping:
 
 
 class ParameterCheck(NamedTuple):
-  """One condition on a map's parameter, as `Mapping.parameter_checks` returns it.
+  """One condition on a mapping's parameter, as `Mapping.parameter_checks` returns it.
 
   Attributes:
     name: the parameter (`"tau"`, `"t"`, `"tau = schedule(step)"`), as errors name it.
@@ -273,7 +276,7 @@ class LogSigmoidForm:
 
 
 MappingLike = Mapping | str | Callable[[jax.Array], jax.Array]
-"""What the losses and the analysis accept as `mapping`: a `Mapping`, a map spec
+"""What the losses and the analysis accept as `mapping`: a `Mapping`, a mapping spec
 (`from_spec`), or a callable `cos -> logits` (`as_mapping` turns each into a `Mapping`)."""
 
 

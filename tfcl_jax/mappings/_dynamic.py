@@ -12,8 +12,8 @@ from tfcl_jax import _checks
 from tfcl_jax.mappings._base import (
     FIXED_SHIFT_RANGE,
     ExpForm,
-    MapFunction,
     Mapping,
+    MappingFunction,
     format_number,
 )
 
@@ -35,7 +35,7 @@ def dynamic_tau(cos: jax.typing.ArrayLike, *, tau_min: float, tau_max: float) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class _Dynamic(MapFunction):
+class _Dynamic(MappingFunction):
   """DySTreSS: `s / stop_gradient(tau(s))`."""
 
   tau_min: float
@@ -100,7 +100,7 @@ def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
   `tau(s)` is `dynamic_tau`; as in the DySTreSS code it is detached, so the
   gradient of a logit is `1 / tau(s)`.
 
-  The map computes `tau(s) = tau_min + (tau_max - tau_min) sin^2(pi s / 2)` (the same
+  The mapping computes `tau(s) = tau_min + (tau_max - tau_min) sin^2(pi s / 2)` (the same
   function) by a Taylor series of the sine on `s` clipped to `[-1, 1]`, without a
   trigonometric call; InfoNCE sums it in closed form, `exp(s / tau(s) - 1 / tau_min)`.
   Loss + gradient within 1.1-1.2x of `cos / tau`'s (`python -m benchmarks.loss_bench

@@ -1,4 +1,4 @@
-"""The temperature-free map, Eq. 11: `2 artanh(c) = log((1 + c) / (1 - c))`."""
+"""The temperature-free mapping, Eq. 11: `2 artanh(c) = log((1 + c) / (1 - c))`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax.mappings._base import ExpForm, LogSigmoidForm, MapFunction, Mapping
+from tfcl_jax.mappings._base import ExpForm, LogSigmoidForm, Mapping, MappingFunction
 
-# How many units in the last place below 1 the temperature-free map saturates.
+# How many units in the last place below 1 the temperature-free mapping saturates.
 # A normalised dot product of a vector with itself lands within a few ulps of 1
 # on either side; saturating 8 ulps early makes identical vectors give the same
 # logit wherever they sit in the batch, at the cost of ~2 nats of range.
@@ -54,7 +54,7 @@ def _weight_grad_of(low, high):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Free(MapFunction):
+class _Free(MappingFunction):
   """Eq. 11, `log1p(c) - log1p(-c)` after an 8-ulp clamp; `exp` of it is `(1 + c) / (1 - c)`."""
 
   def __call__(self, cos, params, step):
@@ -86,12 +86,12 @@ class _Free(MapFunction):
 
 
 def temperature_free() -> Mapping:
-  r"""The temperature-free scaled log-odds map (Eq. 11).
+  r"""The temperature-free scaled log-odds mapping (Eq. 11).
 
   .. math:: \operatorname{logit}\left(\frac{1 + c}{2}\right)
             = \log\frac{1 + c}{1 - c} = 2 \operatorname{artanh}(c)
 
-  It maps `(-1, 1)` onto the whole real line, removing the representational
+  It mappings `(-1, 1)` onto the whole real line, removing the representational
   limit of Eq. 1, and with it Eq. 13's gradient scale vanishes only at the
   optimum `C -> 1`.
 
@@ -101,7 +101,7 @@ def temperature_free() -> Mapping:
   is zero past the clamp). Half-precision inputs are computed in float32. The
   largest reachable logit (`max_free_logit`): float64 35.3, float32 15.2
   (bfloat16 and float16 as float32), against 10 for `tau = 0.1`. A fixed clamp
-  at 0.9999 would cap it at 9.9 and bring back the limit the map removes.
+  at 0.9999 would cap it at 9.9 and bring back the limit the mapping removes.
   Losses that exponentiate the logits use its closed form `exp(f(c)) = (1 + c)/(1 - c)`
   (`Mapping.exp_form`): one division per logit.
 

@@ -1,4 +1,4 @@
-r"""Free maps with a scale, `s 2 artanh(c)` (Eq. 11 at `s = 1`): the scale learnt from `s = 1`
+r"""Free mappings with a scale, `s 2 artanh(c)` (Eq. 11 at `s = 1`): the scale learnt from `s = 1`
 (`learnable_free`) or set by the candidate count `N` (`n_aware_free`)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import numpy as np
 
 from tfcl_jax import _checks
 from tfcl_jax.mappings._base import (
-  ExpForm,
-  LogSigmoidForm,
-  MapFunction,
-  Mapping,
-  ParameterCheck,
-  capped_exp,
-  finite_check,
-  format_number,
+    ExpForm,
+    LogSigmoidForm,
+    Mapping,
+    MappingFunction,
+    ParameterCheck,
+    capped_exp,
+    finite_check,
+    format_number,
 )
 from tfcl_jax.mappings._free import _clip_slope, _Free, _free_margin, max_free_logit
 
@@ -38,7 +38,7 @@ def _free_logit(cos):
 
 
 @dataclasses.dataclass(frozen=True)
-class _ScaledFree(MapFunction):
+class _ScaledFree(MappingFunction):
   """`scale * 2 artanh(c)` with a concrete `scale`; `exp` of it is `((1 + c)/(1 - c))^scale`."""
 
   scale: float
@@ -95,9 +95,9 @@ class _ScaledFree(MapFunction):
 
 
 def free_scale(num_candidates: int) -> float:
-  r"""The N-aware free map's scale, `s(N) = 1 + log(N - 1) / log 9`.
+  r"""The N-aware free mapping's scale, `s(N) = 1 + log(N - 1) / log 9`.
 
-  On the paper's pattern `[C, -C, ..., -C]` a map `s 2 artanh(c)` gives the positive the
+  On the paper's pattern `[C, -C, ..., -C]` a mapping `s 2 artanh(c)` gives the positive the
   softmax probability `1 / (1 + (N - 1) r^{2s})`, `r = (1 - C)/(1 + C)` (Eq. 12 with a scale).
   `s(N)` is the scale at which `N - 1` negatives leave the positive at `C = 1/2` the
   probability one negative leaves it under free (`N = 2`, `s = 1`):
@@ -119,7 +119,7 @@ def free_scale(num_candidates: int) -> float:
 
 
 def n_aware_free(*, num_candidates: int) -> Mapping:
-  r"""The N-aware free map, `s(N) 2 artanh(c)`, `s(N) = 1 + log(N - 1) / log 9` (`free_scale`).
+  r"""The N-aware free mapping, `s(N) 2 artanh(c)`, `s(N) = 1 + log(N - 1) / log 9` (`free_scale`).
 
   .. math:: f_N(c) = \left(1 + \frac{\log(N - 1)}{\log 9}\right) \log\frac{1 + c}{1 - c}
 
@@ -134,7 +134,7 @@ def n_aware_free(*, num_candidates: int) -> Mapping:
   `sigmoid(f_N(c)) = (1 + c)^s / ((1 + c)^s + (1 - c)^s)` (`Mapping.log_sigmoid_form`). Values
   and gradients are finite on all of `[-1, 1]`: `c` is clamped as in `temperature_free`.
 
-  Its map spec is `free_n=N`; a loss spec names it `free_n`, the loss filling in its own
+  Its mapping spec is `free_n=N`; a loss spec names it `free_n`, the loss filling in its own
   candidate count (`losses.from_spec("free_n", num_candidates=...)`).
 
   Examples:
@@ -165,7 +165,7 @@ def n_aware_free(*, num_candidates: int) -> Mapping:
 
 
 @dataclasses.dataclass(frozen=True)
-class _LearnableFree(MapFunction):
+class _LearnableFree(MappingFunction):
   """`min(exp(t), max_scale) * 2 artanh(c)`, `t` in `params`."""
 
   max_scale: float | None = None
@@ -194,7 +194,7 @@ def learnable_free(*, max_scale: float | None = None) -> Mapping:
   `|dL/dt| = 4 s artanh(C) (N - 1) r^{2s} / (1 + (N - 1) r^{2s})`, `r = (1 - C)/(1 + C)`: zero
   at `C = 0`, as Eq. 10 for CLIP's `exp(t) c`. Values and gradients are finite on all of
   `[-1, 1]` (`c` clamped as in `temperature_free`). The losses take its gradient through the
-  map itself: like every learnable map it declares no closed form to them.
+  mapping itself: like every learnable map it declares no closed form to them.
 
   Examples:
     >>> import jax, jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Temperature maps: fixed `cos / tau` (Eq. 1), learnable `exp(t) cos` (Eq. 8), annealed."""
+"""Temperature mappings: fixed `cos / tau` (Eq. 1), learnable `exp(t) cos` (Eq. 8), annealed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tfcl_jax import _checks, schedules
 from tfcl_jax.mappings._base import (
     FIXED_SHIFT_RANGE,
     ExpForm,
-    MapFunction,
     Mapping,
+    MappingFunction,
     ParameterCheck,
     capped_exp,
     finite_check,
@@ -24,7 +24,7 @@ from tfcl_jax.mappings._base import (
 
 
 @dataclasses.dataclass(frozen=True)
-class _Temperature(MapFunction):
+class _Temperature(MappingFunction):
   """`cos / tau` with a concrete `tau` (Eq. 1)."""
 
   tau: float
@@ -47,7 +47,7 @@ class _Temperature(MapFunction):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, as a tracer must be
-class _TracedTemperature(MapFunction):
+class _TracedTemperature(MappingFunction):
   """`cos / tau` with a traced `tau`, known only when the program runs."""
 
   tau: jax.Array
@@ -65,7 +65,7 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
   Logits lie in `[-1/tau, 1/tau]`, an interval of finite length `2/tau`: the
   representational limit of Example 3.1.
 
-  A traced `tau` (inside `jit`) is not known when the map is built: the losses check it
+  A traced `tau` (inside `jit`) is not known when the mapping is built: the losses check it
   under `check_finite="checkify"` (`Mapping.parameter_checks`, a `checkify` check). Without that
   check a traced `tau = 0` gives infinite logits (NaN at `cos = 0`) and a non-finite loss
   (NaN for `losses.info_nce`), and `tau < 0` logits of the wrong sign: a finite but
@@ -99,7 +99,7 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Learnable(MapFunction):
+class _Learnable(MappingFunction):
   """`min(exp(t), max_scale) * cos` (Eq. 8), `t` in `params`."""
 
   max_scale: float | None = None
@@ -183,12 +183,12 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
 
 
 def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
-  r"""The factor a temperature map multiplies cosines by: `1 / tau`, or `min(exp(t), max_scale)`.
+  r"""A temperature mapping's factor on the cosines: `1 / tau`, or `min(exp(t), max_scale)`.
 
-  A scaled free map (`learnable_free`, `n_aware_free`) has one too: the factor `s` of
-  `s 2 artanh(cos)`. For a learnable map (Eq. 8) this is the effective scale, the cap included, at
-  `mapping.params` or at the `params` given (e.g. a train state's `params["loss"]`, which
-  holds the map's `t`); CLIP logs it as `logit_scale`. Maps that are not one factor times the
+  A scaled free mapping (`learnable_free`, `n_aware_free`) has one too: the factor `s` of
+  `s 2 artanh(cos)`. For a learnable mapping (Eq. 8) this is the effective scale, the cap included,
+  at `mapping.params` or at the `params` given (e.g. a train state's `params["loss"]`, which holds
+  the mapping's `t`); CLIP logs it as `logit_scale`. Mappings that are not one factor times the
   cosine or times Eq. 11 (free, DySTreSS, annealed, callables) have none.
 
   Examples:
@@ -204,9 +204,9 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
     2.0
 
   Args:
-    mapping: a map from `temperature`, `learnable_temperature`, `learnable_free` or
+    mapping: a mapping from `temperature`, `learnable_temperature`, `learnable_free` or
       `n_aware_free`.
-    params: the learnable map's `{"t": ...}` to read instead of `mapping.params`.
+    params: the learnable mapping's `{"t": ...}` to read instead of `mapping.params`.
 
   Returns:
     A float scalar array.
@@ -220,15 +220,16 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
       return scale
   spec = mapping.spec if isinstance(mapping, Mapping) else type(mapping).__name__
   raise TypeError(f"mapping must be a fixed or learnable temperature (cos / tau, "
-                  f"min(exp(t), max_scale) cos) or a scaled free map (s 2 artanh(cos)) to have "
+                  f"min(exp(t), max_scale) cos) or a scaled free mapping (s 2 artanh(cos)) to have "
                   f"a logit scale; got {spec!r}.")
 
 
 def max_logit_scale(mapping: Mapping) -> float | None:
-  """The cap on a learnable map's logit scale, `max_scale` of `min(exp(t), max_scale)`, or None.
+  """The cap on a learnable mapping's logit scale, `max_scale` of `min(exp(t), max_scale)`, or None.
 
   CLIP caps its learnt scale at 100 (spec `learnable=0.07:100`); a scale that reaches the cap
-  stops learning. None for an uncapped learnable map and for every map without a learnt scale.
+  stops learning. None for an uncapped learnable mapping and for every mapping without a learnt
+  scale.
 
   Examples:
     >>> from tfcl_jax import mappings
@@ -246,7 +247,7 @@ def max_logit_scale(mapping: Mapping) -> float | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Annealed(MapFunction):
+class _Annealed(MappingFunction):
   """`cos / schedule(step)`."""
 
   schedule: schedules.Schedule

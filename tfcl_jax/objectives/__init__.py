@@ -2,7 +2,7 @@
 
 `simclr` (Section 5.1, Table 2), `grace` (5.2, Table 3), `msc` (5.3, Table 4), `dcrec` (Table 6)
 and `retrieval` (two-tower retrieval): each encodes two views of its data and compares them with
-a loss (`losses.LossSpec`: InfoNCE under any map, Eq. 1 with `tau` or Eq. 11 temperature-free,
+a loss (`losses.Loss`: InfoNCE under any mapping, Eq. 1 with `tau` or Eq. 11 temperature-free,
 or another family), whose trainable scalars are the train state's `params["loss"]`.
 """
 

@@ -11,7 +11,7 @@ For a batch of (user, input sequence, target) examples, with `v` each input's la
    ("foreign") neighbours, that mean with the mean of `v`'s removed ("civil") neighbours; at
    most 10 of each, drawn at random), min-max normalised over the batch and scaled to mean
    `weight_mean`; 0.5 where the input has one item;
-3. the cross-view contrastive term, Eq. 1 of Kim & Kim with the loss's map in place of
+3. the cross-view contrastive term, Eq. 1 of Kim & Kim with the loss's mapping in place of
    `cos / tau` (`info_nce(…, negatives="cross")`: the reference's `vanilla_loss`):
    `cl = cl_weight · mean(w · ℓ(s', g_a[v]) + (max w − w) · ℓ(g_a[v], g_c[v]))`;
 4. a KL term pulling the sorted weights towards sorted draws of N(weight_mean, 0.1):
@@ -129,14 +129,14 @@ def weight_kl(key, weights, *, weight_mean: float):
   return jnp.sum(jnp.exp(log_target) * (log_target - log_input)) / weights.shape[0]
 
 
-def make_dcrec_loss(model: dcrec.DCRec, loss: losses.LossSpec | mappings.Mapping,
+def make_dcrec_loss(model: dcrec.DCRec, loss: losses.Loss | mappings.Mapping,
                     graphs: DCRecGraphs, *, cl_weight: float = 0.1, kl_weight: float = 0.01,
                     weight_mean: float = 0.4):
   """`loss_fn(params, model_state, batch, key, step)` of DCRec; `batch` holds `users [B]`,
   `inputs [B, L]`, `lengths [B]` and `targets [B]` (`SequenceSplit` rows).
 
   Defaults are the reference's ML-20M settings (`graphcl_coefficient` 0.1, `kl_weight` 0.01,
-  `weight_mean` 0.4); the loss's map replaces its `cl_temp` (0.8). Metrics: `ce`, `cl`, `kl`.
+  `weight_mean` 0.4); the loss's mapping replaces its `cl_temp` (0.8). Metrics: `ce`, `cl`, `kl`.
 
   Examples:
     >>> import jax, numpy as np

@@ -33,7 +33,7 @@ jax.tree_util.register_dataclass(GraphBatch, data_fields=["features", "edge_inde
 
 def make_grace_loss(
     model: gcn.GRACE,
-    loss: losses.LossSpec | mappings.Mapping,
+    loss: losses.Loss | mappings.Mapping,
     *,
     edge_rate: float,
     feature_rate: float,
@@ -44,8 +44,8 @@ def make_grace_loss(
   Two views (`augment.graph.grace_view`: edges removed with probability `edge_rate`, feature
   columns masked with `feature_rate`), their projections, and `loss` on them with
   intra- and inter-view negatives: `info_nce(h1, h2, negatives="all")` (Eq. 1 with `tau`,
-  Eq. 11 with `free`) for a `Mapping` or an InfoNCE `LossSpec`, the sigmoid loss for a sigmoid
-  `LossSpec` (`losses.from_spec`); the learnable values are `params["loss"]`;
+  Eq. 11 with `free`) for a `Mapping` or an InfoNCE `Loss`, the sigmoid loss for a sigmoid
+  `Loss` (`losses.from_spec`); the learnable values are `params["loss"]`;
   `block_size` is the loss's tile side (None: automatic). No metrics.
 
   Examples:

@@ -1,7 +1,7 @@
 """The MSC objective as a `loss_fn` for `training.make_train_step`: mean-shifted views.
 
 Section 5.3 of Kim & Kim (arXiv 2501.17683) fine-tunes a pretrained encoder with MSC (Reiss &
-Hoshen, AAAI 2023) and swaps its `cos / 0.25` (Eq. 1) for the temperature-free map (Eq. 11).
+Hoshen, AAAI 2023) and swaps its `cos / 0.25` (Eq. 1) for the temperature-free mapping (Eq. 11).
 The loss's math (center, mean shift, angular term) is `tfcl_jax.anomaly.msc`.
 """
 
@@ -14,8 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import losses
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import losses, mappings
 from tfcl_jax.anomaly import msc
 from tfcl_jax.objectives import views
 
@@ -26,7 +25,7 @@ AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 def make_msc_loss(
     encoder: nn.Module,
     *,
-    loss: losses.LossSpec | mappings_lib.Mapping,
+    loss: losses.Loss | mappings.Mapping,
     augment: AugmentFn,
     angular: bool = True,
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
@@ -60,8 +59,8 @@ def make_msc_loss(
 
   Args:
     encoder: a backbone `x, train=... -> [B, D]` features (`models.make_backbone(...)`).
-    loss: a `losses.LossSpec` (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its
-      map), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it, MSC's own loss).
+    loss: a `losses.Loss` (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its
+      mapping), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it, MSC's own loss).
     augment: `augment(key, images) -> (view1, view2)`.
     angular: add the angular center term.
 

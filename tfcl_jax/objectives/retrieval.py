@@ -1,7 +1,7 @@
 r"""Two-tower retrieval with in-batch negatives as a `loss_fn` for `training.make_train_step`.
 
 A batch is `B` (user, item) interaction pairs; each user's candidates are the batch's items
-(in-batch negatives), scored by the towers' embeddings under a loss (`losses.LossSpec`, named by
+(in-batch negatives), scored by the towers' embeddings under a loss (`losses.Loss`, named by
 a loss spec; the forms, from one-directional InfoNCE user -> item to `dot+logq`, are in
 docs/specs.md).
 
@@ -17,8 +17,7 @@ from typing import Any, cast
 import flax.linen as nn
 import jax
 
-from tfcl_jax import losses
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import losses, mappings
 
 
 def gather(features: Mapping[str, jax.Array], rows: jax.Array) -> dict[str, jax.Array]:
@@ -28,7 +27,7 @@ def gather(features: Mapping[str, jax.Array], rows: jax.Array) -> dict[str, jax.
 
 def make_retrieval_loss(
     model: nn.Module,
-    loss: losses.LossSpec | mappings_lib.Mapping,
+    loss: losses.Loss | mappings.Mapping,
     *,
     user_features: Mapping[str, jax.Array],
     item_features: Mapping[str, jax.Array],
@@ -67,7 +66,7 @@ def make_retrieval_loss(
 
   Args:
     model: the two towers.
-    loss: a `losses.LossSpec` (`losses.from_spec(...)`), or a `Mapping` (InfoNCE under it).
+    loss: a `losses.Loss` (`losses.from_spec(...)`), or a `Mapping` (InfoNCE under it).
     user_features, item_features: `{name: [rows, ...] int}` tables (`data.movielens_features`).
     log_q: `[I]` log sampling probabilities of the items, needed by a `+logq` loss.
     reduction: `"sum"` or `"mean"` over the valid anchors.

@@ -1,7 +1,7 @@
 """The SimCLR objective as a `loss_fn` for `training.make_train_step`: two views, InfoNCE.
 
 Section 5.1 of Kim & Kim (arXiv 2501.17683) trains SimCLR with NT-Xent (Eq. 1, `cos / tau`) or
-with the temperature-free map (Eq. 11); the map is the only difference. With labels, the
+with the temperature-free mapping (Eq. 11); the mapping is the only difference. With labels, the
 same two views train SupCon (Khosla et al. 2020): positives are the views of one class.
 """
 
@@ -14,8 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import losses
-from tfcl_jax import mappings as mappings_lib
+from tfcl_jax import losses, mappings
 from tfcl_jax.objectives import views as views_lib
 
 #: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
@@ -26,7 +25,7 @@ SUPERVISED_FORMS = ("supcon", "ntxent")  #: the forms of `losses.supervised_info
 def make_simclr_loss(
     model: nn.Module,
     *,
-    loss: losses.LossSpec | mappings_lib.Mapping,
+    loss: losses.Loss | mappings.Mapping,
     augment: AugmentFn,
     negatives: str = "all",
     supervised: str | None = None,
@@ -36,12 +35,12 @@ def make_simclr_loss(
   Both views go through the model in one call (BatchNorm statistics over the 2B views, as in
   SimCLR); the value is `loss(z1, z2, negatives=negatives)` with its trainable scalars from
   `params["loss"]` at `step`: InfoNCE (Eq. 1 for `tau=...`, Eq. 11 for `free`) or the
-  sigmoid loss (SigCLR), as the loss (`losses.LossSpec`) names it.
+  sigmoid loss (SigCLR), as the loss (`losses.Loss`) names it.
   Metrics: `pos_cos`, `neg_cos` (`views.cosine_diagnostics` of the projections).
 
   With `supervised` (SupCon, Khosla et al. 2020), the positives of a view are every other view
   of its class: the value is `losses.supervised_info_nce` of the `2B` projections
-  `z = [z1; z2]` with labels `y = [batch["label"]; batch["label"]]`, under the loss's map
+  `z = [z1; z2]` with labels `y = [batch["label"]; batch["label"]]`, under the loss's mapping
   (bound to `params["loss"]` at `step`) and `form=supervised`; the other view of the same
   image is one positive among those of its class.
 
@@ -72,8 +71,8 @@ def make_simclr_loss(
   Args:
     model: returns `(features, projections)` given `(images, train=...)`
       (`models.ContrastiveModel`).
-    loss: a `losses.LossSpec` (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its
-      map and bias), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it).
+    loss: a `losses.Loss` (`losses.from_spec(...)`: InfoNCE or the sigmoid loss, with its
+      mapping and bias), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it).
     augment: `augment(key, images) -> (view1, view2)`, e.g.
       `functools.partial(tfcl_jax.augment.two_views, recipe="digits")`.
     negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`; `"all"` with `supervised`.
@@ -87,7 +86,7 @@ def make_simclr_loss(
 
   Raises:
     ValueError: an unknown `supervised` form, or `supervised` with a loss other than InfoNCE
-      under a map (a map spec) or with `negatives="cross"`.
+      under a mapping (a mapping spec) or with `negatives="cross"`.
 
   References:
     Chen et al. 2020, "A Simple Framework for Contrastive Learning of Visual
@@ -99,7 +98,7 @@ def make_simclr_loss(
       raise ValueError(f"supervised must be None or one of {SUPERVISED_FORMS}, got "
                        f"{supervised!r}.")
     if loss.family != "info_nce" or loss.symmetric or loss.logq:
-      raise ValueError(f"supervised={supervised!r} takes an InfoNCE loss (a map spec), got "
+      raise ValueError(f"supervised={supervised!r} takes an InfoNCE loss (a mapping spec), got "
                        f"{loss.spec!r}.")
     if negatives != "all":
       raise ValueError(f"supervised={supervised!r} compares every view with every other "

@@ -1,7 +1,7 @@
 """The train state: Flax Linen `TrainState` with the model's mutable state and the loss's params.
 
 `params = {"model": ..., "loss": ...}` so one optimiser updates the network and the loss's
-trainable scalars (`losses.LossSpec.params`: a learnable temperature's `t`, a sigmoid bias)
+trainable scalars (`losses.Loss.params`: a learnable temperature's `t`, a sigmoid bias)
 together, as the loss sees them.
 """
 
@@ -55,7 +55,7 @@ def create_train_state(
     tx: the optax optimiser (see `optim.make_optimizer`).
     apply_fn: the model's apply function (kept for convenience; the step never calls it).
     model_state: other model collections, e.g. `{"batch_stats": ...}`; default `{}`.
-    loss_params: the loss's trainable scalars, `losses.LossSpec.params` (or a `Mapping`'s
+    loss_params: the loss's trainable scalars, `losses.Loss.params` (or a `Mapping`'s
       `params`); default `{}`.
 
   Returns:
@@ -63,7 +63,7 @@ def create_train_state(
   """
   params = {"model": model_params, "loss": dict(loss_params or {})}
   # Copies: the train step donates the state's buffers, which must not delete the caller's
-  # arrays (the `variables` from `model.init`, the `LossSpec`'s params).
+  # arrays (the `variables` from `model.init`, the `Loss`'s params).
   params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
   model_state = jax.tree.map(lambda x: jnp.array(x, copy=True), model_state or {})
   return TrainState.create(
