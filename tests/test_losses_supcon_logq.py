@@ -130,9 +130,11 @@ class SupConTest(parameterized.TestCase):
     np.testing.assert_allclose(fn(z, labels), numpy_supcon(z, labels, NUMPY_MAPS["free"]),
                                rtol=2e-5)
 
-  def test_bad_form(self):
-    with self.assertRaisesRegex(ValueError, "form"):
-      losses.supervised_info_nce(_data(4), np.array([0, 0, 1, 1]), form="khosla")
+  @parameterized.parameters("khosla", "supcon_ntxent")
+  def test_bad_form(self, form):
+    with self.assertRaisesRegex(
+        ValueError, rf"^form must be one of \['ntxent', 'supcon'\], got '{form}'\.$"):
+      losses.supervised_info_nce(_data(4), np.array([0, 0, 1, 1]), form=form)
 
 
 class LogQTest(parameterized.TestCase):

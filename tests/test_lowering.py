@@ -237,12 +237,12 @@ def test_dcrec_step_lowers_at_movielens_100k_shapes(platform):
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("objective", ["supcon", "supcon_ntxent"])
-def test_supcon_steps_lower(platform, objective):
+@pytest.mark.parametrize("form", ["supcon", "ntxent"])
+def test_supcon_steps_lower(platform, form):
   from experiments.configs import supcon_mnist1d  # noqa: PLC0415
 
   config = supcon_mnist1d.get_config()
-  config.objective = objective
+  config.form = form
   report = _lower_step("simclr", config, sharding.make_mesh(), platform, spec="learnable=0.07")
   assert "tensor<512x40x1xf32>" in report.text  # two views of 256 signals
 

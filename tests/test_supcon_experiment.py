@@ -1,6 +1,6 @@
-"""SupCon pretraining: `objectives.simclr.make_simclr_loss(..., supervised=form)` against NumPy
+"""SupCon pretraining: `objectives.simclr.make_simclr_loss(..., form=form)` against NumPy
 transcriptions of both forms over the two views' rows, a learnable temperature's gradient, and
-`experiments.simclr` with `config.objective` end to end."""
+`experiments.simclr` with `config.objective` and `config.form` end to end."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _augment(key, images):
 
 def _objective(views, labels, *, loss, form, params=None):
   loss = losses.as_loss(loss)
-  loss_fn = simclr.make_simclr_loss(_Identity(), loss=loss, augment=_augment, supervised=form)
+  loss_fn = simclr.make_simclr_loss(_Identity(), loss=loss, augment=_augment, form=form)
   params = {"model": {}, "loss": loss.params if params is None else params}
   batch = {"image": jnp.asarray(views, jnp.float32), "label": jnp.asarray(labels, jnp.int32)}
   value, _ = loss_fn(params, {}, batch, jax.random.key(0), 0)
@@ -79,9 +79,9 @@ def _reference(views, labels, f, form):
 MAPS = {"tau=0.1": lambda c: c / 0.1, "free": lambda c: np.log((1 + c) / (1 - c))}
 
 
-@pytest.mark.parametrize("form", simclr.SUPERVISED_FORMS)
+@pytest.mark.parametrize("form", simclr.FORMS)
 @pytest.mark.parametrize("spec", list(MAPS))
-def test_supervised_objective_matches_both_forms_over_the_two_views(form, spec):
+def test_supcon_objective_matches_both_forms_over_the_two_views(form, spec):
   views = _views()
   value = _objective(views, LABELS, loss=losses.from_spec(spec), form=form)
   np.testing.assert_allclose(value, _reference(views, LABELS, MAPS[spec], form), rtol=2e-5)
@@ -92,7 +92,7 @@ def test_supervised_objective_matches_both_forms_over_the_two_views(form, spec):
   chex.assert_trees_all_close(value, direct, rtol=1e-6)
 
 
-@pytest.mark.parametrize("form", simclr.SUPERVISED_FORMS)
+@pytest.mark.parametrize("form", simclr.FORMS)
 def test_distinct_labels_give_simclr(form):
   """One image per class: a row's one positive is its other view, as in SimCLR."""
   views, loss = _views(seed=1), losses.from_spec("tau=0.5")
@@ -103,7 +103,7 @@ def test_distinct_labels_give_simclr(form):
   chex.assert_trees_all_close(supervised, unsupervised, rtol=1e-5)
 
 
-@pytest.mark.parametrize("form", simclr.SUPERVISED_FORMS)
+@pytest.mark.parametrize("form", simclr.FORMS)
 def test_learnable_temperature_gets_the_gradient_of_the_loss(form):
   """d loss / d t of `exp(t) cos` against a central difference of the NumPy transcription."""
   views, t, h = _views(seed=2), float(np.log(1 / 0.2)), 1e-4
@@ -120,14 +120,40 @@ def test_learnable_temperature_gets_the_gradient_of_the_loss(form):
   np.testing.assert_allclose(grad, expected, rtol=1e-3)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(supervised="supcon2"), "supervised must be None or one of"),
-    (dict(supervised="supcon", loss=losses.from_spec("sigmoid/free")), "takes an InfoNCE loss"),
-    (dict(supervised="ntxent", negatives="cross"), "negatives='all'"),
+def test_the_forms_differ_by_the_other_positives_in_the_denominator():
+  """Every anchor with the same number of positives: `"supcon"` − `"ntxent"` is the mean over
+  positive pairs `(i, p)` of `log(sum_{a != i} e^f / (e^{f_ip} + sum_{negatives} e^f))`, the
+  other positives that `"supcon"` adds to the denominator; > 0 with two or more positives."""
+  labels = np.array([0, 1, 0, 1, 2, 2])  # 3 positives for each of the 12 rows
+  views, tau = _views(seed=3), 0.5
+  values = {form: _objective(views, labels, loss=losses.from_spec(f"tau={tau}"), form=form)
+            for form in simclr.FORMS}
+  z = np.concatenate([views[:, 0], views[:, 1]])
+  z = z / np.linalg.norm(z, axis=1, keepdims=True)
+  rows = np.tile(labels, 2)
+  exp = np.exp(z @ z.T / tau)
+  gaps = []
+  for i in range(len(rows)):
+    others = np.arange(len(rows)) != i
+    negatives = rows != rows[i]
+    for p in np.flatnonzero(others & ~negatives):
+      gaps.append(np.log(exp[i, others].sum() / (exp[i, p] + exp[i, negatives].sum())))
+  assert min(gaps) > 0
+  np.testing.assert_allclose(values["supcon"] - values["ntxent"], np.mean(gaps), rtol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(form="supcon2"), ValueError,
+     r"form must be None \(SimCLR\) or one of 'supcon', 'ntxent' \(SupCon\), got 'supcon2'"),
+    (dict(form="supcon_ntxent"), ValueError, "form must be None .* got 'supcon_ntxent'"),
+    (dict(supervised="ntxent"), TypeError, "unexpected keyword argument 'supervised'"),
+    (dict(form="supcon", loss=losses.from_spec("sigmoid/free")), ValueError,
+     "form='supcon' takes an InfoNCE loss"),
+    (dict(form="ntxent", negatives="cross"), ValueError, "negatives='all'"),
 ])
-def test_supervised_options_are_checked(kwargs, message):
+def test_form_options_are_checked(kwargs, error, message):
   kwargs = {"loss": mappings.temperature(0.1), **kwargs}
-  with pytest.raises(ValueError, match=message):
+  with pytest.raises(error, match=message):
     simclr.make_simclr_loss(_Identity(), augment=_augment, **kwargs)
 
 
@@ -138,16 +164,16 @@ def _tiny_config(**overrides):
 
 
 COMMAND = ("python -m experiments.simclr --config=experiments/configs/supcon_digits.py "
-           "--workdir=DIR --config.objective={objective} --config.epochs=1 --config.knn_k=20")
+           "--workdir=DIR --config.form={form} --config.epochs=1 --config.knn_k=20")
 
 
-@pytest.mark.parametrize("objective,title", [
+@pytest.mark.parametrize("form,title", [
     ("supcon", "# SupCon (form supcon: Khosla et al.'s L_out) on digits"),
-    ("supcon_ntxent", "# SupCon (form ntxent: each positive pair against the negatives only)"),
+    ("ntxent", "# SupCon (form ntxent: each positive pair against the negatives only)"),
 ])
-def test_supcon_runs_write_a_table_that_regenerates(tmp_path, objective, title):
-  command = COMMAND.format(objective=objective)
-  simclr_tests.run(_tiny_config(objective=objective), str(tmp_path), command=command)
+def test_supcon_runs_write_a_table_that_regenerates(tmp_path, form, title):
+  command = COMMAND.format(form=form)
+  simclr_tests.run(_tiny_config(form=form), str(tmp_path), command=command)
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
   assert [(row["loss"], row["seed"]) for row in rows] == [("tau=0.1", "0"),
@@ -159,13 +185,18 @@ def test_supcon_runs_write_a_table_that_regenerates(tmp_path, objective, title):
   assert markdown.startswith(title)
   # What experiments.regenerate rebuilds from the CSV and the recorded command.
   module, config = regenerate.config_of(regenerate.recorded_command(markdown))
-  assert (module, config.objective) == ("experiments.simclr", objective)
+  assert (module, config.objective, config.form) == ("experiments.simclr", "supcon", form)
   recorded = tables.typed(tables.read_csv(str(tmp_path / "results.csv")))
   assert experiment.results_markdown(recorded, config, command).rstrip() == markdown.rstrip()
 
 
 @pytest.mark.parametrize("overrides,message", [
     ({"objective": "simclr2"}, "config.objective must be one of"),
+    ({"objective": "supcon_ntxent"},
+     "config.objective must be one of 'simclr', 'supcon', got 'supcon_ntxent'"),
+    ({"form": "supcon_ntxent"}, "config.form must be one of 'supcon', 'ntxent', got "
+                                "'supcon_ntxent'"),
+    ({"objective": "simclr", "form": "L_out"}, "config.form must be one of"),
     ({"losses": "sigmoid/free"}, "config.objective='supcon': .*takes an InfoNCE loss"),
     ({"negatives": "cross"}, "config.objective='supcon': .*negatives='all'"),
 ])
@@ -183,6 +214,14 @@ def test_supcon_trains_on_the_labelled_split():
   assert simclr_train.training_split(config) == "train+unlabelled"
 
 
+@pytest.mark.parametrize("form", simclr.FORMS)
+def test_simclr_ignores_the_form(form):
+  config = _tiny_config(objective="simclr", form=form)
+  simclr_train.check_config(config)
+  assert simclr_train.form(config) is None
+  assert simclr_train.form(_tiny_config(form=form)) == form
+
+
 def test_unknown_objective_is_one_line_and_exit_2(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.simclr",
@@ -191,6 +230,6 @@ def test_unknown_objective_is_one_line_and_exit_2(tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.startswith("error: config.objective must be one of 'simclr', 'supcon', "
-                                "'supcon_ntxent', got 'simclr2'.")
+                                "got 'simclr2'.")
   assert len(proc.stderr.strip().splitlines()) == 1
   assert not (tmp_path / "run").exists()

@@ -15,9 +15,11 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.mode = "sweep"  # "sweep": losses x seeds; "n_sensitivity": batch sizes x n_losses
-  # What the two views train: "simclr"; with the labels, "supcon" (Khosla et al.'s L_out) or
-  # "supcon_ntxent" (each positive pair against the negatives only; configs/supcon_digits.py).
+  # What the two views train: "simclr", or "supcon" with the labels (configs/supcon_digits.py).
   config.objective = "simclr"
+  # SupCon's form: "supcon" (Khosla et al.'s L_out) or "ntxent" (each positive pair against
+  # the negatives only); "simclr" ignores it.
+  config.form = "supcon"
   config.dataset = "digits"
   config.data_dir = ""  # TFDS data directory; "" = TFDS's default (digits needs none)
   config.recipe = ""  # augmentation recipe; "" = the dataset's (tfcl_jax.data.get_info)

@@ -13,4 +13,4 @@ from experiments.configs import simclr_mnist1d, supcon_digits
 
 
 def get_config() -> ml_collections.ConfigDict:
-  return supcon_digits.supervised(simclr_mnist1d.get_config())
+  return supcon_digits.supcon(simclr_mnist1d.get_config())

@@ -21,11 +21,10 @@ COLUMNS = ("loss", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss"
            "steps", "final_bias")
 
 
-# config.objective -> the tables' name for it.
-OBJECTIVE_TITLES = {
-    "simclr": "SimCLR",
+# config.form -> the tables' name for SupCon in that form.
+SUPCON_TITLES = {
     "supcon": "SupCon (form supcon: Khosla et al.'s L_out)",
-    "supcon_ntxent": "SupCon (form ntxent: each positive pair against the negatives only)",
+    "ntxent": "SupCon (form ntxent: each positive pair against the negatives only)",
 }
 CURVE = "knn_top1@"  # result columns of the kNN top-1 during training: knn_top1@<step>
 
@@ -48,7 +47,8 @@ def results_markdown(rows: list[dict], config, command: str) -> str:
   kNN during training; what a sweep writes and what `experiments.regenerate` rebuilds from
   `results.csv`."""
   sweep = config.mode != "n_sensitivity"
-  name = f"{OBJECTIVE_TITLES[config.objective]} on {config.dataset}"
+  objective = SUPCON_TITLES[config.form] if config.objective == "supcon" else "SimCLR"
+  name = f"{objective} on {config.dataset}"
   title = (f"# {name}: kNN top-1 per loss, {config.epochs} epochs" if sweep
            else f"# {name}: kNN top-1 against the batch size N")
   body = (table2(rows, knn_k=config.knn_k, knn_tau=config.knn_tau) + training_table(rows)

@@ -1,8 +1,9 @@
 """SimCLR on an image dataset: the runs of a config, one run, and the sweep; MSC pretrains with it.
 
 `config.objective` chooses what the two views train: SimCLR (`"simclr"`), or SupCon with the
-images' labels (`"supcon"`: Khosla et al.'s `L_out`; `"supcon_ntxent"`: each positive pair
-against the anchor's negatives only) on the labelled training split (`training_split`).
+images' labels (`"supcon"`) on the labelled training split (`training_split`), in the form
+`config.form` (`"supcon"`: Khosla et al.'s `L_out`; `"ntxent"`: each positive pair against
+the anchor's negatives only), which SimCLR ignores.
 
 A run is one (loss spec, seed, batch size) (`plan.Run` with a `batch_size` axis); `plan_runs`
 lists a config's runs, `check_config` checks the config without data, `check_data` what the
@@ -30,8 +31,7 @@ from tfcl_jax.objectives import simclr
 from tfcl_jax.training import optim, sharding, state, step
 
 MODES = ("sweep", "n_sensitivity")
-# config.objective -> the `supervised` form of `objectives.simclr.make_simclr_loss`.
-OBJECTIVES = {"simclr": None, "supcon": "supcon", "supcon_ntxent": "ntxent"}
+OBJECTIVES = ("simclr", "supcon")  # config.objective; config.form: `objectives.simclr.FORMS`
 # The fields of the N-sensitivity mode's runs: they choose which runs exist, as `losses` does.
 PLAN_FIELDS = ("n_losses", "n_batch_sizes")
 
@@ -71,8 +71,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                     "checkpoint_every", "warmup_epochs", "num_devices"),
       positive_numbers=("learning_rate", "knn_tau"),
       non_negative_numbers=("momentum", "weight_decay"),
-      choices={"mode": MODES, "objective": tuple(OBJECTIVES), "negatives": ("all", "cross"),
-               "lr_scaling": ("linear", "none"), "optimizer": tuple(optim.OPTIMIZERS)})
+      choices={"mode": MODES, "objective": OBJECTIVES, "form": simclr.FORMS,
+               "negatives": ("all", "cross"), "lr_scaling": ("linear", "none"),
+               "optimizer": tuple(optim.OPTIMIZERS)})
   runs = plan_runs(config)
   with plan.config_errors():
     data.get_info(config.dataset)
@@ -111,7 +112,7 @@ def training_split(config: ml_collections.ConfigDict) -> str:
   """The split the runs train on: the dataset's pretraining split for SimCLR (its unlabelled
   examples where it has them), its labelled training split for SupCon."""
   info = data.get_info(config.dataset)
-  return info.pretrain_split if OBJECTIVES[config.objective] is None else info.train_split
+  return info.pretrain_split if form(config) is None else info.train_split
 
 
 def _host_batch(batch_size: int) -> int:
@@ -151,10 +152,15 @@ def make_train_step(config: ml_collections.ConfigDict, model, loss: losses.Loss,
 
 def make_loss_fn(config: ml_collections.ConfigDict, model, loss: losses.Loss, augment_fn):
   """The `loss_fn` of `config.objective` (`objectives.simclr.make_simclr_loss`: SimCLR, or
-  SupCon in the form `OBJECTIVES` names)."""
+  SupCon in `config.form`)."""
   return simclr.make_simclr_loss(model, loss=loss, augment=augment_fn,
-                                 negatives=config.negatives,
-                                 supervised=OBJECTIVES[config.objective])
+                                 negatives=config.negatives, form=form(config))
+
+
+def form(config: ml_collections.ConfigDict) -> str | None:
+  """The `form` of `objectives.simclr.make_simclr_loss` for `config`: `config.form` for
+  SupCon, None for SimCLR (which takes no labels and ignores `config.form`)."""
+  return config.form if config.objective == "supcon" else None
 
 
 @dataclasses.dataclass(frozen=True)

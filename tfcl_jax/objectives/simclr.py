@@ -19,7 +19,7 @@ from tfcl_jax.objectives import views as views_lib
 
 #: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
 AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-SUPERVISED_FORMS = ("supcon", "ntxent")  #: the forms of `losses.supervised_info_nce`
+FORMS = ("supcon", "ntxent")  #: SupCon's forms: those of `losses.supervised_info_nce`
 
 
 def make_simclr_loss(
@@ -28,7 +28,7 @@ def make_simclr_loss(
     loss: losses.Loss | mappings.Mapping,
     augment: AugmentFn,
     negatives: str = "all",
-    supervised: str | None = None,
+    form: str | None = None,
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
   """`loss_fn(params, model_state, batch, key, step)` for SimCLR on `batch["image"]`.
 
@@ -38,11 +38,11 @@ def make_simclr_loss(
   sigmoid loss (SigCLR), as the loss (`losses.Loss`) names it.
   Metrics: `pos_cos`, `neg_cos` (`views.cosine_diagnostics` of the projections).
 
-  With `supervised` (SupCon, Khosla et al. 2020), the positives of a view are every other view
+  With a `form` (SupCon, Khosla et al. 2020), the positives of a view are every other view
   of its class: the value is `losses.supervised_info_nce` of the `2B` projections
   `z = [z1; z2]` with labels `y = [batch["label"]; batch["label"]]`, under the loss's mapping
-  (bound to `params["loss"]` at `step`) and `form=supervised`; the other view of the same
-  image is one positive among those of its class.
+  (bound to `params["loss"]` at `step`) and that `form`; the other view of the same image is
+  one positive among those of its class.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -62,7 +62,7 @@ def make_simclr_loss(
     >>> loss.shape, sorted(metrics)
     ((), ['neg_cos', 'pos_cos'])
     >>> supcon_fn = simclr.make_simclr_loss(model, loss=mappings.temperature(0.1),
-    ...                                     augment=noise, supervised="supcon")
+    ...                                     augment=noise, form="supcon")
     >>> batch = {"image": images, "label": jnp.array([0, 1, 0, 1])}
     >>> jax.eval_shape(supcon_fn, params, {"batch_stats": variables["batch_stats"]}, batch,
     ...                jax.random.key(1), 0)[0].shape
@@ -75,33 +75,33 @@ def make_simclr_loss(
       mapping and bias), or a `Mapping` (`mappings.from_spec(...)`: InfoNCE under it).
     augment: `augment(key, images) -> (view1, view2)`, e.g.
       `functools.partial(tfcl_jax.augment.two_views, recipe="digits")`.
-    negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`; `"all"` with `supervised`.
-    supervised: None (SimCLR: a view's one positive is the other view of its image), or a
-      form of `losses.supervised_info_nce`: `"supcon"` (Khosla et al.'s `L_out`: every other
-      view in the denominator) or `"ntxent"` (each positive pair against the anchor's
-      negatives only); positives share `batch["label"]` (`[B]` int).
+    negatives: `"all"` (SimCLR's 2N-2 negatives) or `"cross"`; `"all"` with a `form`.
+    form: None (SimCLR, no labels: a view's one positive is the other view of its image), or
+      SupCon in a form of `losses.supervised_info_nce`: `"supcon"` (Khosla et al.'s `L_out`:
+      every other view in the denominator) or `"ntxent"` (each positive pair against the
+      anchor's negatives only); positives share `batch["label"]` (`[B]` int).
 
   Returns:
     The loss function.
 
   Raises:
-    ValueError: an unknown `supervised` form, or `supervised` with a loss other than InfoNCE
-      under a mapping (a mapping spec) or with `negatives="cross"`.
+    ValueError: an unknown `form`, or a `form` with a loss other than InfoNCE under a mapping
+      (a mapping spec) or with `negatives="cross"`.
 
   References:
     Chen et al. 2020, "A Simple Framework for Contrastive Learning of Visual
     Representations"; Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2.
   """
   loss = losses.as_loss(loss)
-  if supervised is not None:
-    if supervised not in SUPERVISED_FORMS:
-      raise ValueError(f"supervised must be None or one of {SUPERVISED_FORMS}, got "
-                       f"{supervised!r}.")
+  if form is not None:
+    if form not in FORMS:
+      raise ValueError(f"form must be None (SimCLR) or one of {', '.join(map(repr, FORMS))} "
+                       f"(SupCon), got {form!r}.")
     if loss.family != "info_nce" or loss.symmetric or loss.logq:
-      raise ValueError(f"supervised={supervised!r} takes an InfoNCE loss (a mapping spec), got "
+      raise ValueError(f"form={form!r} takes an InfoNCE loss (a mapping spec), got "
                        f"{loss.spec!r}.")
     if negatives != "all":
-      raise ValueError(f"supervised={supervised!r} compares every view with every other "
+      raise ValueError(f"form={form!r} compares every view with every other "
                        f"(negatives='all'), got negatives={negatives!r}.")
 
   def loss_fn(params, model_state, batch, key, step):
@@ -112,13 +112,13 @@ def make_simclr_loss(
       return projections, new_model_state
 
     z1, z2, new_model_state = views_lib.encode_two_views(apply, *augment(key, batch["image"]))
-    if supervised is None:
+    if form is None:
       value = loss(z1, z2, params=params["loss"], step=step, negatives=negatives)
     else:
       labels = jnp.concatenate([batch["label"], batch["label"]])
       assert loss.mapping is not None  # an InfoNCE loss, checked above
       value = losses.supervised_info_nce(
-          jnp.concatenate([z1, z2]), labels, form=supervised,
+          jnp.concatenate([z1, z2]), labels, form=form,
           mapping=loss.mapping.bind(params=params["loss"], step=step))
     return value, (new_model_state, views_lib.cosine_diagnostics(z1, z2))
 
