@@ -159,7 +159,8 @@ def test_form_options_are_checked(kwargs, error, message):
 
 def _tiny_config(**overrides):
   """SimCLR's tiny digits runs (`test_simclr_experiment.tiny_config`) with SupCon's objective."""
-  return simclr_tests.tiny_config(**{"objective": "supcon", "losses": "tau=0.1,learnable=0.2",
+  return simclr_tests.tiny_config(**{"objective": "supcon", "form": "supcon",
+                                     "losses": "tau=0.1,learnable=0.2",
                                      "seeds": 1, **overrides})
 
 
@@ -194,8 +195,8 @@ def test_supcon_runs_write_a_table_that_regenerates(tmp_path, form, title):
     ({"objective": "simclr2"}, "config.objective must be one of"),
     ({"objective": "supcon_ntxent"},
      "config.objective must be one of 'simclr', 'supcon', got 'supcon_ntxent'"),
-    ({"form": "supcon_ntxent"}, "config.form must be one of 'supcon', 'ntxent', got "
-                                "'supcon_ntxent'"),
+    ({"form": "supcon_ntxent"}, "config.form must be one of 'supcon', 'ntxent' with "
+                                "config.objective='supcon', got 'supcon_ntxent'"),
     ({"objective": "simclr", "form": "L_out"}, "config.form must be one of"),
     ({"losses": "sigmoid/free"}, "config.objective='supcon': .*takes an InfoNCE loss"),
     ({"negatives": "cross"}, "config.objective='supcon': .*negatives='all'"),
@@ -215,10 +216,15 @@ def test_supcon_trains_on_the_labelled_split():
 
 
 @pytest.mark.parametrize("form", simclr.FORMS)
-def test_simclr_ignores_the_form(form):
+def test_simclr_refuses_a_form_and_supcon_needs_one(form):
   config = _tiny_config(objective="simclr", form=form)
-  simclr_train.check_config(config)
-  assert simclr_train.form(config) is None
+  with pytest.raises(plan.ConfigError, match=r"config.form must be one of '' with "
+                     r"config.objective='simclr', got '" + form + "'"):
+    simclr_train.check_config(config)
+  simclr_train.check_config(_tiny_config(objective="simclr", form=""))
+  assert simclr_train.form(_tiny_config(objective="simclr", form="")) is None
+  with pytest.raises(plan.ConfigError, match="config.form must be one of 'supcon', 'ntxent'"):
+    simclr_train.check_config(_tiny_config(form=""))
   assert simclr_train.form(_tiny_config(form=form)) == form
 
 

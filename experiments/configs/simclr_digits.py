@@ -18,8 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
   # What the two views train: "simclr", or "supcon" with the labels (configs/supcon_digits.py).
   config.objective = "simclr"
   # SupCon's form: "supcon" (Khosla et al.'s L_out) or "ntxent" (each positive pair against
-  # the negatives only); "simclr" ignores it.
-  config.form = "supcon"
+  # the negatives only); "" with "simclr", which takes none.
+  config.form = ""
   config.dataset = "digits"
   config.data_dir = ""  # TFDS data directory; "" = TFDS's default (digits needs none)
   config.recipe = ""  # augmentation recipe; "" = the dataset's (tfcl_jax.data.get_info)

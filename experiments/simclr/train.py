@@ -71,9 +71,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                     "checkpoint_every", "warmup_epochs", "num_devices"),
       positive_numbers=("learning_rate", "knn_tau"),
       non_negative_numbers=("momentum", "weight_decay"),
-      choices={"mode": MODES, "objective": OBJECTIVES, "form": simclr.FORMS,
+      choices={"mode": MODES, "objective": OBJECTIVES,
                "negatives": ("all", "cross"), "lr_scaling": ("linear", "none"),
                "optimizer": tuple(optim.OPTIMIZERS)})
+  forms = simclr.FORMS if config.objective == "supcon" else ("",)
+  if config.form not in forms:
+    raise plan.ConfigError(
+        f"config.form must be one of {', '.join(map(repr, forms))} with "
+        f"config.objective={config.objective!r}, got {config.form!r}.")
   runs = plan_runs(config)
   with plan.config_errors():
     data.get_info(config.dataset)
@@ -159,7 +164,7 @@ def make_loss_fn(config: ml_collections.ConfigDict, model, loss: losses.Loss, au
 
 def form(config: ml_collections.ConfigDict) -> str | None:
   """The `form` of `objectives.simclr.make_simclr_loss` for `config`: `config.form` for
-  SupCon, None for SimCLR (which takes no labels and ignores `config.form`)."""
+  SupCon, None for SimCLR (which takes no labels, and `config.form` "")."""
   return config.form if config.objective == "supcon" else None
 
 
