@@ -118,13 +118,13 @@ class TileReduction(abc.ABC):
 
   @abc.abstractmethod
   def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
-              col_stats, use_cols):
+              col_stats, use_cols) -> tuple[Any, Any]:
     """`(row_stats, col_stats)` with tile `a @ b.T` folded into the statistics of `a`'s rows
     and (where the traced bool `use_cols` holds; None: no column side) of `b`'s rows."""
 
   @abc.abstractmethod
   def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
-               row_g, col_out, col_g):
+               row_g, col_out, col_g) -> tuple[jax.Array, Any, tuple[jax.Array, ...]]:
     """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished outputs of both
     sides and their cotangents (`col_g` zero where the tile's columns were not used)."""
 
