@@ -260,7 +260,7 @@ def sweep(args, report) -> list[dict]:
 
 
 def _as_tables(rows, fastest) -> str:
-  """The sweep's winners as rows of `_engine._BLOCKS["gpu"]` (float32: the matrix side `2N` of
+  """The sweep's winners as rows of `_blocks._BLOCKS["gpu"]` (float32: the matrix side `2N` of
   NT-Xent, the largest measured open-ended) and of `_triton_tiles.LAUNCH` (at the largest N)."""
   blocks = [(2 * r["n"], int(name.split()[-1])) for r in rows if r["dtype"] == "float32"
             for name in [fastest(r, "tiled XLA, block")] if name != "-"]
@@ -271,7 +271,7 @@ def _as_tables(rows, fastest) -> str:
     name = fastest(sized[-1], "Pallas, ") if sized else "-"
     if name != "-":
       launch.append((width, None, tuple(int(x) for x in name.split()[-1].split(":"))))
-  return (f"Measured rows: `_engine._BLOCKS['gpu'] = {tuple(blocks)!r}`; "
+  return (f"Measured rows: `_blocks._BLOCKS['gpu'] = {tuple(blocks)!r}`; "
           f"`_triton_tiles.LAUNCH = {tuple(launch)!r}`")
 
 

@@ -97,7 +97,7 @@ def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):
     assert title in out and title in written
   assert "| 32 | bfloat16 |" in written
   # The sweep's winners in the form of the tables they would replace.
-  assert "_engine._BLOCKS['gpu'] = ((None, " in written
+  assert "_blocks._BLOCKS['gpu'] = ((None, " in written
   assert "_triton_tiles.LAUNCH = ((4, None, (" in written
 
 

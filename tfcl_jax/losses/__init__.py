@@ -9,9 +9,9 @@ automatically where they are faster.
 """
 
 from tfcl_jax.losses import queue
+from tfcl_jax.losses._blocks import auto_block_size, balanced_tile
 from tfcl_jax.losses._devices import STRATEGIES
 from tfcl_jax.losses._dot import dot_product_softmax
-from tfcl_jax.losses._engine import auto_block_size, balanced_tile
 from tfcl_jax.losses._info_nce import info_nce
 from tfcl_jax.losses._layout import check_block_size, l2_normalize, norm_floor
 from tfcl_jax.losses._sharded import info_nce_on_mesh, sharded_info_nce

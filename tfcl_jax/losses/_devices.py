@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tfcl_jax.losses import _engine, _layout
+from tfcl_jax.losses import _blocks, _engine, _layout
 from tfcl_jax.losses._tiles import LogSumExp, Side, TileReduction
 
 #: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
@@ -112,14 +112,14 @@ def device_reduce(axis_name, strategy):
         col_lse = jax.lax.dynamic_slice_in_dim(col_lse, jax.lax.axis_index(axis_name) * n, n)
       return row_lse, col_lse
     if block_size is None:
-      return _engine.by_platform(rows.ids.shape[0], columns.ids.shape[0], functools.partial(
+      return _blocks.by_platform(rows.ids.shape[0], columns.ids.shape[0], functools.partial(
           ring, kind=kind, mapping=mapping, tile_reduction=tile_reduction), rows, columns)
     return ring(block_size, rows, columns, kind=kind, mapping=mapping,
                 tile_reduction=tile_reduction)
 
   def ring(block_size, rows, columns, *, kind, mapping, tile_reduction):
-    block_rows = _engine.balanced_tile(block_size, rows.ids.shape[0])
-    block_cols = _engine.balanced_tile(block_size, columns.ids.shape[0])
+    block_rows = _blocks.balanced_tile(block_size, rows.ids.shape[0])
+    block_cols = _blocks.balanced_tile(block_size, columns.ids.shape[0])
     tile_mapping, args = _engine.pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
                                       like=rows.vectors, tile_reduction=tile_reduction)
     plan = _engine.Plan(kind, block_rows, block_cols, tile_mapping,

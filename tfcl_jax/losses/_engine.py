@@ -23,18 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tfcl_jax.losses._blocks import balanced_tile, by_platform
 from tfcl_jax.losses._tiles import LogSumExp, MappingArgs, Side, TileMapping, TileReduction
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
-
-# Automatic tile side per backend, rows `(largest matrix side or None for any, tile)`, the
-# first that covers the matrix; a matrix within its tile is one tile. Measured on CPU; on GPU
-# and TPU the cost argument of docs/losses.md (`benchmarks.device_bench --suite sweep` prints
-# measured rows of this form).
-_BLOCKS = {"cpu": ((None, 512),), "gpu": ((None, 4096),), "tpu": ((None, 4096),)}
-# The platforms a program can be lowered for, and the backend whose default each takes.
-_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
-
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -46,63 +38,6 @@ class Plan:
   tile_mapping: TileMapping
   column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
   tile_reduction: TileReduction = LogSumExp()  # what a tile folds into per-row statistics
-
-
-def balanced_tile(block_size: int, n: int) -> int:
-  """The tile side for `n` rows: as many tiles as `block_size` needs, sized evenly.
-
-  `ceil(n / ceil(n / block_size))` is at most `block_size` (memory stays bounded by it) and
-  pads fewer than one row per tile, where `block_size` itself could pad almost a whole tile.
-
-  Examples:
-    >>> from tfcl_jax.losses import balanced_tile
-    >>> balanced_tile(1024, 6654), balanced_tile(1024, 4096)
-    (951, 1024)
-  """
-  return -(-n // -(-n // block_size))
-
-
-def auto_block_size(num_rows: int, num_cols: int, backend: str | None = None) -> int:
-  """The tile side the losses use when `block_size` is None, on `backend`.
-
-  On CPU, tiles of 512 (one tile up to 512 rows): measured fastest from 1,024 to 16,384 rows
-  (`python -m benchmarks.loss_bench`); a `[512, 512]` float32 tile (1 MiB) stays in cache.
-  On GPU and TPU, one tile up to 4,096 rows, else tiles of 4,096: a `[4096, 4096]` float32
-  tile is 64 MiB, and each step of the tile loop does enough work (8.6 GFLOP per product at
-  D = 256) to hide the step's fixed cost (kernel launches on GPU); docs/losses.md gives the
-  argument. The losses take the backend the program is lowered for (`by_platform`), so a
-  program lowered for `cuda` on a CPU host gets the GPU's tiles.
-
-  Examples:
-    >>> from tfcl_jax.losses import auto_block_size
-    >>> auto_block_size(8192, 8192, "cpu"), auto_block_size(300, 300, "cpu")
-    (512, 300)
-    >>> auto_block_size(8192, 8192, "gpu"), auto_block_size(3000, 3000, "tpu")
-    (4096, 3000)
-
-  Args:
-    num_rows: rows of the similarity matrix.
-    num_cols: its columns.
-    backend: `"cpu"`, `"gpu"` (or `"cuda"`, `"rocm"`), `"tpu"`; None: `jax.default_backend()`.
-  """
-  backend = jax.default_backend() if backend is None else backend
-  table = _BLOCKS.get(_PLATFORMS.get(backend, backend), _BLOCKS["gpu"])
-  largest = max(num_rows, num_cols)
-  block = next(tile for side, tile in table if side is None or largest <= side)
-  return largest if largest <= block else block
-
-
-def by_platform(num_rows: int, num_cols: int, fn, *args):
-  """`fn(block_size, *args)` with the automatic tile side of the platform the program is
-  lowered for (`jax.lax.platform_dependent`): one branch per distinct choice, resolved at
-  lowering, so the compiled program holds only its platform's."""
-  choices = {platform: auto_block_size(num_rows, num_cols, backend)
-             for platform, backend in _PLATFORMS.items()}
-  if len(set(choices.values())) == 1:
-    return fn(choices["cpu"], *args)
-  branches = {block: functools.partial(fn, block) for block in set(choices.values())}
-  return jax.lax.platform_dependent(
-      *args, **{platform: branches[block] for platform, block in choices.items()})
 
 
 def pad_side(side: Side, multiple: int) -> Side:
