@@ -140,7 +140,7 @@ def test_sphere_end_to_end(tmp_path):
   config.seeds, config.steps, config.eval_every, config.plots = 2, 20, 10, True
   sphere.check_config(config)
   rows = sphere.train_and_evaluate(config, str(tmp_path))
-  assert len(rows) == 2  # 1 mapping x 2 optimizers, one compilation.
+  assert len(rows) == 2  # 1 map x 2 optimizers, one compilation.
   assert {r["optimizer"] for r in rows} == {"sgd", "langevin"}
   assert len(_read_csv(tmp_path / "results.csv")) == 2
   assert "python" in (tmp_path / "results.md").read_text()
@@ -226,18 +226,18 @@ def test_hard_negatives_end_to_end(tmp_path):
   hard_negatives.check_config(config)
   rows = hard_negatives.train_and_evaluate(config, str(tmp_path))
   assert len(rows) == 2
-  by = {(r["mapping"], r["hard_fraction"]): r for r in rows}
+  by = {(r["map"], r["hard_fraction"]): r for r in rows}
   assert by[("free", 0.0)]["hard_share"] == 0.0
   assert by[("free", 1.0)]["hard_share"] == pytest.approx(1.0)
   assert "Augmented views" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.parametrize("module, config_module, field, value, message", [
-    (sphere, sphere_config, "mappings", ("tau=0.1", "warm"), "config.maps: .*'warm'"),
+    (sphere, sphere_config, "maps", ("tau=0.1", "warm"), "config.maps: .*'warm'"),
     (sphere, sphere_config, "settings", ("3:5:cross",), "config.settings: .*M <= d"),
     (sphere, sphere_config, "eval_every", 7, "multiple of config.eval_every"),
     (sphere, sphere_config, "optimizers", ("adam",), "config.optimizers"),
-    (hard_negatives, hard_negatives_config, "mappings", ("tua=1",), "config.maps"),
+    (hard_negatives, hard_negatives_config, "maps", ("tua=1",), "config.maps"),
     (hard_negatives, hard_negatives_config, "hard_fractions", (0.5, 2.0),
      "config.hard_fractions"),
     (hard_negatives, hard_negatives_config, "dim", 10**9, "embedding values per seed"),
