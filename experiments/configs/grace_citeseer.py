@@ -28,7 +28,7 @@ def get_config(dataset: str = "citeseer") -> ml_collections.ConfigDict:
   config.learning_rate = 0.01
   config.num_layers = 2
   config.hidden_dim = 32
-  config.projection_dim = 32
+  config.projection_hidden_dim = 32  # the head's hidden layer; its output is hidden_dim wide
   config.edge_rate = 0.3  # EdgeRemoving(pe)
   config.feature_rate = 0.3  # FeatureMasking(pf)
   # Tile side of the loss (None: automatic; the same loss for every value). 1024 (balanced to

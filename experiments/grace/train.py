@@ -46,7 +46,7 @@ def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphB
   """The run's model, initial train state (the model initialised with `key`) and full-graph
   propagation."""
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
-                    projection_dim=config.projection_dim)
+                    projection_dim=config.projection_hidden_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   state = training.create_train_state(
       model_params=model.init(key, batch.features, full)["params"],
@@ -124,8 +124,9 @@ def check_config(config) -> None:
     ConfigError: naming the first bad field.
   """
   plan.check_fields(
-      config, positive=("epochs", "num_layers", "hidden_dim", "projection_dim", "num_devices",
-                        "checkpoint_every", "eval_epochs", "eval_interval", "log_every"),
+      config, positive=("epochs", "num_layers", "hidden_dim", "projection_hidden_dim",
+                        "num_devices", "checkpoint_every", "eval_epochs", "eval_interval",
+                        "log_every"),
       non_negative=("seed_offset",), positive_numbers=("learning_rate", "eval_learning_rate"),
       fractions=("edge_rate", "feature_rate"))
   if str(config.dataset).lower() not in planetoid.DATASETS:
