@@ -115,7 +115,7 @@ def tiny_config(monkeypatch):
   graph = _tiny_graph(seed=2)
   monkeypatch.setattr(grace_train, "load_graph", lambda config: (graph, _batch(graph)))
   config = grace_citeseer.get_config()
-  config.update(dict(losses=" tau=0.5", seeds=1, epochs=2, eval_epochs=20, hidden_dim=8,
+  config.update(dict(losses=" tau=0.5", seeds=1, epochs=2, probe_epochs=20, hidden_dim=8,
                      projection_hidden_dim=8, train_ratio=0.2, val_ratio=0.2, progress=False))
   return config
 

@@ -69,8 +69,8 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
       scores = logistic.lr_evaluate(
           embeddings, graph.labels, key=eval_key if draw == 0 else jax.random.fold_in(
               eval_key, draw), num_classes=graph.num_classes, train_ratio=config.train_ratio,
-          val_ratio=val_ratio, epochs=config.eval_epochs,
-          learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
+          val_ratio=val_ratio, epochs=config.probe_epochs,
+          learning_rate=config.probe_learning_rate, test_interval=config.probe_eval_every_epochs)
       rows.append({"dataset": graph.name, "loss": run.spec, "seed": run.seed,
                    "train_ratio": config.train_ratio, "val_ratio": val_ratio,
                    "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],

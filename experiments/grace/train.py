@@ -92,8 +92,8 @@ def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Gr
                                full, method=gcn.GRACE.embed)
       scores = logistic.lr_evaluate(
           embeddings, graph.labels, key=keys[2], num_classes=graph.num_classes,
-          train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.eval_epochs,
-          learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
+          train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.probe_epochs,
+          learning_rate=config.probe_learning_rate, test_interval=config.probe_eval_every_epochs)
       return {"dataset": graph.name, "f1_micro": scores["f1_micro"],
               "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"],
               "probe_best_epoch": scores["best_epoch"], "epochs": config.epochs}
@@ -125,9 +125,9 @@ def check_config(config) -> None:
   """
   plan.check_fields(
       config, positive=("epochs", "num_layers", "hidden_dim", "projection_hidden_dim",
-                        "num_devices", "checkpoint_every", "eval_epochs", "eval_interval",
-                        "log_every"),
-      non_negative=("seed_offset",), positive_numbers=("learning_rate", "eval_learning_rate"),
+                        "num_devices", "checkpoint_every", "log_every", "probe_epochs",
+                        "probe_eval_every_epochs"),
+      non_negative=("seed_offset",), positive_numbers=("learning_rate", "probe_learning_rate"),
       fractions=("edge_rate", "feature_rate"))
   if str(config.dataset).lower() not in planetoid.DATASETS:
     raise plan.ConfigError(f"config.dataset must be one of "
