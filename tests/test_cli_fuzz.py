@@ -192,7 +192,7 @@ DATA_ABSENT_CASES = [
     ("retrieval", "hidden_dims", "64,x"), ("retrieval", "losses", "free+logp"),
     ("retrieval", "reduction", "max"), ("retrieval", "min_word_count", "0"),
     ("grace", "edge_rate", "1.0"), ("grace", "dataset", "pubmedx"),
-    ("grace", "val_ratio", "0.95"), ("grace", "probe_eval_every_epochs", "0"),
+    ("grace", "val_fraction", "0.95"), ("grace", "probe_eval_every_epochs", "0"),
 ]
 
 

@@ -43,8 +43,8 @@ def get_config(dataset: str = "citeseer") -> ml_collections.ConfigDict:
   config.probe_epochs = 5000
   config.probe_learning_rate = 0.01
   config.probe_eval_every_epochs = 20
-  config.train_ratio = 0.1
-  config.val_ratio = 0.1
+  config.train_fraction = 0.1
+  config.val_fraction = 0.1
   # Rerunning a command continues its workdir; False refuses a workdir that holds results.
   config.resume = True
   config.progress = True
