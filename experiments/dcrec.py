@@ -142,7 +142,7 @@ def best_epoch(evaluations: dict[str, np.ndarray], *, steps_per_epoch: int) -> d
 def make_model(config, data: sequences.SequenceData) -> dcrec.DCRec:
   return dcrec.DCRec(
       num_nodes=data.num_items + 2, max_length=config.max_length,
-      hidden_size=config.hidden_size, inner_size=config.inner_size,
+      hidden_size=config.hidden_dim, inner_size=config.inner_size,
       num_layers=config.num_layers, num_heads=config.num_heads,
       hidden_dropout=config.hidden_dropout, attention_dropout=config.attention_dropout,
       graph_dropout=config.graph_dropout, graph_dropout_at_eval=config.graph_dropout_at_eval)
@@ -313,13 +313,13 @@ def check_config(config) -> None:
   """
   plan.check_fields(
       config, positive=("epochs", "batch_size", "max_length", "num_negatives", "top_k",
-                        "hidden_size", "inner_size", "num_layers", "num_heads", "num_devices",
+                        "hidden_dim", "inner_size", "num_layers", "num_heads", "num_devices",
                         "log_every"),
       non_negative=("seed_offset", "min_user_interactions"),
       positive_numbers=("learning_rate",), non_negative_numbers=("cl_weight", "kl_weight"),
       fractions=("hidden_dropout", "attention_dropout", "graph_dropout", "weight_mean"))
-  if config.hidden_size % config.num_heads:
-    raise plan.ConfigError(f"config.hidden_size={config.hidden_size} must be a multiple of "
+  if config.hidden_dim % config.num_heads:
+    raise plan.ConfigError(f"config.hidden_dim={config.hidden_dim} must be a multiple of "
                            f"config.num_heads={config.num_heads}.")
   if config.min_rating is not None and not isinstance(config.min_rating, (int, float)):
     raise plan.ConfigTypeError(f"config.min_rating must be None or a number, got "

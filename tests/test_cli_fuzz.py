@@ -189,10 +189,10 @@ DATA_ABSENT_CASES = [
     ("dcrec", "cl_weight", "-1.0"), ("dcrec", "log_every", "0"),
     ("retrieval", "optimizer", "rmsprop"), ("retrieval", "split", "leave_one"),
     ("retrieval", "train_fraction", "1.0"), ("retrieval", "query_features", "user_id,height"),
-    ("retrieval", "hidden", "64,x"), ("retrieval", "losses", "free+logp"),
+    ("retrieval", "hidden_dims", "64,x"), ("retrieval", "losses", "free+logp"),
     ("retrieval", "reduction", "max"), ("retrieval", "min_word_count", "0"),
     ("grace", "edge_rate", "1.0"), ("grace", "dataset", "pubmedx"),
-    ("grace", "val_ratio", "0.95"), ("grace", "eval_interval", "0"),
+    ("grace", "val_fraction", "0.95"), ("grace", "probe_eval_every_epochs", "0"),
 ]
 
 

@@ -22,7 +22,7 @@ def tiny_config(tmp_path):
   config.epochs = 2
   config.batch_size = 64
   config.max_length = 6
-  config.hidden_size = 8
+  config.hidden_dim = 8
   config.inner_size = 16
   config.num_layers = 1
   config.num_negatives = 10

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import json
 import os
 
 import jax
@@ -115,8 +116,9 @@ def tiny_config(monkeypatch):
   graph = _tiny_graph(seed=2)
   monkeypatch.setattr(grace_train, "load_graph", lambda config: (graph, _batch(graph)))
   config = grace_citeseer.get_config()
-  config.update(dict(losses=" tau=0.5", seeds=1, epochs=2, eval_epochs=20, hidden_dim=8,
-                     projection_dim=8, train_ratio=0.2, val_ratio=0.2, progress=False))
+  config.update(dict(losses=" tau=0.5", seeds=1, epochs=2, probe_epochs=20, hidden_dim=8,
+                     projection_hidden_dim=8, train_fraction=0.2, val_fraction=0.2,
+                     progress=False))
   return config
 
 
@@ -161,15 +163,15 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path, monkeypatch):
 def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_path):
   tiny_config.update(dict(seeds=2, losses="tau=0.5,free"))
   results = _run(tiny_config, str(tmp_path))
-  rows = probe.evaluate(str(tmp_path), val_ratios=[0.2, 0.7], draws=2, command="cmd")
+  rows = probe.evaluate(str(tmp_path), val_fractions=[0.2, 0.7], draws=2, command="cmd")
   assert len(rows) == 4 * 2 * 2
   # Draw 0 under the workdir's own split is the sweep's evaluation of the restored encoder.
   recorded = {(r["loss"], r["seed"]): r["f1_micro"] for r in results}
   for row in rows:
-    if row["val_ratio"] == 0.2 and row["draw"] == 0:
+    if row["val_fraction"] == 0.2 and row["draw"] == 0:
       assert row["f1_micro"] == recorded[row["loss"], row["seed"]]
   # 40 nodes: 8 train, 28 validation, 4 test; F1-micro of 4 single-label nodes is k / 4.
-  other = [r for r in rows if r["val_ratio"] == 0.7]
+  other = [r for r in rows if r["val_fraction"] == 0.7]
   assert {r["test_nodes"] for r in other} == {4}
   for row in other:
     assert 4 * row["f1_micro"] == pytest.approx(round(4 * row["f1_micro"]), abs=1e-6)
@@ -179,9 +181,17 @@ def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_pa
   with open(tmp_path / "probe_splits.csv", newline="") as f:
     assert len(list(csv.DictReader(f))) == len(rows)
   with pytest.raises(ValueError, match="--draws"):
-    probe.evaluate(str(tmp_path), val_ratios=[0.7], draws=0)
+    probe.evaluate(str(tmp_path), val_fractions=[0.7], draws=0)
   with pytest.raises(ValueError, match="no results.csv"):
-    probe.evaluate(str(tmp_path / "runs"), val_ratios=[0.7], draws=1)
+    probe.evaluate(str(tmp_path / "runs"), val_fractions=[0.7], draws=1)
+  # A workdir whose config.json names a field otherwise is refused, by the probe and the sweep.
+  recorded_config = json.loads((tmp_path / "config.json").read_text())
+  recorded_config["train_ratio"] = recorded_config.pop("train_fraction")
+  (tmp_path / "config.json").write_text(json.dumps(recorded_config))
+  with pytest.raises(ValueError, match="records no train_fraction"):
+    probe.evaluate(str(tmp_path), val_fractions=[0.7], draws=1)
+  with pytest.raises(plan.ConfigError, match="train_fraction: recorded None, now 0.2"):
+    _run(tiny_config, str(tmp_path))
 
 
 def test_bad_spec_fails_before_training(tiny_config, tmp_path):

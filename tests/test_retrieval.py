@@ -301,7 +301,7 @@ def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, 
     ("batch_size", 100_000, "config.batch_size=100000"),
     ("losses", "clip:free+logq", "config.losses"),
     ("split", "temporal", "config.split"),
-    ("hidden", "64,x", "config.hidden"),
+    ("hidden_dims", "64,x", "config.hidden_dims"),
 ])
 def test_config_errors_name_the_field_before_training(tiny_config, tmp_path, field, value,
                                                       message):

@@ -20,8 +20,8 @@ from tfcl_jax.training import sharding
 def tiny_config(**overrides):
   config = simclr_digits.get_config()
   config.update(dict(losses="learnable=0.2", seeds=2, epochs=1, batch_size=128, width=4,
-                     proj_hidden_dim=8, proj_dim=8, probe_epochs=20, eval_every_epochs=0,
-                     knn_k=20, num_devices=2, progress=False))
+                     projection_hidden_dim=8, projection_dim=8, probe_epochs=20,
+                     eval_every_epochs=0, knn_k=20, num_devices=2, progress=False))
   config.update(overrides)
   return config
 
@@ -109,9 +109,9 @@ def test_mnist1d_signals_run_through_the_same_experiment(tmp_path):
   from experiments.configs import simclr_mnist1d  # noqa: PLC0415
 
   config = simclr_mnist1d.get_config()
-  config.update(dict(losses="free", seeds=1, epochs=1, width=4, proj_hidden_dim=8, proj_dim=8,
-                     probe_epochs=20, eval_every_epochs=0, num_devices=2, progress=False,
-                     data_dir=str(tmp_path / "data")))
+  config.update(dict(losses="free", seeds=1, epochs=1, width=4, projection_hidden_dim=8,
+                     projection_dim=8, probe_epochs=20, eval_every_epochs=0, num_devices=2,
+                     progress=False, data_dir=str(tmp_path / "data")))
   (result,) = run(config, str(tmp_path / "run"))
   assert result["steps"] == 15  # 4000 signals, batch 256
   assert 0.1 < result["knn_top1"] <= 1.0  # above chance after one epoch

@@ -29,8 +29,8 @@ def get_config(dataset: str = "ml-100k", data_dir: str = DEFAULT_DATA_DIR
   config.min_user_interactions = 3  # the fewest a leave-one-out split can use
   config.min_rating = None  # every rating is an interaction
   # Model: RecBole's Transformer defaults; DCRec's dropouts.
-  config.hidden_size = 64
-  config.inner_size = 256
+  config.hidden_dim = 64
+  config.inner_size = 256  # the feed-forward layer's width
   config.num_layers = 2
   config.num_heads = 2
   config.hidden_dropout = 0.5

@@ -28,7 +28,7 @@ def get_config(dataset: str = "citeseer") -> ml_collections.ConfigDict:
   config.learning_rate = 0.01
   config.num_layers = 2
   config.hidden_dim = 32
-  config.projection_dim = 32
+  config.projection_hidden_dim = 32  # the head's hidden layer; its output is hidden_dim wide
   config.edge_rate = 0.3  # EdgeRemoving(pe)
   config.feature_rate = 0.3  # FeatureMasking(pf)
   # Tile side of the loss (None: automatic; the same loss for every value). 1024 (balanced to
@@ -38,12 +38,13 @@ def get_config(dataset: str = "citeseer") -> ml_collections.ConfigDict:
   config.num_devices = 1  # full batch is replicated: extra devices would repeat the same work
   config.checkpoint_every = 250  # a killed run resumes from here
   config.log_every = 50
-  # PyGCL LREvaluator.
-  config.eval_epochs = 5000
-  config.eval_learning_rate = 0.01
-  config.eval_interval = 20
-  config.train_ratio = 0.1
-  config.val_ratio = 0.1
+  # The linear probe on the frozen embeddings: PyGCL's LREvaluator (full-batch Adam; scores
+  # validation and test every probe_eval_every_epochs of its epochs).
+  config.probe_epochs = 5000
+  config.probe_learning_rate = 0.01
+  config.probe_eval_every_epochs = 20
+  config.train_fraction = 0.1
+  config.val_fraction = 0.1
   # Rerunning a command continues its workdir; False refuses a workdir that holds results.
   config.resume = True
   config.progress = True

@@ -58,11 +58,12 @@ def get_config(preset: str = "tutorial") -> ml_collections.ConfigDict:
   config.split_seed = 42
   config.exclude_seen = False
   # Towers: comma lists of features (`QUERY_FEATURES`, `CANDIDATE_FEATURES`), the embedding
-  # width, and hidden layers ("" none: an ids-only tower is its embedding table).
+  # width, and a comma list of hidden layer widths ("" none: an ids-only tower is its
+  # embedding table).
   config.query_features = "user_id"
   config.candidate_features = "item_id"
   config.dim = 32
-  config.hidden = ""
+  config.hidden_dims = ""
   config.min_word_count = 2  # title words seen fewer times share no embedding
   # Training: the tutorial's Adagrad (Keras defaults), summed loss, one shuffle reused.
   config.optimizer = "adagrad"
@@ -82,7 +83,7 @@ def get_config(preset: str = "tutorial") -> ml_collections.ConfigDict:
     config.exclude_seen = True
     config.query_features = "user_id,age,gender,occupation,zip"
     config.candidate_features = "item_id,title,year,genres"
-    config.hidden = "64"
+    config.hidden_dims = "64"
     config.optimizer = "adam"
     config.learning_rate = 1e-3
     config.batch_size = 1024

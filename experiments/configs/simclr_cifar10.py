@@ -17,8 +17,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset = "cifar10"
   config.backbone = "resnet18_cifar"
   config.width = 0
-  config.proj_hidden_dim = 512
-  config.proj_dim = 128
+  config.projection_hidden_dim = 512
+  config.projection_dim = 128
   config.epochs = 800
   config.batch_size = 256
   config.learning_rate = 0.06

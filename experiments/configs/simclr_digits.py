@@ -32,8 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.backbone = "small_cnn"
   config.width = 16  # first-stage channels; 0 = the backbone's default
-  config.proj_hidden_dim = 64
-  config.proj_dim = 32
+  config.projection_hidden_dim = 64
+  config.projection_dim = 32
 
   config.epochs = 20
   config.batch_size = 256

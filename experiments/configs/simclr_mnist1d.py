@@ -22,8 +22,8 @@ def get_config():
   config.data_dir = ""  # cache folder of the generated set; "" = ~/.cache/tfcl_jax
   config.losses = "tau=0.1,tau=0.5,free"
   config.width = 32  # 1-D convolutions of 3 samples: 32-64-128 channels
-  config.proj_hidden_dim = 128
-  config.proj_dim = 64
+  config.projection_hidden_dim = 128
+  config.projection_dim = 64
   config.epochs = 30  # 15 steps per epoch at batch 256 (4000 training signals)
   config.n_batch_sizes = "64,128,256,512,1024"
   config.knn_k = 50  # 400 training signals per class

@@ -107,13 +107,13 @@ plot = tables.sweep_plot(write_plot, example=EXAMPLE)
 # -- the probe's tables (`experiments.grace.probe`) --------------------------------------------
 
 
-PROBE_COLUMNS = ("dataset", "loss", "seed", "train_ratio", "val_ratio", "test_nodes", "draw",
-                 "f1_micro", "f1_macro", "val_f1_micro")
+PROBE_COLUMNS = ("dataset", "loss", "seed", "train_fraction", "val_fraction", "test_nodes",
+                 "draw", "f1_micro", "f1_macro", "val_f1_micro")
 
 
-def split_name(train_ratio: float, val_ratio: float) -> str:
-  test = 1.0 - train_ratio - val_ratio
-  return f"{100 * train_ratio:.0f} / {100 * val_ratio:.0f} / {100 * test:.0f} %"
+def split_name(train_fraction: float, val_fraction: float) -> str:
+  test = 1.0 - train_fraction - val_fraction
+  return f"{100 * train_fraction:.0f} / {100 * val_fraction:.0f} / {100 * test:.0f} %"
 
 
 def _probe_tables(rows: list[dict], *, command: str, agreement: float | None) -> str:
@@ -129,10 +129,10 @@ def _probe_tables(rows: list[dict], *, command: str, agreement: float | None) ->
   if agreement is not None:
     lines += [f"Draw 0 under the workdir's own split reproduces `result.json`: largest "
               f"|difference| {agreement:.2g} F1-micro.", ""]
-  for val_ratio in dict.fromkeys(r["val_ratio"] for r in rows):
-    split = [r for r in rows if r["val_ratio"] == val_ratio]
+  for val_fraction in dict.fromkeys(r["val_fraction"] for r in rows):
+    split = [r for r in rows if r["val_fraction"] == val_fraction]
     first = [r for r in split if r["draw"] == 0]
-    lines += [f"## Split {split_name(split[0]['train_ratio'], val_ratio)} "
+    lines += [f"## Split {split_name(split[0]['train_fraction'], val_fraction)} "
               f"({split[0]['test_nodes']} test nodes)", "",
               "| loss | seeds | F1-micro, draw 0 (std over seeds) | F1-macro, draw 0 "
               "| within-run std over draws |", "|---|---|---|---|---|"]
@@ -154,12 +154,12 @@ def _probe_tables(rows: list[dict], *, command: str, agreement: float | None) ->
 
 
 def probe_markdown(rows: list[dict], *, command: str, recorded: list[dict],
-                   val_ratio: float) -> str:
+                   val_fraction: float) -> str:
   """`probe_splits.md` of `rows`, checked against the sweep's `recorded` results: draw 0 under
-  the sweep's own split (`val_ratio`) should reproduce each run's F1-micro."""
+  the sweep's own split (`val_fraction`) should reproduce each run's F1-micro."""
   own = {(r["loss"], int(r["seed"])): float(r["f1_micro"]) for r in recorded}
   differences = [abs(r["f1_micro"] - own[r["loss"], r["seed"]]) for r in rows
-                 if r["val_ratio"] == val_ratio and r["draw"] == 0
+                 if r["val_fraction"] == val_fraction and r["draw"] == 0
                  and (r["loss"], r["seed"]) in own]
   return _probe_tables(rows, command=command,
                        agreement=max(differences) if differences else None)
@@ -169,4 +169,5 @@ def probe_committed_markdown(rows: list[dict], *, command: str, name: str, commi
   """`probe_markdown` of the committed table `NAME` (`NAME_splits` beside its sweep's `NAME`;
   `committed(name) -> (rows, config)`): what `experiments.regenerate` rebuilds it with."""
   recorded, config = committed(name.removesuffix("_splits"))
-  return probe_markdown(rows, command=command, recorded=recorded, val_ratio=config.val_ratio)
+  return probe_markdown(rows, command=command, recorded=recorded,
+                        val_fraction=config.val_fraction)

@@ -46,7 +46,7 @@ def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphB
   """The run's model, initial train state (the model initialised with `key`) and full-graph
   propagation."""
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
-                    projection_dim=config.projection_dim)
+                    projection_dim=config.projection_hidden_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   state = training.create_train_state(
       model_params=model.init(key, batch.features, full)["params"],
@@ -92,8 +92,9 @@ def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Gr
                                full, method=gcn.GRACE.embed)
       scores = logistic.lr_evaluate(
           embeddings, graph.labels, key=keys[2], num_classes=graph.num_classes,
-          train_ratio=config.train_ratio, val_ratio=config.val_ratio, epochs=config.eval_epochs,
-          learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
+          train_ratio=config.train_fraction, val_ratio=config.val_fraction,
+          epochs=config.probe_epochs, learning_rate=config.probe_learning_rate,
+          test_interval=config.probe_eval_every_epochs)
       return {"dataset": graph.name, "f1_micro": scores["f1_micro"],
               "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"],
               "probe_best_epoch": scores["best_epoch"], "epochs": config.epochs}
@@ -124,22 +125,23 @@ def check_config(config) -> None:
     ConfigError: naming the first bad field.
   """
   plan.check_fields(
-      config, positive=("epochs", "num_layers", "hidden_dim", "projection_dim", "num_devices",
-                        "checkpoint_every", "eval_epochs", "eval_interval", "log_every"),
-      non_negative=("seed_offset",), positive_numbers=("learning_rate", "eval_learning_rate"),
+      config, positive=("epochs", "num_layers", "hidden_dim", "projection_hidden_dim",
+                        "num_devices", "checkpoint_every", "log_every", "probe_epochs",
+                        "probe_eval_every_epochs"),
+      non_negative=("seed_offset",), positive_numbers=("learning_rate", "probe_learning_rate"),
       fractions=("edge_rate", "feature_rate"))
   if str(config.dataset).lower() not in planetoid.DATASETS:
     raise plan.ConfigError(f"config.dataset must be one of "
                            f"{', '.join(sorted(planetoid.DATASETS))}, got {config.dataset!r}.")
   if config.block_size is not None:
     plan.check_fields(config, positive=("block_size",))
-  for field in ("train_ratio", "val_ratio"):
+  for field in ("train_fraction", "val_fraction"):
     if not 0 < config[field] < 1:
       raise plan.ConfigError(f"config.{field} must be in (0, 1), got {config[field]!r}.")
-  if config.train_ratio + config.val_ratio >= 1:
+  if config.train_fraction + config.val_fraction >= 1:
     raise plan.ConfigError(
-        f"config.train_ratio + config.val_ratio must be < 1 (the rest is the test split), got "
-        f"{config.train_ratio} + {config.val_ratio}.")
+        f"config.train_fraction + config.val_fraction must be < 1 (the rest is the test split), "
+        f"got {config.train_fraction} + {config.val_fraction}.")
   plan_runs(config)
 
 

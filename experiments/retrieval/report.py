@@ -54,7 +54,7 @@ def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
   of = lambda spec, key: [float(r[key]) for r in rows if r["loss"] == spec]  # noqa: E731
   towers_text = (f"query features {config.query_features}; candidate features "
                  f"{config.candidate_features}; width {config.dim}"
-                 + (f", hidden {config.hidden}" if str(config.hidden).strip() else ""))
+                 + (f", hidden {config.hidden_dims}" if str(config.hidden_dims).strip() else ""))
   split = (f"random {config.train_fraction:g} split (seed {config.split_seed})"
            if config.split == "random" else "leave-last-out split")
   lines = [

@@ -92,22 +92,22 @@ def load_data(config) -> Data:
               interactions.log_item_frequency(train, num_items=data.num_items))
 
 
-def _hidden(config) -> tuple[int, ...]:
-  text = str(config.hidden).strip()
+def _hidden_dims(config) -> tuple[int, ...]:
+  text = str(config.hidden_dims).strip()
   try:
     sizes = tuple(int(size) for size in text.split(",") if size.strip()) if text else ()
   except ValueError:
-    raise plan.ConfigError(f"config.hidden must be a comma list of ints, got {text!r}."
+    raise plan.ConfigError(f"config.hidden_dims must be a comma list of ints, got {text!r}."
                            ) from None
   if any(size < 1 for size in sizes):
-    raise plan.ConfigError(f"config.hidden sizes must be >= 1, got {text!r}.")
+    raise plan.ConfigError(f"config.hidden_dims must all be >= 1, got {text!r}.")
   return sizes
 
 
 def make_model(config, data: Data) -> towers.TwoTower:
   def tower(encoded: movielens_features.Encoded) -> towers.Tower:
     return towers.Tower(vocab_sizes=encoded.vocab_sizes, categorical=tuple(encoded.categorical),
-                        bags=tuple(encoded.bags), dim=config.dim, hidden=_hidden(config))
+                        bags=tuple(encoded.bags), dim=config.dim, hidden=_hidden_dims(config))
 
   return towers.TwoTower(tower(data.users), tower(data.items))
 
@@ -286,7 +286,7 @@ def check_config(config) -> None:
                            f"{config.train_fraction!r}.")
   _features(config, "query_features", movielens_features.QUERY_FEATURES)
   _features(config, "candidate_features", movielens_features.CANDIDATE_FEATURES)
-  _hidden(config)
+  _hidden_dims(config)
   plan_runs(config)
 
 

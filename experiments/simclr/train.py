@@ -65,8 +65,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     ConfigError: naming the first bad field.
   """
   plan.check_fields(
-      config, positive=("epochs", "batch_size", "proj_hidden_dim", "proj_dim", "knn_k",
-                        "log_every"),
+      config, positive=("epochs", "batch_size", "projection_hidden_dim", "projection_dim",
+                        "knn_k", "log_every"),
       non_negative=("width", "view_size", "probe_epochs", "eval_every_epochs",
                     "checkpoint_every", "warmup_epochs", "num_devices"),
       positive_numbers=("learning_rate", "knn_tau"),
@@ -134,8 +134,8 @@ def views(config: ml_collections.ConfigDict) -> tuple[data.DatasetInfo, str, int
 def make_model(config: ml_collections.ConfigDict):
   """The config's encoder with its projection head (`models.ContrastiveModel`)."""
   return models.make_contrastive_model(
-      config.backbone, width=config.width or None, proj_hidden_dim=config.proj_hidden_dim,
-      proj_dim=config.proj_dim)
+      config.backbone, width=config.width or None, proj_hidden_dim=config.projection_hidden_dim,
+      proj_dim=config.projection_dim)
 
 
 def make_optimizer(config: ml_collections.ConfigDict, *, batch_size: int, steps_per_epoch: int):
