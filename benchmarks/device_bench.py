@@ -93,7 +93,7 @@ def correctness(args, report) -> list[dict]:
 
           result, note = dv.guarded(lambda fn=fn, mapping=mapping, z1=z1, z2=z2: jax.device_get(
               jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(z1, z2, mapping)))
-          row = {"n": n, "dtype": dtype, "map": spec, "loss": loss,
+          row = {"n": n, "dtype": dtype, "spec": spec, "loss": loss,
                  "implementation": implementation, "note": note}
           if result is not None:
             value, grads = result
@@ -107,7 +107,7 @@ def correctness(args, report) -> list[dict]:
   report.table(f"Correctness against float64 (D = {args.dim}): worst relative error "
                "(max |error| / max |float64 value|)",
                ["N", "dtype", "map", "loss", "implementation", "loss", "dz", "dparams"],
-               [[r["n"], r["dtype"], r["map"], r["loss"], r["implementation"],
+               [[r["n"], r["dtype"], r["spec"], r["loss"], r["implementation"],
                  *(r["note"] and [r["note"], "", ""] or [
                      f"{r['loss_error']:.1e}", f"{r['grad_error']:.1e}",
                      "-" if r["param_error"] is None else f"{r['param_error']:.1e}"])]

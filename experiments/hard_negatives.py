@@ -143,8 +143,8 @@ def _plot(workdir: str, rows: list[dict]) -> None:
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-  for spec in dict.fromkeys(r["map"] for r in rows):
-    mine = [r for r in rows if r["map"] == spec]
+  for spec in dict.fromkeys(r["spec"] for r in rows):
+    mine = [r for r in rows if r["spec"] == spec]
     h = [r["hard_fraction"] for r in mine]
     axes[0].plot(h, [r["positive_pull"] for r in mine], "o-", label=spec)
     axes[1].plot(h, [r["separated"] for r in mine], "o-", label=spec)
@@ -160,7 +160,7 @@ def _plot(workdir: str, rows: list[dict]) -> None:
   plt.close(fig)
 
 
-COLUMNS = ("map", "hard_fraction", "positive_pull", "hard_share", "separated", "median_steps",
+COLUMNS = ("spec", "hard_fraction", "positive_pull", "hard_share", "separated", "median_steps",
            "final_positive", "final_max_negative", "final_margin", "final_tau")
 
 
@@ -204,7 +204,7 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
     mapping = mappings.from_spec(spec)
     results = make_runner(mapping, config=config)(keys, n_hard)
     for i, h in enumerate(config.hard_fractions):
-      row = dict(map=mapping.spec, hard_fraction=h, seeds=config.seeds,
+      row = dict(spec=mapping.spec, hard_fraction=h, seeds=config.seeds,
                  instances=config.instances, num_negatives=config.num_negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)

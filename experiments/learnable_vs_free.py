@@ -102,7 +102,7 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
 
 def _stuck_row(records, spec: str, start: str, config) -> dict:
   t0 = records["t"][0]
-  row = dict(part="stuck_t", start=start, map=spec, C0=float(records["C"][0]),
+  row = dict(part="stuck_t", start=start, spec=spec, C0=float(records["C"][0]),
              t0=float(t0), dLdt_step0=float(records["dt"][0]))
   for k in config.stuck.report_steps:
     row[f"t@{k}"] = float(records["t"][k])
@@ -192,7 +192,7 @@ def precision_study(config) -> tuple[list[dict], dict]:
     curves[(spec, dtype_name)] = dict(gap=gaps, rel_error=rel_errors, loss=snaps["loss"],
                                       grad_norm=snaps["grad_norm"])
     rows.append(dict(
-        part="precision", map=spec, dtype=dtype_name,
+        part="precision", spec=spec, dtype=dtype_name,
         final_one_minus_C=float(gaps[-1]),
         final_loss=float(snaps["loss"][-1]),
         final_reference_loss=final_reference,
@@ -320,7 +320,7 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
 
 # The precision part's columns in the order its rows are built (the CSV puts the stuck part's
 # columns first).
-PRECISION_COLUMNS = ("part", "map", "dtype", "final_one_minus_C", "final_loss")
+PRECISION_COLUMNS = ("part", "spec", "dtype", "final_one_minus_C", "final_loss")
 
 
 NOTES = """\

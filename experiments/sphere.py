@@ -162,7 +162,7 @@ def summarise(final) -> dict:
   )
 
 
-COLUMNS = ("map", "optimizer", "loss_gap", "loss_gap_min", "alignment", "uniformity_gap",
+COLUMNS = ("spec", "optimizer", "loss_gap", "loss_gap_min", "alignment", "uniformity_gap",
            "reached", "median_steps", "final_tau")
 
 
@@ -232,7 +232,7 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
     runner = make_runner(mapping, d=d, m=m, negatives=negatives, config=config)
     for optimizer in config.optimizers:
       final, curves[setting][(mapping.spec, optimizer)] = runner(keys, betas[optimizer])
-      row = dict(setting=setting, d=d, M=m, negatives=negatives, map=mapping.spec,
+      row = dict(setting=setting, d=d, M=m, negatives=negatives, spec=mapping.spec,
                  optimizer=optimizer, augment=config.augment, seeds=config.seeds,
                  steps=config.steps)
       row.update(summarise(final))

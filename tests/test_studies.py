@@ -226,7 +226,7 @@ def test_hard_negatives_end_to_end(tmp_path):
   hard_negatives.check_config(config)
   rows = hard_negatives.train_and_evaluate(config, str(tmp_path))
   assert len(rows) == 2
-  by = {(r["map"], r["hard_fraction"]): r for r in rows}
+  by = {(r["spec"], r["hard_fraction"]): r for r in rows}
   assert by[("free", 0.0)]["hard_share"] == 0.0
   assert by[("free", 1.0)]["hard_share"] == pytest.approx(1.0)
   assert "Augmented views" in (tmp_path / "results.md").read_text()

@@ -32,6 +32,9 @@ from tfcl_jax.evaluation import logistic
 from tfcl_jax.models import gcn
 from tfcl_jax.training import checkpoint, loop
 
+# The columns of a GRACE `results.csv` that the probe reads.
+_RESULTS_READ = ("spec", "seed", "f1_micro")
+
 
 def finished_runs(workdir: str) -> list[plan.Run]:
   """The finished runs of a GRACE workdir that kept a checkpoint (`sweep.finished_runs`),
@@ -39,7 +42,8 @@ def finished_runs(workdir: str) -> list[plan.Run]:
   path = os.path.join(workdir, "results.csv")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir!r} holds no results.csv: run experiments.grace first.")
-  order = list(dict.fromkeys(row["loss"] for row in tables.read_csv(path)))
+  rows = tables.read_csv(path, columns=_RESULTS_READ)
+  order = list(dict.fromkeys(row["spec"] for row in rows))
   runs = [run for run, _ in sweep.finished_runs(workdir)
           if os.path.isdir(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))]
   return sorted(runs, key=lambda run: (order.index(run.spec) if run.spec in order
@@ -71,7 +75,7 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
               eval_key, draw), num_classes=graph.num_classes, train_ratio=config.train_ratio,
           val_ratio=val_ratio, epochs=config.eval_epochs,
           learning_rate=config.eval_learning_rate, test_interval=config.eval_interval)
-      rows.append({"dataset": graph.name, "loss": run.spec, "seed": run.seed,
+      rows.append({"dataset": graph.name, "spec": run.spec, "seed": run.seed,
                    "train_ratio": config.train_ratio, "val_ratio": val_ratio,
                    "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],
                    "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"]})
@@ -95,7 +99,8 @@ def evaluate(workdir: str, *, val_ratios: list[float], draws: int,
   for run in runs:
     rows += probe(config, graph, batch, run, workdir=workdir, val_ratios=val_ratios,
                   draws=draws)
-  recorded = tables.typed(tables.read_csv(os.path.join(workdir, "results.csv")))
+  recorded = tables.typed(tables.read_csv(os.path.join(workdir, "results.csv"),
+                                          columns=_RESULTS_READ))
   tables.write_results(workdir, rows, columns=report.PROBE_COLUMNS, name="probe_splits",
                        markdown=report.probe_markdown(rows, command=command, recorded=recorded,
                                                       val_ratio=config.val_ratio))
