@@ -43,7 +43,7 @@ from tfcl_jax.objectives import dcrec as dcrec_objective
 KS = (1, 5, 10)
 METRICS = tuple(f"{name}@{k}" for name in ("hr", "ndcg") for k in KS)
 SELECT_METRIC = "ndcg@10"  # validation metric of the model selection
-COLUMNS = ("dataset", "loss", "seed", *METRICS, "best_epoch", "valid_ndcg@10",
+COLUMNS = ("dataset", "spec", "seed", *METRICS, "best_epoch", "valid_ndcg@10",
            "final_loss", "epochs", "steps", "train_seconds", "seconds_per_epoch")
 
 # Table 6 (DCRec on MovieLens-20M, 10 seeds): metric -> (mean, std), τ = 0.8 and free.
@@ -247,7 +247,7 @@ def table6(rows: list[dict], specs: list[str], *, dataset: str, command: str,
            epochs: int) -> str:
   """Markdown: the six metrics per loss beside the paper's Table 6 (ML-20M), and free minus
   each loss paired by seed (`tables.paired_differences`) for NDCG@10 and HR@10."""
-  present = [spec for spec in specs if any(r["loss"] == spec for r in rows)]
+  present = [spec for spec in specs if any(r["spec"] == spec for r in rows)]
   lines = [
       f"# DCRec on {dataset}: HR@k and NDCG@k, mean (std) over seeds",
       "",
@@ -262,12 +262,12 @@ def table6(rows: list[dict], specs: list[str], *, dataset: str, command: str,
       "|---|" + "---|" * (len(present) + 2),
   ]
   for metric in METRICS:
-    cells = [_cell([float(r[metric]) for r in rows if r["loss"] == spec]) for spec in present]
+    cells = [_cell([float(r[metric]) for r in rows if r["spec"] == spec]) for spec in present]
     paper = [f"{PAPER_TABLE6[name][metric][0]:.4f} ({PAPER_TABLE6[name][metric][1]:.4f})"
              for name in ("tau=0.8", "free")]
     lines.append(f"| {metric.upper()} | " + " | ".join(cells + paper)
                  + " |")
-  runs = {spec: sum(r["loss"] == spec for r in rows) for spec in present}
+  runs = {spec: sum(r["spec"] == spec for r in rows) for spec in present}
   lines += ["", "Runs: " + ", ".join(f"{spec} {count}" for spec, count in runs.items()) + "."]
   for metric in ("ndcg@10", "hr@10"):
     lines += tables.paired_markdown(
@@ -284,11 +284,11 @@ def write_plot(file, rows: list[dict], specs: list[str], *, dataset: str) -> Non
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  present = [spec for spec in specs if any(r["loss"] == spec for r in rows)]
+  present = [spec for spec in specs if any(r["spec"] == spec for r in rows)]
   fig, axes = plt.subplots(1, 2, figsize=(2.4 * len(present) + 2, 3.4))
   for ax, metric in zip(axes, ("ndcg@10", "hr@10"), strict=True):
     for i, spec in enumerate(present):
-      values = np.array([float(r[metric]) for r in rows if r["loss"] == spec])
+      values = np.array([float(r[metric]) for r in rows if r["spec"] == spec])
       ax.scatter(np.full(values.size, i), values, s=12, alpha=0.6, color="C0")
       ax.errorbar(i, values.mean(), yerr=values.std(ddof=1) if values.size > 1 else 0,
                   fmt="o", color="C0", capsize=4)

@@ -7,7 +7,7 @@ hard (cosine to the anchor in `[s_pos - hard_gap, s_pos]`), the rest easy
 gradient each cosine receives (positive pull |dL/ds_pos|, the share of the
 repulsion that goes to hard negatives); then all vectors are trained by
 Riemannian SGD and we count the steps until the anchor is separated: its
-positive cosine exceeds every negative's by `margin`. Each map of `config.maps`
+positive cosine exceeds every negative's by `margin`. Each map of `config.mappings`
 (`tfcl_jax.mappings.from_spec`) is one row per fraction.
 
 Run: python -m experiments.hard_negatives --config=experiments/configs/hard_negatives.py \
@@ -143,8 +143,8 @@ def _plot(workdir: str, rows: list[dict]) -> None:
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-  for spec in dict.fromkeys(r["map"] for r in rows):
-    mine = [r for r in rows if r["map"] == spec]
+  for spec in dict.fromkeys(r["spec"] for r in rows):
+    mine = [r for r in rows if r["spec"] == spec]
     h = [r["hard_fraction"] for r in mine]
     axes[0].plot(h, [r["positive_pull"] for r in mine], "o-", label=spec)
     axes[1].plot(h, [r["separated"] for r in mine], "o-", label=spec)
@@ -160,7 +160,7 @@ def _plot(workdir: str, rows: list[dict]) -> None:
   plt.close(fig)
 
 
-COLUMNS = ("map", "hard_fraction", "positive_pull", "hard_share", "separated", "median_steps",
+COLUMNS = ("spec", "hard_fraction", "positive_pull", "hard_share", "separated", "median_steps",
            "final_positive", "final_max_negative", "final_margin", "final_tau")
 
 
@@ -188,8 +188,8 @@ def check_config(config) -> None:
   if not all(isinstance(h, (int, float)) and 0 <= h <= 1 for h in config.hard_fractions):
     raise plan.ConfigError(f"config.hard_fractions must be numbers in [0, 1], got "
                            f"{config.hard_fractions!r}.")
-  with plan.config_errors("config.maps: "):
-    for spec in config.maps:
+  with plan.config_errors("config.mappings: "):
+    for spec in config.mappings:
       mappings.from_spec(spec)
 
 
@@ -200,11 +200,11 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   rows = []
   n_hard = jnp.asarray([round(h * config.num_negatives) for h in config.hard_fractions])
-  for spec in tqdm.tqdm(config.maps, desc="hard negatives"):
+  for spec in tqdm.tqdm(config.mappings, desc="hard negatives"):
     mapping = mappings.from_spec(spec)
     results = make_runner(mapping, config=config)(keys, n_hard)
     for i, h in enumerate(config.hard_fractions):
-      row = dict(map=mapping.spec, hard_fraction=h, seeds=config.seeds,
+      row = dict(spec=mapping.spec, hard_fraction=h, seeds=config.seeds,
                  instances=config.instances, num_negatives=config.num_negatives, steps=config.steps)
       row.update(summarise(jax.tree.map(lambda x, i=i: x[i], results)))
       rows.append(row)

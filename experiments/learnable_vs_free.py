@@ -86,7 +86,7 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
   starts = {"orthogonal": orthogonal_pairs(m, d),
             "random C=0.5": correlated_pairs(jax.random.key(config.seed), m, d, cos=0.5)}
   z1s, z2s = (jnp.stack(views) for views in zip(*starts.values(), strict=True))
-  for spec in tqdm.tqdm(config.stuck.maps, desc="stuck t"):
+  for spec in tqdm.tqdm(config.stuck.mappings, desc="stuck t"):
     mapping = mappings.from_spec(spec)
     runner = stuck_t_runner(mapping, steps=config.stuck.steps, lr=config.stuck.learning_rate,
                             t_lr=config.stuck.t_learning_rate)
@@ -102,7 +102,7 @@ def stuck_t_study(config) -> tuple[list[dict], dict]:
 
 def _stuck_row(records, spec: str, start: str, config) -> dict:
   t0 = records["t"][0]
-  row = dict(part="stuck_t", start=start, map=spec, C0=float(records["C"][0]),
+  row = dict(part="stuck_t", start=start, spec=spec, C0=float(records["C"][0]),
              t0=float(t0), dLdt_step0=float(records["dt"][0]))
   for k in config.stuck.report_steps:
     row[f"t@{k}"] = float(records["t"][k])
@@ -174,7 +174,7 @@ def precision_study(config) -> tuple[list[dict], dict]:
   rows, curves = [], {}
   # 1 - c where the free map's clamp starts (its gradient is 0 beyond): 2 / (1 + e^max_logit).
   clamp_gap = 2.0 / (1.0 + math.exp(mappings.max_free_logit("float32")))
-  jobs = [(spec, dtype) for spec in p.maps for dtype in p.dtypes]
+  jobs = [(spec, dtype) for spec in p.mappings for dtype in p.dtypes]
   for spec, dtype_name in tqdm.tqdm(jobs, desc="precision"):
     snaps = precision_run(spec, jnp.dtype(dtype_name), key=jax.random.key(config.seed),
                           config=config)
@@ -192,7 +192,7 @@ def precision_study(config) -> tuple[list[dict], dict]:
     curves[(spec, dtype_name)] = dict(gap=gaps, rel_error=rel_errors, loss=snaps["loss"],
                                       grad_norm=snaps["grad_norm"])
     rows.append(dict(
-        part="precision", map=spec, dtype=dtype_name,
+        part="precision", spec=spec, dtype=dtype_name,
         final_one_minus_C=float(gaps[-1]),
         final_loss=float(snaps["loss"][-1]),
         final_reference_loss=final_reference,
@@ -274,14 +274,14 @@ def check_config(config) -> None:
   if unknown:
     raise plan.ConfigError(f"config.precision.dtypes: unknown {unknown}; expected names from "
                            f"{', '.join(DTYPES)}.")
-  for field in ("stuck.maps", "precision.maps"):
+  for field in ("stuck.mappings", "precision.mappings"):
     with plan.config_errors(f"config.{field}: "):
       for spec in config[field]:
         mappings.from_spec(spec)
-  not_referenced = [spec for spec in config.precision.maps
+  not_referenced = [spec for spec in config.precision.mappings
                     if spec != "free" and not spec.startswith("tau=")]
   if not_referenced:
-    raise plan.ConfigError(f"config.precision.maps: the float64 reference computes free and "
+    raise plan.ConfigError(f"config.precision.mappings: the float64 reference computes free and "
                            f"tau=<value> only, got {not_referenced}.")
 
 
@@ -320,7 +320,7 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
 
 # The precision part's columns in the order its rows are built (the CSV puts the stuck part's
 # columns first).
-PRECISION_COLUMNS = ("part", "map", "dtype", "final_one_minus_C", "final_loss")
+PRECISION_COLUMNS = ("part", "spec", "dtype", "final_one_minus_C", "final_loss")
 
 
 NOTES = """\

@@ -1,7 +1,7 @@
 r"""Annealing on the sphere: InfoNCE over free embeddings on S^(d-1), by SGD and Langevin dynamics.
 
 M instances with two views each are free unit vectors (no network). Each
-map of `config.maps` (fixed, annealed, learnable, dynamic temperature,
+map of `config.mappings` (fixed, annealed, learnable, dynamic temperature,
 temperature-free) is trained from random starts over many seeds, jitted and
 vmapped over seeds.
 
@@ -162,7 +162,7 @@ def summarise(final) -> dict:
   )
 
 
-COLUMNS = ("map", "optimizer", "loss_gap", "loss_gap_min", "alignment", "uniformity_gap",
+COLUMNS = ("spec", "optimizer", "loss_gap", "loss_gap_min", "alignment", "uniformity_gap",
            "reached", "median_steps", "final_tau")
 
 
@@ -213,8 +213,8 @@ def check_config(config) -> None:
   with plan.config_errors("config.settings: "):
     for setting in config.settings:
       parse_setting(setting)
-  with plan.config_errors("config.maps: "):
-    for spec in config.maps:
+  with plan.config_errors("config.mappings: "):
+    for spec in config.mappings:
       mappings.from_spec(spec.format(steps=config.steps))
 
 
@@ -225,14 +225,14 @@ def train_and_evaluate(config, workdir: str) -> list[dict]:
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   betas = {"sgd": float("inf"), "langevin": float(config.beta0)}
   rows, curves = [], {setting: {} for setting in config.settings}
-  jobs = [(s, spec) for s in config.settings for spec in config.maps]
+  jobs = [(s, spec) for s in config.settings for spec in config.mappings]
   for setting, spec_template in tqdm.tqdm(jobs, desc="sphere"):
     d, m, negatives = parse_setting(setting)
     mapping = mappings.from_spec(spec_template.format(steps=config.steps))
     runner = make_runner(mapping, d=d, m=m, negatives=negatives, config=config)
     for optimizer in config.optimizers:
       final, curves[setting][(mapping.spec, optimizer)] = runner(keys, betas[optimizer])
-      row = dict(setting=setting, d=d, M=m, negatives=negatives, map=mapping.spec,
+      row = dict(setting=setting, d=d, M=m, negatives=negatives, spec=mapping.spec,
                  optimizer=optimizer, augment=config.augment, seeds=config.seeds,
                  steps=config.steps)
       row.update(summarise(final))

@@ -1,7 +1,7 @@
 """What the temperature studies on the sphere share: the InfoNCE they minimise and one step.
 
 The studies (`sphere.py`, `hard_negatives.py`, `learnable_vs_free.py`) vary the map of
-InfoNCE (`config.maps`: `tfcl_jax.mappings.from_spec` specs) on free unit vectors.
+InfoNCE (`config.mappings`: `tfcl_jax.mappings.from_spec` specs) on free unit vectors.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def _run(config, workdir, **kwargs):
 def test_run_writes_table6_and_a_rerun_trains_nothing(tiny_config, tmp_path, monkeypatch):
   workdir = str(tmp_path / "work")
   rows = _run(tiny_config, workdir, command="cmd")
-  assert [row["loss"] for row in rows] == ["free"]
+  assert [row["spec"] for row in rows] == ["free"]
   for row in rows:
     hr = [row[f"hr@{k}"] for k in (1, 5, 10)]
     ndcg = [row[f"ndcg@{k}"] for k in (1, 5, 10)]
@@ -58,7 +58,7 @@ def test_run_writes_table6_and_a_rerun_trains_nothing(tiny_config, tmp_path, mon
 
 
 def test_table6_pairs_free_against_each_loss_by_seed():
-  rows = [{"loss": m, "seed": s, **{f"{n}@{k}": v + 0.01 * k for n in ("hr", "ndcg")
+  rows = [{"spec": m, "seed": s, **{f"{n}@{k}": v + 0.01 * k for n in ("hr", "ndcg")
                                        for k in (1, 5, 10)}}
           for m, s, v in [("tau=0.8", 0, 0.10), ("free", 0, 0.13), ("tau=0.8", 1, 0.20),
                           ("free", 1, 0.21), ("tau=0.8", 2, 0.30)]]

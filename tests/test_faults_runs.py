@@ -49,7 +49,7 @@ SWEEP = textwrap.dedent("""
           def full(fd):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
           os.fsync = full
-        return {"loss": run.spec, "seed": run.seed, "value": 0.5 + run.seed}
+        return {"spec": run.spec, "seed": run.seed, "value": 0.5 + run.seed}
 
       write = tables.writer(workdir, markdown=lambda rows: f"{len(rows)} rows")
       return sweep.sweep(config, workdir, runs=runs, train_run=train, write_tables=write,
@@ -108,7 +108,7 @@ def test_a_truncated_result_json_is_not_finished_and_the_run_is_redone(tmp_path,
 
 
 def test_a_write_interrupted_mid_file_leaves_the_old_file(tmp_path, monkeypatch):
-  rows = [{"loss": "free", "seed": 0, "value": 1.0}]
+  rows = [{"spec": "free", "seed": 0, "value": 1.0}]
   tables.write_results(str(tmp_path), rows, markdown="# old")
   before = {name: (tmp_path / name).read_text() for name in ("results.csv", "results.md")}
 
@@ -224,17 +224,17 @@ def test_a_full_disk_stops_with_one_line_naming_the_file_and_keeps_earlier_resul
 
 def test_a_full_disk_under_the_tables_names_the_table_and_keeps_the_earlier_one(tmp_path,
                                                                                monkeypatch):
-  tables.write_results(str(tmp_path), [{"loss": "free", "value": 1}], markdown="# old")
+  tables.write_results(str(tmp_path), [{"spec": "free", "value": 1}], markdown="# old")
 
   def full(fd):
     raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
 
   monkeypatch.setattr(os, "fsync", full)
   with pytest.raises(files.DiskFull) as raised:
-    tables.write_results(str(tmp_path), [{"loss": "free", "value": 2}], markdown="# new")
+    tables.write_results(str(tmp_path), [{"spec": "free", "value": 2}], markdown="# new")
   assert raised.value.filename == str(tmp_path / "results.csv")
   assert str(raised.value).startswith(f"no space left to write {tmp_path / 'results.csv'} (")
-  assert tables.read_csv(str(tmp_path / "results.csv")) == [{"loss": "free", "value": "1"}]
+  assert tables.read_csv(str(tmp_path / "results.csv")) == [{"spec": "free", "value": "1"}]
   with pytest.raises(files.DiskFull, match="a.png"):
     tables.atomic_figure(lambda file: file.write(b"png"), str(tmp_path / "a.png"))
   assert sorted(os.listdir(tmp_path)) == ["results.csv", "results.md"]

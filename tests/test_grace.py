@@ -132,7 +132,7 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path, monkeypatch):
   _run(tiny_config, str(tmp_path), command="cmd")
   with open(tmp_path / "results.csv", newline="") as f:
     rows = list(csv.DictReader(f))
-  assert [(r["loss"], r["seed"]) for r in rows] == [("tau=0.5", "0")]
+  assert [(r["spec"], r["seed"]) for r in rows] == [("tau=0.5", "0")]
   assert all(0.0 <= float(r["f1_micro"]) <= 1.0 for r in rows)
   markdown = (tmp_path / "results.md").read_text()
   assert "| tau=0.5 | 1 |" in markdown and "67.33 (3.02)" in markdown  # the paper's column
@@ -147,7 +147,7 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path, monkeypatch):
   # is any rerun with resume=False.
   tiny_config.update(dict(seeds=2, losses="tau=0.5,free"))
   results = _run(tiny_config, str(tmp_path))
-  assert [(r["loss"], r["seed"]) for r in results] == [
+  assert [(r["spec"], r["seed"]) for r in results] == [
       ("tau=0.5", 0), ("free", 0), ("tau=0.5", 1), ("free", 1)]
   assert results[0]["f1_micro"] == float(rows[0]["f1_micro"])  # read back, not retrained
   assert "| free | 2 |" in (tmp_path / "results.md").read_text()
@@ -166,10 +166,10 @@ def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_pa
   rows = probe.evaluate(str(tmp_path), val_fractions=[0.2, 0.7], draws=2, command="cmd")
   assert len(rows) == 4 * 2 * 2
   # Draw 0 under the workdir's own split is the sweep's evaluation of the restored encoder.
-  recorded = {(r["loss"], r["seed"]): r["f1_micro"] for r in results}
+  recorded = {(r["spec"], r["seed"]): r["f1_micro"] for r in results}
   for row in rows:
     if row["val_fraction"] == 0.2 and row["draw"] == 0:
-      assert row["f1_micro"] == recorded[row["loss"], row["seed"]]
+      assert row["f1_micro"] == recorded[row["spec"], row["seed"]]
   # 40 nodes: 8 train, 28 validation, 4 test; F1-micro of 4 single-label nodes is k / 4.
   other = [r for r in rows if r["val_fraction"] == 0.7]
   assert {r["test_nodes"] for r in other} == {4}
@@ -194,6 +194,12 @@ def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_pa
     _run(tiny_config, str(tmp_path))
 
 
+def test_probe_refuses_a_results_csv_without_the_spec_column(tmp_path):
+  (tmp_path / "results.csv").write_text("dataset,loss,seed,f1_micro\ncora,free,0,0.8\n")
+  with pytest.raises(plan.ConfigError, match="results.csv lacks the columns spec"):
+    probe.finished_runs(str(tmp_path))
+
+
 def test_bad_spec_fails_before_training(tiny_config, tmp_path):
   tiny_config.losses = "free,tau=-1"
   with pytest.raises(plan.ConfigError, match="tau"):
@@ -203,10 +209,10 @@ def test_bad_spec_fails_before_training(tiny_config, tmp_path):
 
 def test_paired_differences_match_a_hand_computation():
   scores = {"free": [0.70, 0.68, 0.66], "tau=0.1": [0.60, 0.61, 0.55], "tau=1": [0.69]}
-  rows = [{"loss": m, "seed": str(seed), "f1_micro": str(v)}
+  rows = [{"spec": m, "seed": str(seed), "f1_micro": str(v)}
           for m, values in scores.items() for seed, v in enumerate(values)]
   table = tables.paired_differences(rows, ["tau=0.1", "free", "tau=1"], metric="f1_micro")
-  assert [row["loss"] for row in table] == ["tau=0.1", "tau=1"]
+  assert [row["spec"] for row in table] == ["tau=0.1", "tau=1"]
   first = table[0]
   diffs = 100 * (np.array(scores["free"]) - np.array(scores["tau=0.1"]))  # 10, 7, 11 points
   assert first["seeds"] == 3 and first["wins"] == 3

@@ -361,11 +361,11 @@ def test_experiment_end_to_end_from_a_checkpoint_and_resume(tmp_path):
                    epochs=1)
   workdir = str(tmp_path / "work")
   results = _run(config, workdir)
-  assert [(r["loss"], r["seed"], r["normal_class"]) for r in results] == [("free", 0, 0)]
+  assert [(r["spec"], r["seed"], r["normal_class"]) for r in results] == [("free", 0, 0)]
   assert 0.0 <= results[0]["roc_auc"] <= 1.0 and results[0]["steps"] == 142 // 32
   with open(os.path.join(workdir, "results.csv")) as f:
     header = f.readline().strip().split(",")
-  assert header[:4] == ["loss", "seed", "normal_class", "roc_auc"]
+  assert header[:4] == ["spec", "seed", "normal_class", "roc_auc"]
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| free |" in table and "| pretrained (no MSC) |" in table
   assert os.path.getsize(os.path.join(workdir, "roc_auc.png")) > 0

@@ -121,7 +121,7 @@ def test_the_worked_example_runs_through_the_registry(pairs):
   found.check_config(config)
   workdir = str(pairs / "work")
   rows = found.train_and_evaluate(config, workdir, command="python -m experiments.pairs")
-  assert [(row["loss"], row["seed"]) for row in rows] == [
+  assert [(row["spec"], row["seed"]) for row in rows] == [
       ("free", 0), ("tau=0.1", 0), ("free", 1), ("tau=0.1", 1)]
   assert all(0 <= row["pair_top1"] <= 1 and np.isfinite(row["final_loss"]) for row in rows)
   assert os.path.isdir(os.path.join(workdir, "runs", "tau_0.1", "seed1"))

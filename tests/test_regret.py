@@ -22,7 +22,7 @@ def _write(path, rows):
 
 def _runs(values, metric="acc", **extra):
   """CSV rows from `{loss: [value per seed]}`."""
-  return [{"loss": loss, "seed": seed, metric: value, **extra}
+  return [{"spec": loss, "seed": seed, metric: value, **extra}
           for loss, per_seed in values.items() for seed, value in enumerate(per_seed)]
 
 
@@ -81,7 +81,7 @@ def test_unit_and_averaging_over_a_runs_rows(tmp_path):
   for loss, by_seed in {"tau=0.1": [(0.90, 0.94), (0.91, 0.95)],
                         "free": [(0.90, 0.92), (0.93, 0.92)]}.items():
     for seed, classes in enumerate(by_seed):
-      rows += [{"loss": loss, "seed": seed, "normal_class": k, "roc_auc": v}
+      rows += [{"spec": loss, "seed": seed, "normal_class": k, "roc_auc": v}
                for k, v in enumerate(classes)]
   _write(tmp_path / "msc.csv", rows)
   cell = study.RowRuns.read(row, str(tmp_path)).pair("free")

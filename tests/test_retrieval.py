@@ -271,14 +271,14 @@ def _run(config, workdir, **kwargs):
 def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, monkeypatch):
   workdir = str(tmp_path / "work")
   rows = _run(tiny_config, workdir, command="cmd")
-  assert [(r["loss"], r["seed"]) for r in rows] == [
+  assert [(r["spec"], r["seed"]) for r in rows] == [
       (spec, seed) for seed in (0, 1) for spec in ("popularity", "free",
                                                     "clip:learnable=0.07:100")]
   for row in rows:
     tops = [row[f"top@{k}"] for k in report.KS]
     assert all(0 <= a <= b <= 1 for a, b in zip(tops, tops[1:], strict=False))
     assert row["top@100"] == 1.0  # 20 movies: every one is in the top 100
-  learnable = [r for r in rows if r["loss"].startswith("clip:")]
+  learnable = [r for r in rows if r["spec"].startswith("clip:")]
   assert all(r["scale_start"] == pytest.approx(1 / 0.07) and r["scale_max"] <= 100 for r in
              learnable)
   assert all(np.isfinite(r["scale@2"]) and r["scale@2"] == pytest.approx(r["scale_end"])

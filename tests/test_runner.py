@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 
 import ml_collections
 import numpy as np
@@ -103,13 +104,13 @@ def test_split_list_names_the_field():
 
 
 def test_write_results_writes_csv_markdown_and_figures(tmp_path):
-  rows = [{"loss": "free", "seed": 0, "f1": 0.5}, {"loss": "tau=1", "seed": 0, "x": 1}]
+  rows = [{"spec": "free", "seed": 0, "f1": 0.5}, {"spec": "tau=1", "seed": 0, "x": 1}]
   drawn = []
   tables.write_results(str(tmp_path), rows, markdown="# t", figures=[drawn.append])
   with open(tmp_path / "results.csv", newline="") as f:
     read = list(csv.DictReader(f))
-  assert list(read[0]) == ["loss", "seed", "f1", "x"]  # every key, first-seen order
-  assert read[1] == {"loss": "tau=1", "seed": "0", "f1": "", "x": "1"}
+  assert list(read[0]) == ["spec", "seed", "f1", "x"]  # every key, first-seen order
+  assert read[1] == {"spec": "tau=1", "seed": "0", "f1": "", "x": "1"}
   assert (tmp_path / "results.md").read_text() == "# t\n"
   assert drawn == [str(tmp_path)]
   with pytest.raises(ValueError, match="rows must not be empty"):
@@ -172,7 +173,7 @@ def test_finished_runs_are_read_back_from_their_folders(tmp_path):
       json.dump(run.record(), f)
     if run.spec == "free":
       raise KeyboardInterrupt  # started, not finished
-    return {"acc": 1}
+    return {"spec": run.spec, "acc": 1}
 
   with pytest.raises(KeyboardInterrupt):
     sweep.run_all(runs, train, workdir=workdir, progress=False)
@@ -180,7 +181,43 @@ def test_finished_runs_are_read_back_from_their_folders(tmp_path):
   os.makedirs(torn)
   with open(os.path.join(torn, "config.json"), "w") as f:
     f.write('{"spec": "tau')  # a record a kill cut short: no run
-  assert sweep.finished_runs(workdir, axes=("batch_size",)) == [(runs[0], {"acc": 1})]
+  assert sweep.finished_runs(workdir, axes=("batch_size",)) == [
+      (runs[0], {"spec": "tau=0.5", "acc": 1})]
+
+
+def test_a_result_without_its_runs_spec_is_refused_naming_the_file(tmp_path):
+  """A run's `result.json` names the run's spec in its `spec` column; one that does not (its
+  spec in another column) is refused, not read as a finished run nor trained over."""
+  workdir = str(tmp_path)
+  run = plan.Run("tau=0.1", 0)
+  os.makedirs(run.directory(workdir))
+  with open(os.path.join(run.directory(workdir), "config.json"), "w") as f:
+    json.dump(run.record(), f)
+  path = os.path.join(run.directory(workdir), sweep.RESULT_FILE)
+  with open(path, "w") as f:
+    json.dump({"loss": "tau=0.1", "seed": 0, "acc": 0.5}, f)
+  refused = (f"{path} is no result of run 'tau=0.1' seed 0: expected the column 'spec' = "
+             "'tau=0.1', found the columns loss, seed, acc")
+  with pytest.raises(plan.ConfigError, match=re.escape(refused)):
+    sweep.run_all([run], lambda run: pytest.fail("trained"), workdir=workdir, progress=False)
+  with pytest.raises(plan.ConfigError, match=re.escape(refused)):
+    sweep.finished(run, workdir)
+  with pytest.raises(plan.ConfigError, match=re.escape(refused)):
+    sweep.finished_runs(workdir)
+  with open(path, "w") as f:
+    json.dump({"spec": "tau=0.1", "seed": 0, "acc": 0.5}, f)
+  assert sweep.finished_runs(workdir) == [(run, {"spec": "tau=0.1", "seed": 0, "acc": 0.5})]
+
+
+def test_read_csv_refuses_a_header_without_the_columns_it_reads(tmp_path):
+  path = tmp_path / "results.csv"
+  path.write_text("dataset,loss,seed,f1_micro\ncora,free,0,0.8\n")
+  with pytest.raises(plan.ConfigError, match=re.escape(
+      f"{path} lacks the columns spec: expected spec, seed in its header, found "
+      "dataset,loss,seed,f1_micro.")):
+    tables.read_csv(str(path), columns=("spec", "seed"))
+  assert tables.read_csv(str(path), columns=("seed",)) == [
+      {"dataset": "cora", "loss": "free", "seed": "0", "f1_micro": "0.8"}]
 
 
 def test_the_framework_imports_no_experiment_and_no_module_of_it_imports_itself_back():

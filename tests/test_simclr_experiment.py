@@ -83,9 +83,9 @@ def test_run_writes_results_and_resume_is_checked(tmp_path):
   assert [r["seed"] for r in results] == [0, 1]
   with open(os.path.join(workdir, "results.csv")) as f:
     rows = list(csv.DictReader(f))
-  assert {"loss", "seed", "knn_top1", "linear_top1", "final_t"} <= set(rows[0])
+  assert {"spec", "seed", "knn_top1", "linear_top1", "final_t"} <= set(rows[0])
   assert all(0.0 <= float(row["knn_top1"]) <= 1.0 for row in rows)
-  assert rows[0]["loss"] == "learnable=0.2"
+  assert rows[0]["spec"] == "learnable=0.2"
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| learnable=0.2 |" in table and "± " in table
   for name in ("accuracy.png", "curves.png", "geometry.png"):
@@ -123,9 +123,9 @@ def test_table2_pairs_free_against_each_loss_by_seed():
 
   free = [0.80, 0.75, 0.90, 0.70]
   tau = [0.78, 0.72, 0.87, 0.67]  # a seed effect much larger than the loss effect
-  results = ([{"loss": "tau=0.1", "seed": s, "knn_top1": v, "linear_top1": 0.9}
+  results = ([{"spec": "tau=0.1", "seed": s, "knn_top1": v, "linear_top1": 0.9}
               for s, v in enumerate(tau)]
-             + [{"loss": "free", "seed": s, "knn_top1": v, "linear_top1": 0.9}
+             + [{"spec": "free", "seed": s, "knn_top1": v, "linear_top1": 0.9}
                 for s, v in enumerate(free)])
   table = report.table2(results, knn_k=7)
   differences = 100 * (np.array(free) - np.array(tau))
@@ -150,7 +150,7 @@ def test_training_table_reads_each_runs_curve(tmp_path):
   steps = np.arange(25, 25 * 11, 25)  # ten evaluations
   curves = {(spec, seed): rng.uniform(0.5, 0.9, len(steps))
             for spec in ("tau=0.1", "free") for seed in range(3)}
-  results = [{"loss": spec, "seed": seed, "knn_top1": float(curve[-1]),
+  results = [{"spec": spec, "seed": seed, "knn_top1": float(curve[-1]),
               **{f"knn_top1@{s}": float(v) for s, v in zip(steps, curve, strict=True)}}
              for (spec, seed), curve in curves.items()]
   table = report.training_table(results, columns=4)
@@ -172,7 +172,7 @@ def test_training_table_reads_each_runs_curve(tmp_path):
   short = [{k: v for k, v in row.items() if not k.startswith("knn_top1@") or k == "knn_top1@25"}
            for row in results]
   assert report.training_table(short) == ""
-  assert report.training_table([{"loss": "free", "knn_top1": 0.5}]) == ""
+  assert report.training_table([{"spec": "free", "knn_top1": 0.5}]) == ""
   # The curves travel in results.csv: the table is rebuilt from it.
   from experiments.framework import tables  # noqa: PLC0415
 

@@ -136,7 +136,7 @@ def _read_csv(path):
 def test_sphere_end_to_end(tmp_path):
   config = sphere_config.get_config()
   config.settings = ("3:4:cross",)
-  config.maps = ("learnable=0.5",)
+  config.mappings = ("learnable=0.5",)
   config.seeds, config.steps, config.eval_every, config.plots = 2, 20, 10, True
   sphere.check_config(config)
   rows = sphere.train_and_evaluate(config, str(tmp_path))
@@ -152,7 +152,7 @@ def test_sphere_end_to_end(tmp_path):
 
 def test_sphere_augmented_views_cannot_align(tmp_path):
   config = sphere_config.get_config()
-  config.settings, config.maps, config.optimizers = ("3:4:cross",), ("free",), ("sgd",)
+  config.settings, config.mappings, config.optimizers = ("3:4:cross",), ("free",), ("sgd",)
   config.seeds, config.steps, config.eval_every, config.plots = 2, 20, 20, False
   config.augment = 0.5
   sphere.check_config(config)
@@ -176,8 +176,8 @@ def test_learnable_vs_free_end_to_end(tmp_path):
   config = learnable_vs_free_config.get_config()
   config.stuck.m, config.stuck.d = 3, 6
   config.stuck.steps, config.stuck.report_steps = 12, (1, 10)
-  config.stuck.maps = ("learnable=1",)
-  config.precision.maps = ("free",)
+  config.stuck.mappings = ("learnable=1",)
+  config.precision.mappings = ("free",)
   config.precision.steps, config.precision.every = 20, 10
   config.plots = False
   learnable_vs_free.check_config(config)
@@ -218,7 +218,7 @@ def test_instance_loss_is_log_k_plus_one_at_equal_cosines():
 
 def test_hard_negatives_end_to_end(tmp_path):
   config = hard_negatives_config.get_config()
-  config.maps = ("free",)
+  config.mappings = ("free",)
   config.hard_fractions = (0.0, 1.0)
   config.seeds, config.instances, config.num_negatives, config.steps = 2, 4, 4, 10
   config.plots = False  # the sphere test covers the figures.
@@ -226,24 +226,24 @@ def test_hard_negatives_end_to_end(tmp_path):
   hard_negatives.check_config(config)
   rows = hard_negatives.train_and_evaluate(config, str(tmp_path))
   assert len(rows) == 2
-  by = {(r["map"], r["hard_fraction"]): r for r in rows}
+  by = {(r["spec"], r["hard_fraction"]): r for r in rows}
   assert by[("free", 0.0)]["hard_share"] == 0.0
   assert by[("free", 1.0)]["hard_share"] == pytest.approx(1.0)
   assert "Augmented views" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.parametrize("module, config_module, field, value, message", [
-    (sphere, sphere_config, "maps", ("tau=0.1", "warm"), "config.maps: .*'warm'"),
+    (sphere, sphere_config, "mappings", ("tau=0.1", "warm"), "config.mappings: .*'warm'"),
     (sphere, sphere_config, "settings", ("3:5:cross",), "config.settings: .*M <= d"),
     (sphere, sphere_config, "eval_every", 7, "multiple of config.eval_every"),
     (sphere, sphere_config, "optimizers", ("adam",), "config.optimizers"),
-    (hard_negatives, hard_negatives_config, "maps", ("tua=1",), "config.maps"),
+    (hard_negatives, hard_negatives_config, "mappings", ("tua=1",), "config.mappings"),
     (hard_negatives, hard_negatives_config, "hard_fractions", (0.5, 2.0),
      "config.hard_fractions"),
     (hard_negatives, hard_negatives_config, "dim", 10**9, "embedding values per seed"),
     (learnable_vs_free, learnable_vs_free_config, "stuck.d", 4, "config.stuck.d must be >= 2"),
-    (learnable_vs_free, learnable_vs_free_config, "precision.maps", ("learnable",),
-     "config.precision.maps: the float64 reference"),
+    (learnable_vs_free, learnable_vs_free_config, "precision.mappings", ("learnable",),
+     "config.precision.mappings: the float64 reference"),
     (learnable_vs_free, learnable_vs_free_config, "precision.every", 3, "multiple of"),
 ])
 def test_study_configs_are_checked_before_any_work(module, config_module, field, value,

@@ -177,7 +177,7 @@ def test_supcon_runs_write_a_table_that_regenerates(tmp_path, form, title):
   simclr_tests.run(_tiny_config(form=form), str(tmp_path), command=command)
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
-  assert [(row["loss"], row["seed"]) for row in rows] == [("tau=0.1", "0"),
+  assert [(row["spec"], row["seed"]) for row in rows] == [("tau=0.1", "0"),
                                                            ("learnable=0.2", "0")]
   assert all(0.1 < float(row["knn_top1"]) <= 1.0 for row in rows)  # above chance (10 classes)
   assert all(0.0 <= float(row["linear_top1"]) <= 1.0 for row in rows)

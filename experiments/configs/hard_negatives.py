@@ -10,8 +10,8 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  # Map specs (`tfcl_jax.mappings.from_spec`), one InfoNCE each.
-  config.maps = ("tau=0.1", "tau=0.5", "learnable=0.07", "dynamic=0.1:0.2", "free")
+  # Mapping specs (`tfcl_jax.mappings.from_spec`), one InfoNCE each.
+  config.mappings = ("tau=0.1", "tau=0.5", "learnable=0.07", "dynamic=0.1:0.2", "free")
   config.hard_fractions = (0.0, 0.25, 0.5, 0.75, 1.0)
   config.seeds = 8
   config.seed = 0

@@ -16,7 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.stuck = ml_collections.ConfigDict()
   config.stuck.m = 8
   config.stuck.d = 16  # >= 2m, so that the orthogonal start exists.
-  config.stuck.maps = ("learnable=0.07", "learnable=1", "free")  # `mappings.from_spec` specs
+  config.stuck.mappings = ("learnable=0.07", "learnable=1", "free")  # `mappings.from_spec` specs
   config.stuck.steps = 2000
   config.stuck.learning_rate = 0.01
   config.stuck.t_learning_rate = 0.1
@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.precision = ml_collections.ConfigDict()
   config.precision.m = 8
   config.precision.d = 16
-  config.precision.maps = ("free", "tau=0.1")  # free and tau=<value>: the float64 reference
+  config.precision.mappings = ("free", "tau=0.1")  # free and tau=<value>: the float64 reference
   config.precision.dtypes = ("float32", "bfloat16")
   config.precision.steps = 5000
   config.precision.every = 10

@@ -17,8 +17,8 @@ def get_config() -> ml_collections.ConfigDict:
   # "d:M:negatives": dimension, instances (M <= d + 1 so the simplex optimum exists), negatives
   # "cross" (M - 1 per anchor, both directions) or "all" (NT-Xent, 2M - 2 per anchor).
   config.settings = ("3:4:cross", "8:9:cross", "16:8:cross", "16:8:all", "32:16:cross")
-  # Map specs (tfcl_jax.mappings.from_spec); {steps} is replaced by config.steps.
-  config.maps = (
+  # Mapping specs (tfcl_jax.mappings.from_spec); {steps} is replaced by config.steps.
+  config.mappings = (
       "tau=0.05", "tau=0.1", "tau=0.5",
       "anneal=log:0.5",
       "anneal=linear:0.5:0.05:{steps}",

@@ -6,12 +6,14 @@ end.
   tables are rewritten after every finished run, so an interrupted sweep leaves the finished
   part of its table on disk;
 - every `result.json` is written whole or not at all; one that does not parse (a damaged
-  disk) is not finished and the run is redone, with a one-line notice;
+  disk) is not finished and the run is redone, with a one-line notice; the result of a
+  `plan.Run` names the run's spec in its `spec` column, and one that does not is refused
+  (`result_of`);
 - `train_arguments`: what one run passes to `tfcl_jax.training.train`, the same for every
   experiment (its folder, its recorded config, `resume`, `progress`, its label);
 - `train_run`: one run trained the same way for every experiment that builds it as a
   `Trainable` (its loss from its spec, its keys, the mesh, `tfcl_jax.training.train`) and its
-  result row's common columns (`loss`, `seed`, `final_loss`, `final_<param>`,
+  result row's common columns (`spec`, `seed`, `final_loss`, `final_<param>`,
   `train_seconds`);
 - `finished_runs`: a finished workdir read back (what `experiments.grace.probe` probes);
 - `study`: a study's `train_and_evaluate` (no runs: its tables computed in one go) under the
@@ -61,9 +63,26 @@ def read_result(path: str) -> dict | None:
   return None
 
 
+def result_of(run, path: str) -> dict | None:
+  """`read_result(path)` of `run`'s `result.json`.
+
+  Raises:
+    plan.ConfigError: `run` is a `plan.Run` and the result does not hold its spec in the
+      `spec` column, naming the file and the columns it has.
+  """
+  result = read_result(path)
+  if (result is not None and isinstance(run, plan.Run)
+      and result.get("spec") != run.spec):
+    raise plan.ConfigError(
+        f"{path} is no result of run {run.spec!r} seed {run.seed}: expected the column "
+        f"'spec' = {run.spec!r}, found the columns {', '.join(map(str, result))}. Delete the "
+        "file to train the run again, or use a new workdir.")
+  return result
+
+
 def finished(run: plan.Run, workdir: str) -> bool:
-  """Whether `run` left a `result.json` that parses in `workdir`."""
-  return read_result(os.path.join(run.directory(workdir), RESULT_FILE)) is not None
+  """Whether `run` left a `result.json` that parses in `workdir` (`result_of`)."""
+  return result_of(run, os.path.join(run.directory(workdir), RESULT_FILE)) is not None
 
 
 def finished_runs(workdir: str, *, axes: Sequence[str] = ()) -> list[tuple[plan.Run, dict]]:
@@ -72,7 +91,7 @@ def finished_runs(workdir: str, *, axes: Sequence[str] = ()) -> list[tuple[plan.
   found = []
   for folder in sorted(workdirs.run_folders(workdir)):
     run = workdirs.run_of(folder, axes)
-    result = read_result(os.path.join(folder, RESULT_FILE)) if run is not None else None
+    result = result_of(run, os.path.join(folder, RESULT_FILE)) if run is not None else None
     if result is not None:
       found.append((run, result))
   return found
@@ -136,7 +155,7 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   `config.log_every` steps, resuming from its last checkpoint).
 
   Returns:
-    `loss` (the run's spec), `seed`, `final_loss`, `final_<name>` for each of the loss's
+    `spec` (the run's loss spec), `seed`, `final_loss`, `final_<name>` for each of the loss's
     trained values (`final_t`, `final_bias`), `train_seconds` and the columns of
     `Trainable.result`.
   """
@@ -155,14 +174,14 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
                     run_outputs.training_seconds(folder))
   learnt = {f"final_{name}": float(np.asarray(value))
             for name, value in state.params["loss"].items()}
-  return {"loss": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
+  return {"spec": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
           "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
 
 
 def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
             write_tables: Callable[[list[dict]], None] | None = None, progress: bool = True,
             desc: str = "runs") -> list[dict]:
-  """Calls `train(run)` for every run without a `result.json` (`read_result`); reads the others
+  """Calls `train(run)` for every run without a `result.json` (`result_of`); reads the others
   back.
 
   After each newly finished run, process 0 writes its `result.json` (whole or not at all) and
@@ -170,7 +189,7 @@ def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,
   nothing left to train still rewrites its tables. Returns the results in `runs` order.
   """
   paths = [os.path.join(run.directory(workdir), RESULT_FILE) for run in runs]
-  done = [read_result(path) for path in paths]
+  done = [result_of(run, path) for run, path in zip(runs, paths, strict=True)]
   if progress and jax.process_index() == 0:  # one line here, then one bar per run (the loop's)
     count = sum(result is not None for result in done)
     print(f"{desc}: {len(runs)} planned, {count} finished, {len(runs) - count} to train",

@@ -143,12 +143,23 @@ def typed(rows: Sequence[dict]) -> list[dict]:
   return [{key: parse(value) for key, value in row.items()} for row in rows]
 
 
-def read_csv(path: str) -> list[dict]:
-  """The rows of a `results.csv` as dicts of strings ([] when the file does not exist)."""
+def read_csv(path: str, *, columns: Sequence[str] = ()) -> list[dict]:
+  """The rows of a `results.csv` as dicts of strings ([] when the file does not exist).
+
+  Raises:
+    plan.ConfigError: the file's header lacks one of `columns`, naming the file, the
+      columns expected and its header.
+  """
   if not os.path.exists(path):
     return []
   with open(path, newline="") as file:
-    return list(csv.DictReader(file))
+    reader = csv.DictReader(file)
+    header = reader.fieldnames or []
+    missing = [column for column in columns if column not in header]
+    if missing:
+      raise plan.ConfigError(f"{path} lacks the columns {', '.join(missing)}: expected "
+                             f"{', '.join(columns)} in its header, found {','.join(header)}.")
+    return list(reader)
 
 
 def format_value(value) -> str:
@@ -174,7 +185,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def paired_differences(rows: Sequence[dict], names: Sequence[str], *, metric: str,
-                       reference: str = "free", key: str = "loss",
+                       reference: str = "free", key: str = "spec",
                        scale: float = 100.0) -> list[dict]:
   """`reference` minus each other name in `metric` (times `scale`), paired by seed.
 
@@ -216,7 +227,7 @@ def paired_markdown(paired: Sequence[dict], *, caption: str, digits: int = 2,
   lines = ["", caption, "", f"| loss | seeds | {reference} − loss (s.e.) | paired t-test p "
            f"| seeds {reference} wins |", "|---|---|---|---|---|"]
   for row in paired:
-    lines.append(f"| {row['loss']} | {row['seeds']} | {row['mean']:+.{digits}f} "
+    lines.append(f"| {row['spec']} | {row['seeds']} | {row['mean']:+.{digits}f} "
                  f"({row['sem']:.{digits}f}) | {row['p_value']:.2g} | "
                  f"{row['wins']}/{row['seeds']} |")
   return lines

@@ -36,6 +36,8 @@ from tfcl_jax.training import checkpoint, loop
 CONFIG_FIELDS = ("dataset", "data_dir", "epochs", "learning_rate", "num_layers", "hidden_dim",
                  "projection_hidden_dim", "train_fraction", "val_fraction", "probe_epochs",
                  "probe_learning_rate", "probe_eval_every_epochs")
+# The columns of a GRACE `results.csv` that the probe reads.
+_RESULTS_READ = ("spec", "seed", "f1_micro")
 
 
 def finished_runs(workdir: str) -> list[plan.Run]:
@@ -44,7 +46,8 @@ def finished_runs(workdir: str) -> list[plan.Run]:
   path = os.path.join(workdir, "results.csv")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir!r} holds no results.csv: run experiments.grace first.")
-  order = list(dict.fromkeys(row["loss"] for row in tables.read_csv(path)))
+  rows = tables.read_csv(path, columns=_RESULTS_READ)
+  order = list(dict.fromkeys(row["spec"] for row in rows))
   runs = [run for run, _ in sweep.finished_runs(workdir)
           if os.path.isdir(os.path.join(run.directory(workdir), loop.CHECKPOINT_DIR))]
   return sorted(runs, key=lambda run: (order.index(run.spec) if run.spec in order
@@ -77,7 +80,7 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
           val_ratio=val_fraction, epochs=config.probe_epochs,
           learning_rate=config.probe_learning_rate,
           test_interval=config.probe_eval_every_epochs)
-      rows.append({"dataset": graph.name, "loss": run.spec, "seed": run.seed,
+      rows.append({"dataset": graph.name, "spec": run.spec, "seed": run.seed,
                    "train_fraction": config.train_fraction, "val_fraction": val_fraction,
                    "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],
                    "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"]})
@@ -106,7 +109,8 @@ def evaluate(workdir: str, *, val_fractions: list[float], draws: int,
   for run in runs:
     rows += probe(config, graph, batch, run, workdir=workdir, val_fractions=val_fractions,
                   draws=draws)
-  recorded = tables.typed(tables.read_csv(os.path.join(workdir, "results.csv")))
+  recorded = tables.typed(tables.read_csv(os.path.join(workdir, "results.csv"),
+                                          columns=_RESULTS_READ))
   tables.write_results(workdir, rows, columns=report.PROBE_COLUMNS, name="probe_splits",
                        markdown=report.probe_markdown(rows, command=command, recorded=recorded,
                                                       val_fraction=config.val_fraction))

@@ -9,7 +9,7 @@ from experiments.framework import tables
 
 # `probe_best_epoch`: the linear probe's epoch with the best validation F1 (PyGCL's
 # LREvaluator), not a training epoch of GRACE.
-COLUMNS = ("dataset", "loss", "seed", "f1_micro", "f1_macro", "val_f1_micro",
+COLUMNS = ("dataset", "spec", "seed", "f1_micro", "f1_macro", "val_f1_micro",
            "probe_best_epoch", "final_loss", "final_t", "train_seconds", "epochs", "final_bias")
 
 # Table 3 (CiteSeer, 20 runs): F1-micro (std), F1-macro (std), in %.
@@ -27,12 +27,12 @@ def summarize(rows: list[dict], specs: list[str]) -> list[dict]:
   """Mean and std (in %) of F1 per loss, in `specs` order, with the paper's numbers."""
   table = []
   for spec in specs:
-    runs = [r for r in rows if r["loss"] == spec]
+    runs = [r for r in rows if r["spec"] == spec]
     if not runs:
       continue
     micro, micro_std = tables.mean_std([100 * float(r["f1_micro"]) for r in runs])
     macro, macro_std = tables.mean_std([100 * float(r["f1_macro"]) for r in runs])
-    table.append({"loss": spec, "runs": len(runs), "micro": micro, "micro_std": micro_std,
+    table.append({"spec": spec, "runs": len(runs), "micro": micro, "micro_std": micro_std,
                   "macro": macro, "macro_std": macro_std, "paper": PAPER_TABLE3.get(spec)})
   return table
 
@@ -64,7 +64,7 @@ def table3(rows: list[dict], specs: list[str], *, dataset: str, command: str,
     paper = row["paper"]
     paper_micro = cell(paper[0], paper[1]) if paper and dataset == "citeseer" else "-"
     paper_macro = cell(paper[2], paper[3]) if paper and dataset == "citeseer" else "-"
-    lines.append(f"| {row['loss']} | {row['runs']} | {cell(row['micro'], row['micro_std'])} | "
+    lines.append(f"| {row['spec']} | {row['runs']} | {cell(row['micro'], row['micro_std'])} | "
                  f"{paper_micro} | {cell(row['macro'], row['macro_std'])} | {paper_macro} |")
   lines += tables.paired_markdown(
       paired, caption="free minus each loss, F1-micro points, paired by seed (same init, "
@@ -82,7 +82,7 @@ def write_plot(file, rows: list[dict], specs: list[str], *, dataset: str) -> Non
   table = summarize(rows, specs)
   fig, ax = plt.subplots(figsize=(1.2 * len(table) + 2, 3.5))
   for i, row in enumerate(table):
-    values = [100 * float(r["f1_micro"]) for r in rows if r["loss"] == row["loss"]]
+    values = [100 * float(r["f1_micro"]) for r in rows if r["spec"] == row["spec"]]
     ax.scatter(np.full(len(values), i), values, s=12, alpha=0.6, color="C0",
                label="ours (runs)" if i == 0 else None)
     ax.errorbar(i, row["micro"], yerr=0 if row["runs"] < 2 else row["micro_std"], fmt="o",
@@ -90,7 +90,7 @@ def write_plot(file, rows: list[dict], specs: list[str], *, dataset: str) -> Non
     if row["paper"] and dataset == "citeseer":
       ax.errorbar(i + 0.2, row["paper"][0], yerr=row["paper"][1], fmt="s", color="C3",
                   capsize=4, label="paper Table 3" if i == 0 else None)
-  ax.set_xticks(range(len(table)), [row["loss"] for row in table], rotation=20)
+  ax.set_xticks(range(len(table)), [row["spec"] for row in table], rotation=20)
   ax.set_ylabel("test F1-micro (%)")
   ax.set_title(f"GRACE on {dataset}")
   ax.legend(fontsize=8)
@@ -107,7 +107,7 @@ plot = tables.sweep_plot(write_plot, example=EXAMPLE)
 # -- the probe's tables (`experiments.grace.probe`) --------------------------------------------
 
 
-PROBE_COLUMNS = ("dataset", "loss", "seed", "train_fraction", "val_fraction", "test_nodes",
+PROBE_COLUMNS = ("dataset", "spec", "seed", "train_fraction", "val_fraction", "test_nodes",
                  "draw", "f1_micro", "f1_macro", "val_f1_micro")
 
 
@@ -119,7 +119,7 @@ def split_name(train_fraction: float, val_fraction: float) -> str:
 def _probe_tables(rows: list[dict], *, command: str, agreement: float | None) -> str:
   """Per split: F1-micro at draw 0 over seeds, the std over draws within a run, and free minus
   each loss paired by seed."""
-  specs = list(dict.fromkeys(r["loss"] for r in rows))
+  specs = list(dict.fromkeys(r["spec"] for r in rows))
   lines = [f"# GRACE on {rows[0]['dataset']}: the same encoders under other probe splits", "",
            f"Command: `{command}`", "",
            "Each run's final encoder, probed with PyGCL's LREvaluator under each split "
@@ -137,11 +137,11 @@ def _probe_tables(rows: list[dict], *, command: str, agreement: float | None) ->
               "| loss | seeds | F1-micro, draw 0 (std over seeds) | F1-macro, draw 0 "
               "| within-run std over draws |", "|---|---|---|---|---|"]
     for spec in specs:
-      ours = [r for r in first if r["loss"] == spec]
+      ours = [r for r in first if r["spec"] == spec]
       micro = tables.mean_std([100 * r["f1_micro"] for r in ours])
       macro = tables.mean_std([100 * r["f1_macro"] for r in ours])
       within = [tables.mean_std([100 * r["f1_micro"] for r in split
-                                 if r["loss"] == spec and r["seed"] == seed])[1]
+                                 if r["spec"] == spec and r["seed"] == seed])[1]
                 for seed in dict.fromkeys(r["seed"] for r in ours)]
       spread = f"{np.sqrt(np.mean(np.square(within))):.2f}" if np.all(np.isfinite(within)) \
           else "-"
@@ -157,10 +157,10 @@ def probe_markdown(rows: list[dict], *, command: str, recorded: list[dict],
                    val_fraction: float) -> str:
   """`probe_splits.md` of `rows`, checked against the sweep's `recorded` results: draw 0 under
   the sweep's own split (`val_fraction`) should reproduce each run's F1-micro."""
-  own = {(r["loss"], int(r["seed"])): float(r["f1_micro"]) for r in recorded}
-  differences = [abs(r["f1_micro"] - own[r["loss"], r["seed"]]) for r in rows
+  own = {(r["spec"], int(r["seed"])): float(r["f1_micro"]) for r in recorded}
+  differences = [abs(r["f1_micro"] - own[r["spec"], r["seed"]]) for r in rows
                  if r["val_fraction"] == val_fraction and r["draw"] == 0
-                 and (r["loss"], r["seed"]) in own]
+                 and (r["spec"], r["seed"]) in own]
   return _probe_tables(rows, command=command,
                        agreement=max(differences) if differences else None)
 

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 
 from experiments.framework import tables  # noqa: E402
 
-COLUMNS = ("loss", "seed", "normal_class", "roc_auc", "roc_auc_pretrained", "final_loss",
+COLUMNS = ("spec", "seed", "normal_class", "roc_auc", "roc_auc_pretrained", "final_loss",
            "final_center_cos", "num_normal_train", "steps")
 CLASS_NAMES = {
     "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
@@ -37,7 +37,7 @@ def _table_rows(results: list[dict]) -> dict[str, dict[int, list[float]]]:
       rows[PRETRAINED][result["normal_class"]].append(result["roc_auc_pretrained"])
       pretrained_seen.add(result["normal_class"])
   for result in results:
-    rows[result["loss"]][result["normal_class"]].append(result["roc_auc"])
+    rows[result["spec"]][result["normal_class"]].append(result["roc_auc"])
   return rows
 
 

@@ -260,7 +260,7 @@ class Trainer:
         **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
     evaluation = outputs.read_csv(os.path.join(run.directory(workdir), outputs.EVAL_FILE))
     metrics = outputs.read_csv(os.path.join(run.directory(workdir), outputs.METRICS_FILE))
-    return {"loss": run.spec, "seed": run.seed, "normal_class": normal_class,
+    return {"spec": run.spec, "seed": run.seed, "normal_class": normal_class,
             "roc_auc": float(evaluation["roc_auc"][-1]),
             "roc_auc_pretrained": self.pretrained_auc(normal_class),
             "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])),

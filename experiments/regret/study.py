@@ -52,7 +52,7 @@ TIE = 0.5
 @dataclasses.dataclass(frozen=True)
 class Row:
   """One benchmark: `tables` (committed first, then the tables adding to it) hold one CSV row per
-  run with columns `loss`, `seed` and `metric` (averaged over a run's other rows, e.g. MSC's
+  run with columns `spec`, `seed` and `metric` (averaged over a run's other rows, e.g. MSC's
   classes); `prefix` selects the loss family (`clip:`); `unit` is one metric point."""
   key: str
   title: str
@@ -113,7 +113,8 @@ ROWS = (
 def read_table(name: str, results: str = RESULTS) -> list[dict] | None:
   """The rows of `results/NAME.csv` (None when it is not committed)."""
   path = os.path.join(results, name + ".csv")
-  return tables.typed(tables.read_csv(path)) if os.path.exists(path) else None
+  return (tables.typed(tables.read_csv(path, columns=("spec", "seed")))
+          if os.path.exists(path) else None)
 
 
 def runs_of(rows: Sequence[dict], metric: str, prefix: str) -> dict[str, dict[int, float]]:
@@ -121,7 +122,7 @@ def runs_of(rows: Sequence[dict], metric: str, prefix: str) -> dict[str, dict[in
   run's several rows (MSC's normal classes) are averaged."""
   values = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
-    loss = str(row["loss"])
+    loss = str(row["spec"])
     if not loss.startswith(prefix):
       continue
     spec = loss[len(prefix):]

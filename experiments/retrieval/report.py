@@ -11,7 +11,7 @@ from tfcl_jax import losses, mappings
 
 KS = (1, 5, 10, 50, 100)
 METRICS = (*(f"top@{k}" for k in KS), "ndcg@10")
-COLUMNS = ("dataset", "loss", "seed", *METRICS, "final_loss", "scale_start", "scale_end",
+COLUMNS = ("dataset", "spec", "seed", *METRICS, "final_loss", "scale_start", "scale_end",
            "scale_max", "epochs", "steps", "train_seconds", "seconds_per_epoch")
 EXAMPLE = "free,clip:learnable=0.07:100"
 POPULARITY = "popularity"  # not trained: movies ranked by their count in the training pairs
@@ -50,8 +50,8 @@ def _cell(values, digits: int = 4) -> str:
 def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
   """Markdown: metrics per loss, the tutorial's published numbers, paired differences
   against each loss's free counterpart, and the learnable scales."""
-  present = [spec for spec in specs if any(r["loss"] == spec for r in rows)]
-  of = lambda spec, key: [float(r[key]) for r in rows if r["loss"] == spec]  # noqa: E731
+  present = [spec for spec in specs if any(r["spec"] == spec for r in rows)]
+  of = lambda spec, key: [float(r[key]) for r in rows if r["spec"] == spec]  # noqa: E731
   towers_text = (f"query features {config.query_features}; candidate features "
                  f"{config.candidate_features}; width {config.dim}"
                  + (f", hidden {config.hidden_dims}" if str(config.hidden_dims).strip() else ""))
@@ -93,7 +93,7 @@ def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
     if ref not in present:
       continue
     group = [ref] + [s for s in present if s != ref and reference(s, present) == ref]
-    paired = {metric: {row["loss"]: row for row in tables.paired_differences(
+    paired = {metric: {row["spec"]: row for row in tables.paired_differences(
         rows, group, metric=metric, reference=ref, scale=100.0)}
               for metric in ("top@100", "top@10")}
     if not paired["top@100"]:
@@ -147,22 +147,22 @@ def write_plot(file, rows: list[dict], config) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  specs = [s for s in specs_of(config) if any(r["loss"] == s for r in rows)]
+  specs = [s for s in specs_of(config) if any(r["spec"] == s for r in rows)]
   fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5),
                                     gridspec_kw={"width_ratios": [3, 1]})
   for i, spec in enumerate(specs):
-    values = np.array([float(r["top@100"]) for r in rows if r["loss"] == spec])
+    values = np.array([float(r["top@100"]) for r in rows if r["spec"] == spec])
     color = "C2" if "free" in spec else ("C1" if "learnable" in spec else "C0")
     left.scatter(np.full(values.size, i), values, s=10, alpha=0.5, color=color)
     left.errorbar(i, values.mean(), yerr=values.std(ddof=1) if values.size > 1 else 0,
                   fmt="o", color=color, capsize=3)
   left.set_xticks(range(len(specs)), specs, rotation=60, ha="right", fontsize=7)
   left.set_ylabel("test top-100 accuracy")
-  learnable = [s for s in specs if any(r["loss"] == s and not math.isnan(float(
+  learnable = [s for s in specs if any(r["spec"] == s and not math.isnan(float(
       r["scale_start"])) for r in rows)]
   epochs = np.arange(0, config.epochs + 1)
   for i, spec in enumerate(learnable):
-    runs = [r for r in rows if r["loss"] == spec]
+    runs = [r for r in rows if r["spec"] == spec]
     curves = np.array([[float(r["scale_start"])] + [float(r[f"scale@{e}"]) for e in epochs[1:]]
                        for r in runs])
     for curve in curves:

@@ -151,7 +151,7 @@ def popularity_row(config, data: Data, run: plan.Run) -> dict:
                            data.test.user, data.test.item, seen=data.seen)
   metrics = ranking.hit_ratio_and_ndcg(ranks, report.KS)
   nan = float("nan")
-  return {"dataset": config.dataset, "loss": run.spec, "seed": run.seed,
+  return {"dataset": config.dataset, "spec": run.spec, "seed": run.seed,
           **{f"top@{k}": float(metrics[f"hr@{k}"]) for k in report.KS},
           "ndcg@10": float(metrics["ndcg@10"]), "final_loss": nan, "scale_start": nan,
           "scale_end": nan, "scale_max": nan, "epochs": 0, "steps": 0, "train_seconds": 0.0,

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from experiments.framework import tables  # noqa: E402
 from tfcl_jax.training import outputs  # noqa: E402
 
-COLUMNS = ("loss", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss", "final_t",
+COLUMNS = ("spec", "seed", "batch_size", "knn_top1", "linear_top1", "final_loss", "final_t",
            "steps", "final_bias")
 
 
@@ -84,10 +84,10 @@ def table2(results: list[dict], *, knn_k: int = 200, knn_tau: float = 0.1) -> st
   A seed fixes the initialisation, the views and the data order of every loss's run, so
   per-seed differences (paired t-test, `tables.paired_differences`) cancel that noise.
   """
-  groups = _groups(results, lambda row: row["loss"])
+  groups = _groups(results, lambda row: row["spec"])
   has_probe = all("linear_top1" in row for row in results)
   against_free = "free" in groups and len(groups) > 1
-  paired = ({row["loss"]: row for row in tables.paired_differences(
+  paired = ({row["spec"]: row for row in tables.paired_differences(
       results, list(groups), metric="knn_top1")} if against_free else {})
   header = ("| loss | kNN top-1 (%) | " + ("linear top-1 (%) | " if has_probe else "")
             + ("kNN: free − loss, paired by seed (s.e.), p, free wins | "
@@ -140,9 +140,9 @@ def training_table(results: list[dict], *, columns: int = 6) -> str:
     return ""
   steps = [common[int(i)] for i in
            dict.fromkeys(np.linspace(0, len(common) - 1, min(columns, len(common))).round())]
-  groups = _groups(rows, lambda row: row[0]["loss"])
+  groups = _groups(rows, lambda row: row[0]["spec"])
   ends = (steps[0], steps[-1]) if "free" in groups else ()
-  paired = {step: {row["loss"]: row for row in tables.paired_differences(
+  paired = {step: {row["spec"]: row for row in tables.paired_differences(
       [{**result, "knn_top1": curve[step]} for result, curve in rows], list(groups),
       metric="knn_top1")} for step in ends}
   lines = ["", "kNN top-1 (%) during training, mean over seeds at each evaluation step"
@@ -162,8 +162,8 @@ def n_table(results: list[dict]) -> str:
   """kNN top-1 per loss (rows) and batch size N (columns); with `free`, a row of
   `free − loss` paired by seed at each N for every other loss."""
   sizes = sorted({row["batch_size"] for row in results})
-  groups = _groups(results, lambda row: (row["loss"], row["batch_size"]))
-  specs = list(dict.fromkeys(row["loss"] for row in results))
+  groups = _groups(results, lambda row: (row["spec"], row["batch_size"]))
+  specs = list(dict.fromkeys(row["spec"] for row in results))
   lines = ["| loss | " + " | ".join(f"N = {n}" for n in sizes) + " | spread (max - min) |",
            "|---|" + "---|" * (len(sizes) + 1)]
   for spec in specs:
@@ -202,8 +202,8 @@ def write_plots(results: list[dict], workdir: str, *, mode: str, run_dirs: list[
   """accuracy.png (or n_sensitivity.png), curves.png, geometry.png in `workdir`."""
   dirs_by_key = _groups(
       [{"dir": d, **r} for d, r in zip(run_dirs, results, strict=True)],
-      lambda row: (row["loss"], row["batch_size"]))
-  specs = list(dict.fromkeys(row["loss"] for row in results))
+      lambda row: (row["spec"], row["batch_size"]))
+  specs = list(dict.fromkeys(row["spec"] for row in results))
   if mode == "n_sensitivity":
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for spec in specs:
@@ -221,7 +221,7 @@ def write_plots(results: list[dict], workdir: str, *, mode: str, run_dirs: list[
   else:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for index, spec in enumerate(specs):
-      values = [r["knn_top1"] * 100 for r in results if r["loss"] == spec]
+      values = [r["knn_top1"] * 100 for r in results if r["spec"] == spec]
       ax.bar(index, np.mean(values), yerr=np.std(values), capsize=4, color=f"C{index}", alpha=0.6)
       ax.plot([index] * len(values), values, "k.", ms=4)
     ax.set_xticks(range(len(specs)), labels=specs, rotation=20)
