@@ -1,11 +1,11 @@
-r"""DCRec on MovieLens with each similarity-to-logit map: the paper's Table 6 (Section 5.4).
+r"""DCRec on MovieLens with each similarity-to-logit mapping: the paper's Table 6 (Section 5.4).
 
 DCRec (Yang et al., WWW 2023) as in its reference code (`tfcl_jax.models.dcrec`,
 `tfcl_jax.objectives.dcrec`): RecBole's leave-one-out sequences with prefix training targets
 (`tfcl_jax.data.sequences`), the transition and co-interaction item graphs
 (`tfcl_jax.data.item_graphs`), Adam, batches of 512 training examples (a fresh permutation per
 epoch; the last partial batch of an epoch is dropped so that every step has one shape). The
-map replaces DCRec's `cos / cl_temp` (0.8) in its cross-view contrastive term.
+mapping replaces DCRec's `cos / cl_temp` (0.8) in its cross-view contrastive term.
 
 Evaluation as the reference (`pop100`, `tfcl_jax.evaluation.ranking`): each user's validation
 and test target is ranked against 100 items drawn by popularity among those the user never

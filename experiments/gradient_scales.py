@@ -1,5 +1,5 @@
 r"""Figures 2-5 and Eq. 10 of Kim & Kim (arXiv 2501.17683): gradient scales at [C, -C, ..., -C],
-and the same for the scaled free maps (free_n, learnable_free) and the sigmoid (SigLIP) loss.
+and the same for the scaled free mappings (free_n, learnable_free) and the sigmoid (SigLIP) loss.
 
 Each figure (`tfcl_jax.analysis.figures`, shared with the notebooks) draws the closed form
 (`tfcl_jax.analysis.eq4/eq7/eq10/eq13`, `analysis.scaled_free_gradient_scale`,
@@ -59,7 +59,7 @@ def _save(figure: figures.Figure, path: str) -> None:
 
 
 def check_config(config) -> None:
-  """The grids' sizes, the temperatures, the scaled free maps' N and the range of Figure 3.
+  """The grids' sizes, the temperatures, the scaled free mappings' N and the range of Figure 3.
 
   Raises:
     ConfigError: naming the first bad field.

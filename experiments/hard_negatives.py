@@ -7,7 +7,7 @@ hard (cosine to the anchor in `[s_pos - hard_gap, s_pos]`), the rest easy
 gradient each cosine receives (positive pull |dL/ds_pos|, the share of the
 repulsion that goes to hard negatives); then all vectors are trained by
 Riemannian SGD and we count the steps until the anchor is separated: its
-positive cosine exceeds every negative's by `margin`. Each map of `config.mappings`
+positive cosine exceeds every negative's by `margin`. Each mapping of `config.mappings`
 (`tfcl_jax.mappings.from_spec`) is one row per fraction.
 
 Run: python -m experiments.hard_negatives --config=experiments/configs/hard_negatives.py \
@@ -63,14 +63,14 @@ def cosines(anchor, positive, negatives) -> jax.Array:
       jnp.einsum("nd,nkd->nk", anchor, negatives)], axis=-1)
 
 
-def instance_loss(cos, logits_fn) -> jax.Array:
-  """Mean InfoNCE (Eq. 1 with the map's logits) with the positive in column 0."""
-  logits = logits_fn(cos)
+def instance_loss(cos, mapping) -> jax.Array:
+  """Mean InfoNCE (Eq. 1 with the mapping's logits) with the positive in column 0."""
+  logits = mapping(cos)
   return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - logits[:, 0])
 
 
 def make_runner(mapping: mappings.Mapping, *, config):
-  """A jitted `(keys [S], n_hard [H]) -> results [H, S]` for one map (one compilation)."""
+  """A jitted `(keys [S], n_hard [H]) -> results [H, S]` for one mapping (one compilation)."""
   n, k, d = config.instances, config.num_negatives, config.dim
 
   def run_one(key, n_hard):
@@ -170,7 +170,7 @@ MAX_VALUES = 2**31
 
 
 def check_config(config) -> None:
-  """Each field's type and range, the maps, and the size of one seed's instances.
+  """Each field's type and range, the mappings, and the size of one seed's instances.
 
   Raises:
     ConfigError: naming the first bad field.
@@ -195,7 +195,7 @@ def check_config(config) -> None:
 
 @sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
-  """Trains every map's instances at every hard fraction (`check_config` passed); writes
+  """Trains every mapping's instances at every hard fraction (`check_config` passed); writes
   `results.csv`, `results.md` and `hard_negatives.png`."""
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   rows = []

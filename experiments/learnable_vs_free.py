@@ -2,7 +2,7 @@ r"""Learnable temperature vs temperature-free: Eq. 10's stuck t, and numerics as
 
 Part 1 (Eq. 10): M pairs start exactly orthogonal (every cosine 0, so dL/dt = 0
 at step 0 for every t) and are trained with CLIP's learnable `exp(t) cos`
-(Eq. 8) or the free map (Eq. 11); a random start (positive cosine ~ 0.5) is the
+(Eq. 8) or the free mapping (Eq. 11); a random start (positive cosine ~ 0.5) is the
 control. We follow t, |dL/dt|, the positive cosine C and the loss.
 
 Part 2 (precision): pairs trained towards perfect alignment with embeddings
@@ -172,7 +172,7 @@ def precision_run(spec: str, dtype, *, key, config):
 def precision_study(config) -> tuple[list[dict], dict]:
   p = config.precision
   rows, curves = [], {}
-  # 1 - c where the free map's clamp starts (its gradient is 0 beyond): 2 / (1 + e^max_logit).
+  # 1 - c where the free mapping's clamp starts (its gradient is 0 beyond): 2 / (1 + e^max_logit).
   clamp_gap = 2.0 / (1.0 + math.exp(mappings.max_free_logit("float32")))
   jobs = [(spec, dtype) for spec in p.mappings for dtype in p.dtypes]
   for spec, dtype_name in tqdm.tqdm(jobs, desc="precision"):
@@ -249,7 +249,7 @@ def _plot(workdir: str, stuck_curves: dict, precision_curves: dict, config) -> N
 
 
 def check_config(config) -> None:
-  """Each part's sizes, steps and rates, its maps, and that the orthogonal start fits.
+  """Each part's sizes, steps and rates, its mappings, and that the orthogonal start fits.
 
   Raises:
     ConfigError: naming the first bad field.
@@ -329,7 +329,7 @@ C = 0), `t@k`/`C@k` after k steps, `steps_until_t_moves_0.1` the first step with
 Precision: `final_one_minus_C` = 1 - min positive cosine of the stored embeddings (float64),
 `final_loss` the library's loss, `final_reference_loss` a float64 NumPy evaluation without clamp
 of the same embeddings, `abs_error`/`rel_error` their difference; `final_past_clamp` = fraction of
-positive pairs with 1 - cos below the free map's float32 clamp (4.8e-7: zero gradient there).
+positive pairs with 1 - cos below the free mapping's float32 clamp (4.8e-7: zero gradient there).
 """
 
 

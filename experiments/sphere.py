@@ -1,13 +1,13 @@
 r"""Annealing on the sphere: InfoNCE over free embeddings on S^(d-1), by SGD and Langevin dynamics.
 
 M instances with two views each are free unit vectors (no network). Each
-map of `config.mappings` (fixed, annealed, learnable, dynamic temperature,
+mapping of `config.mappings` (fixed, annealed, learnable, dynamic temperature,
 temperature-free) is trained from random starts over many seeds, jitted and
 vmapped over seeds.
 
 Known optimum: for M <= d + 1, the regular simplex (pairwise cosine
 -1/(M-1)) with both views equal. `L*` is the loss of that configuration under
-the map as it stands at the end (final step, final learnable t),
+the mapping as it stands at the end (final step, final learnable t),
 evaluated numerically with `tfcl_jax.losses.info_nce`; a run "reaches" the
 optimum when every positive cosine is >= 1 - tol and every cross-view negative
 cosine <= -1/(M-1) + tol.
@@ -67,7 +67,7 @@ def reached(z1, z2, *, tol: float) -> jax.Array:
 
 
 def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, config):
-  """A jitted `(keys [S], beta0) -> (final, curves)` over S seeds for one map and setting."""
+  """A jitted `(keys [S], beta0) -> (final, curves)` over S seeds for one mapping and setting."""
   steps, every = config.steps, config.eval_every
   if steps % every:
     raise ValueError(f"steps ({steps}) must be a multiple of eval_every ({every}).")
@@ -195,7 +195,7 @@ def _plot(workdir: str, setting: str, curves_by_run: dict, *, every: int) -> Non
 
 
 def check_config(config) -> None:
-  """Each field's type and range, the settings, the maps and the optimizers.
+  """Each field's type and range, the settings, the mappings and the optimizers.
 
   Raises:
     ConfigError: naming the first bad field.
@@ -220,7 +220,7 @@ def check_config(config) -> None:
 
 @sweep.study
 def train_and_evaluate(config, workdir: str) -> list[dict]:
-  """Runs every (setting, map, optimizer) (`check_config` passed) and writes results.csv,
+  """Runs every (setting, mapping, optimizer) (`check_config` passed) and writes results.csv,
   results.md and PNGs."""
   keys = jax.random.split(jax.random.key(config.seed), config.seeds)
   betas = {"sgd": float("inf"), "langevin": float(config.beta0)}
@@ -258,7 +258,7 @@ def results_markdown(rows: list[dict], config, command: str | None = None) -> st
 NOTES = """\
 Embeddings on S^(d-1), {seeds} seeds per row, {steps} steps, step size lr = {lr}; `langevin`
 adds noise sqrt(2 lr / beta(t)) with beta(t) = {beta0} log(t + 2), `sgd` none.
-Optimum: regular simplex with both views equal; L* = the loss there under the map as it
+Optimum: regular simplex with both views equal; L* = the loss there under the mapping as it
 stands at the end (final tau / learnable t). `loss_gap` = mean final loss - L*
 (`loss_gap_min` the smallest over seeds: >= 0 up to rounding means no run beat the simplex).
 `alignment` = E||z1 - z2||^2, `uniformity_gap` = uniformity(z1) - (-4M/(M-1)) (0 at the simplex).

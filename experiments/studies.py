@@ -1,6 +1,6 @@
 """What the temperature studies on the sphere share: the InfoNCE they minimise and one step.
 
-The studies (`sphere.py`, `hard_negatives.py`, `learnable_vs_free.py`) vary the map of
+The studies (`sphere.py`, `hard_negatives.py`, `learnable_vs_free.py`) vary the mapping of
 InfoNCE (`config.mappings`: `tfcl_jax.mappings.from_spec` specs) on free unit vectors.
 """
 
@@ -26,7 +26,7 @@ def sphere_step(loss_fn: Callable, views, params, *, lr: float, t_lr: float, sca
   """One joint step of the studies: Langevin/SGD on the sphere for `views`, SGD for `params`.
 
   `loss_fn(views, params) -> scalar`; the views move along `scale *` their gradient
-  (`scale = M` turns a mean loss into the summed potential), the map's parameters
+  (`scale = M` turns a mean loss into the summed potential), the mapping's parameters
   (learnable t) along `t_lr *` theirs. Returns `(loss, views, params, gradients)`.
   """
   loss, (view_grads, param_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(views, params)

@@ -19,8 +19,8 @@ def get_config(dataset: str = "citeseer") -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.dataset = dataset
   config.data_dir = os.path.normpath(DEFAULT_DATA_DIR)
-  # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): a map for InfoNCE, or
-  # sigmoid/<map>[/b=<init> | /learn_b=<init>] for the sigmoid loss.
+  # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): a mapping for InfoNCE, or
+  # sigmoid/<mapping>[/b=<init> | /learn_b=<init>] for the sigmoid loss.
   config.losses = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"
   config.seeds = 20
   config.seed_offset = 0

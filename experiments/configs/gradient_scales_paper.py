@@ -1,5 +1,5 @@
 r"""Gradient-scale figures of Sections 3-4 (Figures 2-5 and Eq. 10), the same for the scaled free
-maps (free_n, learnable_free) and for the sigmoid loss, closed form vs autodiff.
+mappings (free_n, learnable_free) and for the sigmoid loss, closed form vs autodiff.
 
 Run (seconds on 2 cores):
   python -m experiments.gradient_scales --workdir=/tmp/gradient_scales
@@ -21,13 +21,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.ns = (2, 4, 8, 16)  # Figures 4 and 5.
   # Eq. 10 curves; the last is CLIP's initial t = log(1 / 0.07).
   config.eq10_ts = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 / 0.07), 4))
-  # The scaled free maps: |dL/dC| of free_n beside free and tau (scaled_free_scale), |dL/dt| of
+  # The scaled free mappings: |dL/dC| of free_n beside free and tau (scaled_free_scale), |dL/dt| of
   # learnable_free at t = 0 beside CLIP's Eq. 10 at its start (learnable_free_t), per N. The
   # autodiff cost grows as N^3 (the pattern's embeddings are [N, N + 1]).
   config.scaled_free_ns = (2, 64, 512)
   config.scaled_free_tau = 0.1
   config.clip_t = round(math.log(1 / 0.07), 4)  # CLIP's initial t
-  # The sigmoid (SigLIP) loss at the same pattern: N candidates, fixed tau and the free map.
+  # The sigmoid (SigLIP) loss at the same pattern: N candidates, fixed tau and the free mapping.
   config.sigmoid_n = 16
   config.sigmoid_taus = (0.1, 0.5, 1.0)
   config.sigmoid_ts = (0.0, round(math.log(10.0), 4))  # SigLIP's initial t = log 10

@@ -24,8 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data_dir = ""  # TFDS data directory; "" = TFDS's default (digits needs none)
   config.recipe = ""  # augmentation recipe; "" = the dataset's (tfcl_jax.data.get_info)
   config.view_size = 0  # side of the views; 0 = the dataset's
-  # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): a map for InfoNCE (NT-Xent),
-  # or sigmoid/<map>[/b=<init> | /learn_b=<init>] for the sigmoid loss.
+  # Comma-separated loss specs (`tfcl_jax.losses.from_spec`): a mapping for InfoNCE (NT-Xent),
+  # or sigmoid/<mapping>[/b=<init> | /learn_b=<init>] for the sigmoid loss.
   config.losses = "tau=0.1,tau=0.25,tau=0.5,tau=1,free"
   config.seeds = 3
   config.negatives = "all"  # SimCLR's NT-Xent candidates (2N - 2 negatives)

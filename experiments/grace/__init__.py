@@ -1,10 +1,10 @@
-r"""GRACE on CiteSeer / Cora with each similarity-to-logit map: the paper's Table 3 (Section 5.2).
+r"""GRACE on CiteSeer / Cora under each similarity-to-logit mapping: Table 3 (Section 5.2).
 
 Run: python -m experiments.grace --config=experiments/configs/grace_citeseer.py --workdir=DIR
   [--config.losses=free,tau=0.5 --config.seeds=20 --config.epochs=1000]
 
-`config.losses` lists loss specs (`tfcl_jax.losses.from_spec`): a map spec trains with
-InfoNCE, `sigmoid/<map>[/b=<init> | /learn_b=<init>]` with the sigmoid loss (SigLIP:
+`config.losses` lists loss specs (`tfcl_jax.losses.from_spec`): a mapping spec trains with
+InfoNCE, `sigmoid/<mapping>[/b=<init> | /learn_b=<init>]` with the sigmoid loss (SigLIP:
 `sigmoid/learnable=0.1/learn_b=siglip`).
 
 Writes DIR/results.csv (one row per (loss, seed)), DIR/results.md (Table 3 beside the paper,

@@ -37,12 +37,12 @@ from experiments.framework import tables
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
-#: The candidates of the pre-registration, as InfoNCE map specs (`tfcl_jax.losses.from_spec`);
+#: The candidates of the pre-registration, as InfoNCE mapping specs (`tfcl_jax.losses.from_spec`);
 #: a CLIP row prefixes them with `clip:`.
 CANDIDATES = ("free", "tau=0.1", "tau=0.2", "tau=0.5", "tau=1", "learnable=0.07:100",
               "dynamic=0.1:0.2", "learnable_free=100", "free_n")
-#: The maps derived for the study: they go on from screening by the rule below.
-NEW_MAPS = ("learnable_free=100", "free_n")
+#: The mappings derived for the study: they go on from screening by the rule below.
+NEW_MAPPINGS = ("learnable_free=100", "free_n")
 #: The seeds' paired t-test level for "within noise".
 ALPHA = 0.05
 #: A worst-case regret difference under this many units is a tie (the decision rule).
@@ -273,13 +273,13 @@ def summary(cell_list: Sequence[dict], rows: Sequence[str]) -> list[dict]:
 
 
 def goes_on(screen: Sequence[dict], screening_rows: int) -> dict[str, str]:
-  """The screening rule of `docs/regret.md` for each new map: it goes on to every row if its
+  """The screening rule of `docs/regret.md` for each new mapping: it goes on to every row if its
   worst-case regret over the screening rows is no larger than free's, or if it is within noise
   on more screening rows than free. Decided only once both have every screening row."""
   by = {s["candidate"]: s for s in screen}
   free = by["free"]
   verdict = {}
-  for candidate in NEW_MAPS:
+  for candidate in NEW_MAPPINGS:
     mine = by[candidate]
     if mine["rows"] < screening_rows or free["rows"] < screening_rows:
       verdict[candidate] = f"pending ({mine['rows']}/{screening_rows} screening rows)"
@@ -338,8 +338,8 @@ def study(results: str = RESULTS) -> dict:
   screen_summary = summary(screen, screening_rows)
   verdict = goes_on(screen_summary, len(screening_rows))
   full_summary = summary(full, [r.key for r in ROWS])
-  finalists = [c for c in CANDIDATES if c not in NEW_MAPS or verdict[c] == "goes on"]
-  pending = [c for c in NEW_MAPS if verdict[c].startswith("pending")]
+  finalists = [c for c in CANDIDATES if c not in NEW_MAPPINGS or verdict[c] == "goes on"]
+  pending = [c for c in NEW_MAPPINGS if verdict[c].startswith("pending")]
   return dict(all_runs=all_runs, full=full, screen=screen, screen_summary=screen_summary,
               verdict=verdict, full_summary=full_summary,
               decision=("pending: screening of " + ", ".join(f"`{c}`" for c in pending)

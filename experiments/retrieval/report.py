@@ -115,7 +115,7 @@ def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
               "and largest value over training, mean over seeds; runs that reached the cap.",
               "", "| loss | start | end | max | runs at the cap |", "|---|---|---|---|---|"]
     for spec in learnable:
-      # The cap is the map's; any candidate count builds it (a `prior` bias needs one).
+      # The cap is the mapping's; any candidate count builds it (a `prior` bias needs one).
       cap = mappings.max_logit_scale(losses.from_spec(spec, num_candidates=2).mapping)
       at_cap = sum(v >= cap - 1e-6 for v in of(spec, "scale_max")) if cap else 0
       lines.append(f"| {spec} | {np.mean(of(spec, 'scale_start')):.2f} | "

@@ -124,7 +124,7 @@ def make_evaluator(model: towers.TwoTower, data: Data, *, cosine: bool):
   def ranks(params):
     q = model.apply({"params": params}, users, method=model.embed_queries)
     c = model.apply({"params": params}, items, method=model.embed_candidates)
-    if cosine:  # the losses score cosines; any map of them is monotone
+    if cosine:  # the losses score cosines; any mapping of them is monotone
       q, c = (x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12) for x in (q, c))
     return ranking.rank_all(q, c, data.test.user, data.test.item, seen=data.seen)
 
@@ -138,7 +138,7 @@ def make_evaluator(model: towers.TwoTower, data: Data, *, cosine: bool):
 
 
 def _scale(loss_params, loss: losses.Loss) -> float:
-  """The logit scale a learnable map applies (`min(exp(t), cap)`), NaN for other maps."""
+  """The logit scale a learnable mapping applies (`min(exp(t), cap)`), NaN for other mappings."""
   if "t" not in loss_params:
     return float("nan")
   return float(mappings.logit_scale(loss.mapping, params=loss_params))
