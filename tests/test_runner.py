@@ -244,3 +244,45 @@ def test_the_framework_imports_no_experiment_and_no_module_of_it_imports_itself_
     ready = {name for name, needs in graph.items() if name not in done and needs <= done}
     assert ready, f"an import cycle among {sorted(set(graph) - done)}"
     done |= ready
+
+
+@pytest.mark.parametrize("keys", [1, 3])
+def test_train_run_keys_the_run_by_its_seed_and_builds_its_row(tmp_path, monkeypatch, keys):
+  import jax  # noqa: PLC0415
+
+  seen = {}
+
+  def fake_train(state, *, key, **kwargs):
+    seen["train_key"], seen["kwargs"] = key, kwargs
+    os.makedirs(kwargs["workdir"], exist_ok=True)
+    with open(os.path.join(kwargs["workdir"], "metrics.csv"), "w") as f:
+      f.write("step,loss,seconds\n1,0.75,1.5\n2,0.5,3.25\n")
+    return state
+
+  def build(loss, run_keys, mesh):
+    seen["run_keys"], seen["loss"] = run_keys, loss
+    state = type("State", (), {"params": {"loss": {"t": np.float32(0.5)}}})()
+    return sweep.Trainable(state, train_step=None, batches=lambda first: iter(()), num_steps=2,
+                           result=lambda trained: {"own": len(trained.metrics["loss"])},
+                           options={"eval_every": 0})
+
+  monkeypatch.setattr(sweep.training, "train", fake_train)
+  run = plan.Run("learnable=0.2", 7)
+  row = sweep.train_run(_config(num_devices=1, log_every=1), run, str(tmp_path),
+                        num_candidates=3, build=build, keys=keys, mesh=object())
+  seed_key = jax.random.key(7)
+  want = ([seed_key] if keys == 1 else list(jax.random.split(seed_key, keys)))
+  assert [jax.random.key_data(k).tolist() for k in seen["run_keys"]] == [
+      jax.random.key_data(k).tolist() for k in want]
+  # The training key: the seed's own with one key, else the second of the split.
+  assert (jax.random.key_data(seen["train_key"]).tolist()
+          == jax.random.key_data(want[min(1, keys - 1)]).tolist())
+  assert seen["loss"].spec == "learnable=0.2" and seen["kwargs"]["eval_every"] == 0
+  assert row == {"spec": "learnable=0.2", "seed": 7, "final_loss": 0.5, "final_t": 0.5,
+                 "train_seconds": 3.25, "own": 2}
+
+
+def test_train_run_refuses_no_keys(tmp_path):
+  with pytest.raises(ValueError, match="keys must be >= 1, got 0"):
+    sweep.train_run(_config(num_devices=1, log_every=1), plan.Run("free", 0), str(tmp_path),
+                    num_candidates=3, build=None, keys=0, mesh=object())  # type: ignore[arg-type]

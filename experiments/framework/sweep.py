@@ -148,7 +148,9 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
 
   The run's loss is `losses.from_spec(run.spec, num_candidates=...)` (the candidates per
   anchor of the experiment's batch, `losses.num_candidates`); its seed splits into `keys`
-  keys (initialisation, training, then evaluation ones); `mesh` (default: one over the first
+  keys (initialisation, training, then evaluation ones), or with `keys=1` is itself the one
+  key, the training key (a run with nothing else to draw: MSC fine-tunes a pretrained
+  encoder and scores deterministically); `mesh` (default: one over the first
   `config.num_devices` devices) is the sweep's when it compiles its steps once.
   `build(loss, run_keys, mesh) -> Trainable` makes the rest; `tfcl_jax.training.train` trains
   it in the run's folder (`train_arguments` with the experiment's `plan_fields`, logging every
@@ -160,13 +162,17 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
     `Trainable.result`.
   """
   loss = losses.from_spec(run.spec, num_candidates=num_candidates)
-  run_keys = tuple(jax.random.split(jax.random.key(run.seed), keys))
+  if keys < 1:
+    raise ValueError(f"keys must be >= 1, got {keys}.")
+  seed_key = jax.random.key(run.seed)
+  run_keys = (seed_key,) if keys == 1 else tuple(jax.random.split(seed_key, keys))
   if mesh is None:
     mesh = training.make_mesh(jax.devices()[:config.num_devices])
   trainable = build(loss, run_keys, mesh)
   state = training.train(
       trainable.state, train_step=trainable.train_step, batches=trainable.batches,
-      num_steps=trainable.num_steps, key=run_keys[1], mesh=mesh, log_every=config.log_every,
+      num_steps=trainable.num_steps, key=run_keys[min(1, keys - 1)], mesh=mesh,
+      log_every=config.log_every,
       **trainable.options, **train_arguments(config, run, workdir, plan_fields=plan_fields))
   folder = run.directory(workdir)
   trained = Trained(state, run_outputs.read_csv(os.path.join(folder, run_outputs.METRICS_FILE)),

@@ -19,11 +19,11 @@ import numpy as np
 from experiments.framework import lowering, plan, sweep, tables
 from experiments.msc import report
 from experiments.simclr import train as simclr_train
-from tfcl_jax import augment, data, losses, models, training
+from tfcl_jax import augment, data, losses, models
 from tfcl_jax.anomaly import msc, scores, weights
 from tfcl_jax.objectives import msc as msc_objective
 from tfcl_jax.objectives import simclr
-from tfcl_jax.training import optim, outputs, sharding, state, step
+from tfcl_jax.training import optim, sharding, state, step
 
 PRETRAIN_DIR = "pretrain"
 # The normal classes: they choose which runs exist, as `losses` does.
@@ -228,44 +228,50 @@ class Trainer:
     c = self.config
     if self.variables is None:
       self.load(pretrain(c, workdir))
-    # MSC's InfoNCE scores each view against every other view of the batch (`negatives="all"`).
-    loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
-        c.batch_size, negatives="all"))
     normal_class = run["normal_class"]
     normal = self.images.train_images[self.images.train_labels == normal_class]
-    model_state = {k: v for k, v in self.variables.items() if k != "params"}
-    # The center of the whole normal class (every host the same); batches from this host's part.
-    center = msc.center(self.features(self.variables["params"], model_state, normal))
     num_normal = len(normal)
-    if jax.process_count() > 1:
+    if jax.process_count() > 1:  # batches from this host's part
       normal = normal[jax.process_index()::jax.process_count()]
-    initial = state.create_train_state(
-        model_params=self.variables["params"],
-        model_state={**model_state, msc.CENTER_KEY: center},
-        loss_params=loss.params, tx=self.optimizer(
-            {"model": self.variables["params"], "loss": loss.params}))
     steps_per_epoch = len(normal) // (c.batch_size // jax.process_count())
-    num_steps = c.epochs * steps_per_epoch
 
-    def evaluate(train_state):
-      return {"roc_auc": self.roc_auc(train_state.params["model"], train_state.model_state,
-                                      normal_class)}
+    def build(loss: losses.Loss, keys, mesh) -> sweep.Trainable:
+      del keys, mesh  # one key, the training key (`sweep.train_run`); the trainer's mesh
+      model_state = {k: v for k, v in self.variables.items() if k != "params"}
+      # The center of the whole normal class (every host the same).
+      center = msc.center(self.features(
+          self.variables["params"], model_state,
+          self.images.train_images[self.images.train_labels == normal_class]))
+      initial = state.create_train_state(
+          model_params=self.variables["params"],
+          model_state={**model_state, msc.CENTER_KEY: center},
+          loss_params=loss.params, tx=self.optimizer(
+              {"model": self.variables["params"], "loss": loss.params}))
 
-    training.train(
-        initial, train_step=self.train_step(loss),
-        batches=lambda start: self.batches(normal, seed=run.seed, start_step=start),
-        num_steps=num_steps, key=jax.random.key(run.seed), mesh=self.mesh,
-        eval_every=c.eval_every_epochs * steps_per_epoch, eval_fn=evaluate,
-        log_every=c.log_every, examples_per_step=c.batch_size,
-        **sweep.train_arguments(c, run, workdir, plan_fields=PLAN_FIELDS))
-    evaluation = outputs.read_csv(os.path.join(run.directory(workdir), outputs.EVAL_FILE))
-    metrics = outputs.read_csv(os.path.join(run.directory(workdir), outputs.METRICS_FILE))
-    return {"spec": run.spec, "seed": run.seed, "normal_class": normal_class,
-            "roc_auc": float(evaluation["roc_auc"][-1]),
-            "roc_auc_pretrained": self.pretrained_auc(normal_class),
-            "final_loss": float(np.mean(metrics["loss"][-steps_per_epoch:])),
-            "final_center_cos": float(np.mean(metrics["center_cos"][-steps_per_epoch:])),
-            "num_normal_train": num_normal, "steps": num_steps}
+      def evaluate(train_state):
+        return {"roc_auc": self.roc_auc(train_state.params["model"], train_state.model_state,
+                                        normal_class)}
+
+      def result(trained: sweep.Trained) -> dict:
+        last_epoch = slice(-steps_per_epoch, None)
+        return {"normal_class": normal_class,
+                "roc_auc": float(trained.evaluations["roc_auc"][-1]),
+                "roc_auc_pretrained": self.pretrained_auc(normal_class),
+                "final_loss": float(np.mean(trained.metrics["loss"][last_epoch])),
+                "final_center_cos": float(np.mean(trained.metrics["center_cos"][last_epoch])),
+                "num_normal_train": num_normal, "steps": c.epochs * steps_per_epoch}
+
+      return sweep.Trainable(
+          initial, self.train_step(loss),
+          lambda start: self.batches(normal, seed=run.seed, start_step=start),
+          num_steps=c.epochs * steps_per_epoch, result=result,
+          options={"eval_every": c.eval_every_epochs * steps_per_epoch, "eval_fn": evaluate,
+                   "examples_per_step": c.batch_size})
+
+    # MSC's InfoNCE scores each view against every other view of the batch (`negatives="all"`).
+    return sweep.train_run(
+        c, run, workdir, num_candidates=losses.num_candidates(c.batch_size, negatives="all"),
+        build=build, keys=1, mesh=self.mesh, plan_fields=PLAN_FIELDS)
 
 
 def pretrain_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
