@@ -287,6 +287,29 @@ def capped_exp(t: jax.typing.ArrayLike, max_scale: float | None,
   return scale if max_scale is None else jnp.minimum(scale, max_scale)
 
 
+@dataclasses.dataclass(frozen=True)
+class LearntScale(MappingFunction):
+  """A mapping `min(exp(t), max_scale) g(cos)` with `t` in `params` (Eq. 8's `g(c) = c`,
+  `learnable_free`'s `g(c) = 2 artanh(c)`): its scale, cap and parameter check, declared once.
+  A subclass implements `__call__` with `self.scale(params, cos.dtype)`."""
+
+  max_scale: float | None = None
+
+  def scale(self, params: Params, dtype: jax.typing.DTypeLike | None = None) -> jax.Array:
+    """`min(exp(t), max_scale)` in `dtype`."""
+    return capped_exp(params["t"], self.max_scale, dtype)
+
+  def logit_scale(self, params: Params) -> jax.Array:
+    return self.scale(params)
+
+  def max_logit_scale(self) -> float | None:
+    return self.max_scale
+
+  def parameter_checks(self, params: Params, step: jax.Array) -> tuple[ParameterCheck, ...]:
+    # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.
+    return (finite_check("t", params["t"]),)
+
+
 def format_number(x) -> str:
   """A number as it appears in a spec (`0.25`, `1`, `1e-05`)."""
   return f"{float(x):g}"

@@ -12,14 +12,12 @@ import numpy as np
 
 from tfcl_jax import _checks
 from tfcl_jax.mappings._base import (
-    ExpForm,
-    LogSigmoidForm,
-    Mapping,
-    MappingFunction,
-    ParameterCheck,
-    capped_exp,
-    finite_check,
-    format_number,
+  ExpForm,
+  LearntScale,
+  LogSigmoidForm,
+  Mapping,
+  MappingFunction,
+  format_number,
 )
 from tfcl_jax.mappings._free import _clip_slope, _Free, _free_margin, max_free_logit
 
@@ -165,23 +163,11 @@ def n_aware_free(*, num_candidates: int) -> Mapping:
 
 
 @dataclasses.dataclass(frozen=True)
-class _LearnableFree(MappingFunction):
+class _LearnableFree(LearntScale):
   """`min(exp(t), max_scale) * 2 artanh(c)`, `t` in `params`."""
 
-  max_scale: float | None = None
-
   def __call__(self, cos, params, step):
-    return capped_exp(params["t"], self.max_scale, cos.dtype) * _free_logit(cos)
-
-  def logit_scale(self, params) -> jax.Array:
-    return capped_exp(params["t"], self.max_scale)
-
-  def max_logit_scale(self) -> float | None:
-    return self.max_scale
-
-  def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
-    # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.
-    return (finite_check("t", params["t"]),)
+    return self.scale(params, cos.dtype) * _free_logit(cos)
 
 
 def learnable_free(*, max_scale: float | None = None) -> Mapping:

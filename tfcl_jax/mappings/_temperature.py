@@ -11,15 +11,14 @@ import numpy as np
 
 from tfcl_jax import _checks, schedules
 from tfcl_jax.mappings._base import (
-    FIXED_SHIFT_RANGE,
-    ExpForm,
-    Mapping,
-    MappingFunction,
-    ParameterCheck,
-    capped_exp,
-    finite_check,
-    format_number,
-    positive_check,
+  FIXED_SHIFT_RANGE,
+  ExpForm,
+  LearntScale,
+  Mapping,
+  MappingFunction,
+  ParameterCheck,
+  format_number,
+  positive_check,
 )
 
 
@@ -99,23 +98,11 @@ def temperature(tau: jax.typing.ArrayLike) -> Mapping:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Learnable(MappingFunction):
+class _Learnable(LearntScale):
   """`min(exp(t), max_scale) * cos` (Eq. 8), `t` in `params`."""
 
-  max_scale: float | None = None
-
   def __call__(self, cos, params, step):
-    return capped_exp(params["t"], self.max_scale, cos.dtype) * cos
-
-  def logit_scale(self, params) -> jax.Array:
-    return capped_exp(params["t"], self.max_scale)
-
-  def max_logit_scale(self) -> float | None:
-    return self.max_scale
-
-  def parameter_checks(self, params, step) -> tuple[ParameterCheck, ...]:
-    # exp(t) > 0 for every finite t: only a NaN or infinite t is invalid.
-    return (finite_check("t", params["t"]),)
+    return self.scale(params, cos.dtype) * cos
 
 
 def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
