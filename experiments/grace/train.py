@@ -46,7 +46,7 @@ def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphB
   """The run's model, initial train state (the model initialised with `key`) and full-graph
   propagation."""
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
-                    projection_dim=config.projection_hidden_dim)
+                    projection_hidden_dim=config.projection_hidden_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   state = training.create_train_state(
       model_params=model.init(key, batch.features, full)["params"],
