@@ -53,7 +53,7 @@ def main():
   graph, batch = grace.load_graph(config)
   mapping = mappings.from_spec(args.mapping)
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
-                    projection_dim=config.projection_hidden_dim)
+                    projection_hidden_dim=config.projection_hidden_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
             "loss": dict(mapping.params)}

@@ -24,7 +24,8 @@ from tfcl_jax.objectives import simclr
 from tfcl_jax.training import optim, sharding, state, step
 
 CASES = {
-    # name: (backbone, width, image size, channels, recipe, proj hidden, proj dim, batch)
+    # name: (backbone, width, image size, channels, recipe, projection hidden dim,
+    #        projection dim, batch)
     "digits": ("small_cnn", 16, 8, 1, "digits", 64, 32, 256),
     "cifar_resnet18": ("resnet18_cifar", 0, 32, 3, "simclr_cifar", 512, 128, 64),
     "imagenette_resnet18": ("resnet18_imagenet", 0, 160, 3, "simclr", 512, 128, 64),
@@ -54,10 +55,11 @@ def _time(fn, steps):
 
 
 def bench_case(name, *, batch, repeats, steps, mesh):
-  backbone, width, size, channels, recipe, hidden, proj_dim, _ = CASES[name]
+  backbone, width, size, channels, recipe, projection_hidden_dim, projection_dim, _ = CASES[name]
   view_size = 128 if name == "imagenette_resnet18" else size
-  model = models.make_contrastive_model(backbone, width=width or None, proj_hidden_dim=hidden,
-                                        proj_dim=proj_dim)
+  model = models.make_contrastive_model(backbone, width=width or None,
+                                        projection_hidden_dim=projection_hidden_dim,
+                                        projection_dim=projection_dim)
   augment_fn = functools.partial(augment.two_views, recipe=recipe, out_size=view_size)
   variables = jax.jit(lambda: model.init(
       jax.random.key(0), jnp.zeros((2, view_size, view_size, channels)), train=False))()
@@ -78,7 +80,7 @@ def bench_case(name, *, batch, repeats, steps, mesh):
     s = jax.device_put(s, sharding.replicated(mesh))  # placed once, not on every timed call
     jax.block_until_ready(train_step(s, placed, key))  # compile
     runners[label] = functools.partial(train_step, s, placed, key)
-  z = jax.random.normal(jax.random.key(2), (2, batch, proj_dim))
+  z = jax.random.normal(jax.random.key(2), (2, batch, projection_dim))
   loss_grad = jax.jit(jax.value_and_grad(
       lambda z1, z2: losses.info_nce(z1, z2, mapping=mappings.temperature_free(),
                                      negatives="all"), argnums=(0, 1)))

@@ -142,7 +142,7 @@ def best_epoch(evaluations: dict[str, np.ndarray], *, steps_per_epoch: int) -> d
 def make_model(config, data: sequences.SequenceData) -> dcrec.DCRec:
   return dcrec.DCRec(
       num_nodes=data.num_items + 2, max_length=config.max_length,
-      hidden_size=config.hidden_dim, inner_size=config.inner_size,
+      hidden_dim=config.hidden_dim, inner_size=config.inner_size,
       num_layers=config.num_layers, num_heads=config.num_heads,
       hidden_dropout=config.hidden_dropout, attention_dropout=config.attention_dropout,
       graph_dropout=config.graph_dropout, graph_dropout_at_eval=config.graph_dropout_at_eval)

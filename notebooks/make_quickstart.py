@@ -87,7 +87,8 @@ and result files; here we write the epoch loop by hand."""),
 train_images, train_labels = data.load_arrays("digits", info.train_split)
 test_images, test_labels = data.load_arrays("digits", info.test_split)
 mesh = sharding.make_mesh()
-model = models.make_contrastive_model("small_cnn", width=16, proj_hidden_dim=64, proj_dim=32)
+model = models.make_contrastive_model("small_cnn", width=16, projection_hidden_dim=64,
+                                      projection_dim=32)
 features = simclr.make_feature_fn(model)
 center = jax.jit(functools.partial(augment.center_view, recipe="digits"))
 two_views = functools.partial(augment.two_views, recipe="digits")

@@ -86,7 +86,7 @@ def _transformer_reference(p, inputs, lengths, heads):
 
 def test_sequence_encoder_equals_recbole_transformer_in_numpy():
   data = _data()
-  model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=6, hidden_size=8, inner_size=16,
+  model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=6, hidden_dim=8, inner_size=16,
                       num_layers=2, num_heads=2)
   inputs, lengths = data.test.inputs()[:5], data.test.lengths[:5]
   params = model.init(jax.random.key(0), inputs, lengths)["params"]
@@ -94,14 +94,14 @@ def test_sequence_encoder_equals_recbole_transformer_in_numpy():
   expected = _transformer_reference(jax.tree.map(np.asarray, params), inputs, lengths, heads=2)
   np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-4, atol=2e-5)
   with pytest.raises(ValueError, match="multiple of num_heads"):
-    dcrec.DCRec(num_nodes=5, max_length=3, hidden_size=6, num_heads=4).init(
+    dcrec.DCRec(num_nodes=5, max_length=3, hidden_dim=6, num_heads=4).init(
         jax.random.key(0), inputs[:, :3], np.minimum(lengths, 3))
 
 
 def test_conformity_weights_have_the_requested_mean_and_kl_matches_cal_kl_1():
   data = _data(seed=1)
   graphs = dcrec_objective.make_graphs(data, k=3)
-  model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=6, hidden_size=8, inner_size=16)
+  model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=6, hidden_dim=8, inner_size=16)
   index = np.arange(16)
   inputs, lengths = data.train.inputs(index), data.train.lengths[index]
   params = model.init(jax.random.key(0), inputs, lengths)["params"]
@@ -133,7 +133,7 @@ def test_a_few_train_steps_lower_the_next_item_loss_and_scores_have_the_candidat
       rating=np.ones(300, np.float32), timestamp=np.tile(np.arange(10), 30), source="cycle")
   data = sequences.build_sequences(ratings, max_length=6)
   graphs = dcrec_objective.make_graphs(data, k=3)
-  model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=6, hidden_size=16,
+  model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=6, hidden_dim=16,
                       inner_size=32, hidden_dropout=0.1, attention_dropout=0.1)
   batch = {"users": data.train.users, "inputs": data.train.inputs(),
            "lengths": data.train.lengths, "targets": data.train.targets}

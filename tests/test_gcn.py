@@ -69,7 +69,7 @@ def test_grace_model_shapes_and_relu():
   edge_index, rng = _random_graph(4)
   x = jnp.asarray(rng.random((12, 6)), jnp.float32)
   prop = gcn.gcn_normalize(edge_index, num_nodes=12)
-  model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=4)
+  model = gcn.GRACE(hidden_dims=(8, 8), projection_hidden_dim=4)
   params = jax.jit(model.init)(jax.random.key(0), x, prop)
   embeddings, projections = jax.jit(model.apply)(params, x, prop)
   chex.assert_shape([embeddings, projections], (12, 8))

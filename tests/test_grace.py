@@ -62,7 +62,7 @@ def _pygcl_infonce(h1, h2, tau):
 def test_loss_is_pygcl_grace_loss_on_the_two_views(block_size):
   graph = _tiny_graph()
   batch = _batch(graph)
-  model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
+  model = gcn.GRACE(hidden_dims=(8, 8), projection_hidden_dim=8)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"], "loss": {}}
   loss_fn = grace_objective.make_grace_loss(model, mappings.temperature(0.2), edge_rate=0.3,
@@ -84,7 +84,7 @@ def test_library_training_of_grace_matches_stepwise(tmp_path):
   """GRACE through `tfcl_jax.training` (sparse graph batch, learnable t) = plain Adam steps."""
   graph = _tiny_graph(seed=1)
   batch = _batch(graph)
-  model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
+  model = gcn.GRACE(hidden_dims=(8, 8), projection_hidden_dim=8)
   mapping = mappings.from_spec("learnable=0.5")
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)
   params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
@@ -242,7 +242,7 @@ def test_sigmoid_spec_trains_bias_and_t_and_equals_numpy():
   train state carries t and b and both get gradients."""
   graph = _tiny_graph(seed=4)
   batch = _batch(graph)
-  model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=8)
+  model = gcn.GRACE(hidden_dims=(8, 8), projection_hidden_dim=8)
   objective = grace_train.parse_spec("sigmoid/learnable=0.1/learn_b=siglip", graph.num_nodes)
   assert sorted(objective.params) == ["bias", "t"]
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=40)

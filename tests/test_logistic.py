@@ -87,8 +87,8 @@ def test_bad_inputs():
                                      train_indices=np.arange(5), key=jax.random.key(0))
   with pytest.raises(TypeError, match="features"):
     logistic.lr_evaluate(labels[:, None], labels, key=jax.random.key(0))
-  with pytest.raises(ValueError, match="test_interval"):
-    logistic.lr_evaluate(features, labels, key=jax.random.key(0), epochs=50, test_interval=20)
+  with pytest.raises(ValueError, match="eval_every_epochs"):
+    logistic.lr_evaluate(features, labels, key=jax.random.key(0), epochs=50, eval_every_epochs=20)
   with pytest.raises(ValueError, match="train_indices"):
     logistic.fit_logistic_regression(features, labels, num_classes=4,
                                      train_indices=jnp.arange(25), key=jax.random.key(0))

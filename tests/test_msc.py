@@ -192,7 +192,8 @@ def test_msc_train_step_keeps_batchnorm_statistics_and_frozen_modules():
 
 
 def _small_cnn_variables(width, *, contrastive=False):
-  model = (models.make_contrastive_model("small_cnn", width=width, proj_hidden_dim=4, proj_dim=2)
+  model = (models.make_contrastive_model("small_cnn", width=width, projection_hidden_dim=4,
+                                         projection_dim=2)
            if contrastive else models.make_backbone("small_cnn", width=width))
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)), train=False))

@@ -193,7 +193,7 @@ def test_ids_only_tower_is_its_table_and_bags_average_their_tokens():
   table = np.asarray(params["embed_user_id"]["embedding"])
   assert np.abs(table).max() <= 0.05  # Keras's uniform(-0.05, 0.05)
   np.testing.assert_array_equal(tower.apply({"params": params}, ids), table[[1, 5, 0]])
-  bag = towers.Tower(vocab_sizes={"genres": 5}, bags=("genres",), dim=3, hidden=(8,))
+  bag = towers.Tower(vocab_sizes={"genres": 5}, bags=("genres",), dim=3, hidden_dims=(8,))
   tokens = {"genres": jnp.array([[1, 3, 0], [0, 0, 0]])}
   variables = bag.init(jax.random.key(1), tokens)
   emb = np.asarray(variables["params"]["embed_genres"]["embedding"])

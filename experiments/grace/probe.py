@@ -71,15 +71,15 @@ def probe(config, graph, batch, run: plan.Run, *, workdir: str,
   rows = []
   for val_fraction in val_fractions:
     test_nodes = len(logistic.random_split(graph.num_nodes, key=eval_key,
-                                           train_ratio=config.train_fraction,
-                                           val_ratio=val_fraction)[2])
+                                           train_fraction=config.train_fraction,
+                                           val_fraction=val_fraction)[2])
     for draw in range(draws):
       scores = logistic.lr_evaluate(
           embeddings, graph.labels, key=eval_key if draw == 0 else jax.random.fold_in(
-              eval_key, draw), num_classes=graph.num_classes, train_ratio=config.train_fraction,
-          val_ratio=val_fraction, epochs=config.probe_epochs,
-          learning_rate=config.probe_learning_rate,
-          test_interval=config.probe_eval_every_epochs)
+              eval_key, draw), num_classes=graph.num_classes,
+          train_fraction=config.train_fraction, val_fraction=val_fraction,
+          epochs=config.probe_epochs, learning_rate=config.probe_learning_rate,
+          eval_every_epochs=config.probe_eval_every_epochs)
       rows.append({"dataset": graph.name, "spec": run.spec, "seed": run.seed,
                    "train_fraction": config.train_fraction, "val_fraction": val_fraction,
                    "test_nodes": test_nodes, "draw": draw, "f1_micro": scores["f1_micro"],

@@ -46,7 +46,7 @@ def build(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphB
   """The run's model, initial train state (the model initialised with `key`) and full-graph
   propagation."""
   model = gcn.GRACE(hidden_dims=(config.hidden_dim,) * config.num_layers,
-                    projection_dim=config.projection_hidden_dim)
+                    projection_hidden_dim=config.projection_hidden_dim)
   full = gcn.gcn_normalize(batch.edge_index, num_nodes=graph.num_nodes)
   state = training.create_train_state(
       model_params=model.init(key, batch.features, full)["params"],
@@ -92,9 +92,9 @@ def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Gr
                                full, method=gcn.GRACE.embed)
       scores = logistic.lr_evaluate(
           embeddings, graph.labels, key=keys[2], num_classes=graph.num_classes,
-          train_ratio=config.train_fraction, val_ratio=config.val_fraction,
+          train_fraction=config.train_fraction, val_fraction=config.val_fraction,
           epochs=config.probe_epochs, learning_rate=config.probe_learning_rate,
-          test_interval=config.probe_eval_every_epochs)
+          eval_every_epochs=config.probe_eval_every_epochs)
       return {"dataset": graph.name, "f1_micro": scores["f1_micro"],
               "f1_macro": scores["f1_macro"], "val_f1_micro": scores["val_f1_micro"],
               "probe_best_epoch": scores["best_epoch"], "epochs": config.epochs}

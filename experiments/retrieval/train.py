@@ -107,7 +107,8 @@ def _hidden_dims(config) -> tuple[int, ...]:
 def make_model(config, data: Data) -> towers.TwoTower:
   def tower(encoded: movielens_features.Encoded) -> towers.Tower:
     return towers.Tower(vocab_sizes=encoded.vocab_sizes, categorical=tuple(encoded.categorical),
-                        bags=tuple(encoded.bags), dim=config.dim, hidden=_hidden_dims(config))
+                        bags=tuple(encoded.bags), dim=config.dim,
+                        hidden_dims=_hidden_dims(config))
 
   return towers.TwoTower(tower(data.users), tower(data.items))
 

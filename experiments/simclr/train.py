@@ -134,8 +134,8 @@ def views(config: ml_collections.ConfigDict) -> tuple[data.DatasetInfo, str, int
 def make_model(config: ml_collections.ConfigDict):
   """The config's encoder with its projection head (`models.ContrastiveModel`)."""
   return models.make_contrastive_model(
-      config.backbone, width=config.width or None, proj_hidden_dim=config.projection_hidden_dim,
-      proj_dim=config.projection_dim)
+      config.backbone, width=config.width or None,
+      projection_hidden_dim=config.projection_hidden_dim, projection_dim=config.projection_dim)
 
 
 def make_optimizer(config: ml_collections.ConfigDict, *, batch_size: int, steps_per_epoch: int):

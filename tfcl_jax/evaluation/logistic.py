@@ -125,19 +125,20 @@ def fit_logistic_regression(
   return classifier
 
 
-def _check_schedule(*, epochs, learning_rate, weight_decay, test_interval=1):
+def _check_schedule(*, epochs, learning_rate, weight_decay, eval_every_epochs=1):
   _checks.positive_int(epochs, name="epochs")
-  if _checks.positive_int(test_interval, name="test_interval") and epochs % test_interval:
-    raise ValueError(f"test_interval must be an int >= 1 dividing epochs = {epochs}, "
-                     f"got {test_interval!r}.")
+  if (_checks.positive_int(eval_every_epochs, name="eval_every_epochs")
+      and epochs % eval_every_epochs):
+    raise ValueError(f"eval_every_epochs must be an int >= 1 dividing epochs = {epochs}, "
+                     f"got {eval_every_epochs!r}.")
   _checks.positive_scalar(learning_rate, name="learning_rate")
   if not weight_decay >= 0:
     raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}.")
 
 
 def _fit_impl(train_x, train_y, key, num_classes, epochs, learning_rate, weight_decay, evaluate,
-              test_interval):
-  """Adam for `epochs` steps; stacks `evaluate(classifier)` every `test_interval` steps."""
+              eval_every_epochs):
+  """Adam for `epochs` steps; stacks `evaluate(classifier)` every `eval_every_epochs` steps."""
   optimizer = _optimizer(learning_rate, weight_decay)
   classifier = init_linear(key, train_x.shape[1], num_classes)
   grad_fn = jax.grad(_loss)
@@ -149,11 +150,11 @@ def _fit_impl(train_x, train_y, key, num_classes, epochs, learning_rate, weight_
     return (optax.apply_updates(classifier, updates), opt_state), None
 
   def chunk(carry, _):
-    carry, _ = jax.lax.scan(step, carry, None, length=test_interval)
+    carry, _ = jax.lax.scan(step, carry, None, length=eval_every_epochs)
     return carry, (None if evaluate is None else evaluate(carry[0]))
 
   carry = (classifier, optimizer.init(classifier))
-  (classifier, _), history = jax.lax.scan(chunk, carry, None, length=epochs // test_interval)
+  (classifier, _), history = jax.lax.scan(chunk, carry, None, length=epochs // eval_every_epochs)
   return classifier, history
 
 
@@ -192,13 +193,13 @@ def f1_scores(labels: jax.typing.ArrayLike, predictions: jax.typing.ArrayLike, *
   return micro, macro
 
 
-def random_split(num_nodes: int, *, key: jax.Array, train_ratio: float = 0.1,
-                 val_ratio: float = 0.1) -> tuple[jax.Array, jax.Array, jax.Array]:
+def random_split(num_nodes: int, *, key: jax.Array, train_fraction: float = 0.1,
+                 val_fraction: float = 0.1) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A random permutation cut into train / validation / test index arrays.
 
-  Sizes `int(N * train_ratio)`, `int(N * val_ratio)`, the rest. PyGCL's `get_split(train_ratio=0.1,
-  test_ratio=0.8)` actually gives 10% train / 80% validation / 10% test (its slicing): pass
-  `val_ratio=0.8` to get that.
+  Sizes `int(N * train_fraction)`, `int(N * val_fraction)`, the rest. PyGCL's
+  `get_split(train_ratio=0.1, test_ratio=0.8)` actually gives 10% train / 80% validation / 10%
+  test (its slicing): pass `val_fraction=0.8` to get that.
 
   Examples:
     >>> import jax
@@ -206,10 +207,10 @@ def random_split(num_nodes: int, *, key: jax.Array, train_ratio: float = 0.1,
     >>> [len(i) for i in logistic.random_split(100, key=jax.random.key(0))]
     [10, 10, 80]
   """
-  train_size, val_size = int(num_nodes * train_ratio), int(num_nodes * val_ratio)
+  train_size, val_size = int(num_nodes * train_fraction), int(num_nodes * val_fraction)
   if train_size < 1 or val_size < 1 or train_size + val_size >= num_nodes:
-    raise ValueError(f"train_ratio={train_ratio}, val_ratio={val_ratio} must leave non-empty "
-                     f"train, validation and test sets of {num_nodes} nodes.")
+    raise ValueError(f"train_fraction={train_fraction}, val_fraction={val_fraction} must leave "
+                     f"non-empty train, validation and test sets of {num_nodes} nodes.")
   order = jax.random.permutation(key, num_nodes)
   return order[:train_size], order[train_size:train_size + val_size], order[train_size + val_size:]
 
@@ -220,18 +221,18 @@ def lr_evaluate(
     *,
     key: jax.Array,
     num_classes: int | None = None,
-    train_ratio: float = 0.1,
-    val_ratio: float = 0.1,
+    train_fraction: float = 0.1,
+    val_fraction: float = 0.1,
     epochs: int = 5000,
     learning_rate: float = 0.01,
     weight_decay: float = 0.0,
-    test_interval: int = 20,
+    eval_every_epochs: int = 20,
 ) -> dict[str, float]:
   r"""PyGCL's `LREvaluator`: test micro/macro-F1 at the best validation micro-F1.
 
   Splits the nodes at random (`random_split`), trains `fit_logistic_regression` with Adam
-  (lr 0.01, no weight decay, 5000 epochs) and every `test_interval` epochs scores validation and
-  test; returns the test scores of the first evaluation with the highest validation micro-F1.
+  (lr 0.01, no weight decay, 5000 epochs) and every `eval_every_epochs` epochs scores validation
+  and test; returns the test scores of the first evaluation with the highest validation micro-F1.
   All of it runs in one jitted scan (about a second for CiteSeer on CPU).
 
   Examples:
@@ -239,8 +240,8 @@ def lr_evaluate(
     >>> from tfcl_jax.evaluation import logistic
     >>> labels = jnp.arange(60) % 3
     >>> embeddings = jax.nn.one_hot(labels, 3) + 0.1 * jax.random.normal(jax.random.key(1), (60, 3))
-    >>> logistic.lr_evaluate(embeddings, labels, key=jax.random.key(0), train_ratio=0.2,
-    ...                      val_ratio=0.2, epochs=200)["f1_micro"]
+    >>> logistic.lr_evaluate(embeddings, labels, key=jax.random.key(0), train_fraction=0.2,
+    ...                      val_fraction=0.2, epochs=200)["f1_micro"]
     1.0
 
   Args:
@@ -248,9 +249,10 @@ def lr_evaluate(
     labels: `[N]` int labels.
     key: PRNG key; split and initialisation derive from it.
     num_classes: default `labels.max() + 1`.
-    train_ratio, val_ratio: split fractions; the test set is the rest.
+    train_fraction, val_fraction: split fractions; the test set is the rest.
     epochs, learning_rate, weight_decay: the Adam fit.
-    test_interval: epochs between evaluations; must divide `epochs`.
+    eval_every_epochs: epochs between evaluations (PyGCL's `test_interval`); must divide
+      `epochs`.
 
   Returns:
     `{"f1_micro", "f1_macro", "val_f1_micro", "best_epoch"}` (F1 in `[0, 1]`).
@@ -262,25 +264,25 @@ def lr_evaluate(
   num_classes = int(np.max(labels)) + 1 if num_classes is None else num_classes
   embeddings, labels = _check_inputs(embeddings, labels, num_classes)
   _check_schedule(epochs=epochs, learning_rate=learning_rate, weight_decay=weight_decay,
-                  test_interval=test_interval)
+                  eval_every_epochs=eval_every_epochs)
   split_key, init_key = jax.random.split(key)
-  train, val, test = random_split(embeddings.shape[0], key=split_key, train_ratio=train_ratio,
-                                  val_ratio=val_ratio)
+  train, val, test = random_split(embeddings.shape[0], key=split_key,
+                                  train_fraction=train_fraction, val_fraction=val_fraction)
   val_micro, test_micro, test_macro = _evaluate_jit(
       embeddings, labels, train, val, test, init_key, num_classes, epochs, learning_rate,
-      weight_decay, test_interval)
+      weight_decay, eval_every_epochs)
   # First maximum, as PyGCL's strict `val_micro > best_val_micro`.
   best = int(np.argmax(np.asarray(val_micro)))
   return {
       "f1_micro": float(test_micro[best]),
       "f1_macro": float(test_macro[best]),
       "val_f1_micro": float(val_micro[best]),
-      "best_epoch": (best + 1) * test_interval,
+      "best_epoch": (best + 1) * eval_every_epochs,
   }
 
 
 def _evaluate_impl(embeddings, labels, train, val, test, key, num_classes, epochs, learning_rate,
-                   weight_decay, test_interval):
+                   weight_decay, eval_every_epochs):
 
   def evaluate(classifier):
     val_micro, _ = f1_scores(labels[val], predict(classifier, embeddings[val]),
@@ -290,7 +292,7 @@ def _evaluate_impl(embeddings, labels, train, val, test, key, num_classes, epoch
     return val_micro, test_micro, test_macro
 
   _, history = _fit_impl(embeddings[train], labels[train], key, num_classes, epochs,
-                         learning_rate, weight_decay, evaluate, test_interval)
+                         learning_rate, weight_decay, evaluate, eval_every_epochs)
   return history
 
 

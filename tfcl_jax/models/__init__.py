@@ -27,18 +27,19 @@ def make_backbone(name: str, *, width: int | None = None) -> SmallCNN | ResNet:
 
 
 def make_contrastive_model(
-    backbone: str, *, width: int | None = None, proj_hidden_dim: int = 512, proj_dim: int = 128
+    backbone: str, *, width: int | None = None, projection_hidden_dim: int = 512,
+    projection_dim: int = 128
 ) -> ContrastiveModel:
   """Backbone + SimCLR projection head.
 
   Examples:
     >>> from tfcl_jax import models
-    >>> models.make_contrastive_model("small_cnn", proj_dim=32).head.out_dim
+    >>> models.make_contrastive_model("small_cnn", projection_dim=32).head.out_dim
     32
   """
   return ContrastiveModel(
       make_backbone(backbone, width=width),
-      ProjectionHead(hidden_dim=proj_hidden_dim, out_dim=proj_dim))
+      ProjectionHead(hidden_dim=projection_hidden_dim, out_dim=projection_dim))
 
 
 __all__ = [

@@ -89,7 +89,7 @@ class _SelfAttention(nn.Module):
   def __call__(self, x, key_mask, *, deterministic: bool):
     batch, length, hidden = x.shape
     if hidden % self.num_heads:
-      raise ValueError(f"hidden_size ({hidden}) must be a multiple of num_heads "
+      raise ValueError(f"hidden_dim ({hidden}) must be a multiple of num_heads "
                        f"({self.num_heads}).")
     head = hidden // self.num_heads
     dense = lambda name: nn.Dense(hidden, kernel_init=_INIT, name=name)  # noqa: E731
@@ -124,7 +124,7 @@ class DCRec(nn.Module):
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax.models import dcrec
-    >>> model = dcrec.DCRec(num_nodes=7, max_length=4, hidden_size=8, inner_size=16)
+    >>> model = dcrec.DCRec(num_nodes=7, max_length=4, hidden_dim=8, inner_size=16)
     >>> inputs, lengths = jnp.array([[1, 2, 0, 0], [3, 4, 5, 0]]), jnp.array([2, 3])
     >>> params = model.init(jax.random.key(0), inputs, lengths)["params"]
     >>> out = model.apply({"params": params}, inputs, lengths, method="encode_sequence")
@@ -134,7 +134,7 @@ class DCRec(nn.Module):
   Attributes:
     num_nodes: rows of the item table: items, padding 0 and the mask token (`num_items + 2`).
     max_length: longest input sequence.
-    hidden_size, inner_size, num_layers, num_heads: the Transformer (RecBole's defaults
+    hidden_dim, inner_size, num_layers, num_heads: the Transformer (RecBole's defaults
       64, 256, 2, 2).
     hidden_dropout, attention_dropout: DCRec's 0.5 and 0.5 on ML-20M.
     graph_dropout: fraction of graph edges zeroed per propagation (0.5 on ML-20M).
@@ -144,7 +144,7 @@ class DCRec(nn.Module):
 
   num_nodes: int
   max_length: int
-  hidden_size: int = 64
+  hidden_dim: int = 64
   inner_size: int = 256
   num_layers: int = 2
   num_heads: int = 2
@@ -155,8 +155,8 @@ class DCRec(nn.Module):
   layer_norm_eps: float = 1e-12
 
   def setup(self):
-    self.item_embedding = nn.Embed(self.num_nodes, self.hidden_size, embedding_init=_INIT)
-    self.position_embedding = nn.Embed(self.max_length + 1, self.hidden_size,
+    self.item_embedding = nn.Embed(self.num_nodes, self.hidden_dim, embedding_init=_INIT)
+    self.position_embedding = nn.Embed(self.max_length + 1, self.hidden_dim,
                                        embedding_init=_INIT)
     self.input_norm = nn.LayerNorm(epsilon=self.layer_norm_eps)
     self.dropout = nn.Dropout(self.hidden_dropout)
@@ -166,9 +166,9 @@ class DCRec(nn.Module):
     self.feed_forward = [_FeedForward(self.inner_size, self.hidden_dropout,
                                       self.layer_norm_eps) for _ in range(self.num_layers)]
     self.graph_norm = nn.LayerNorm(epsilon=self.layer_norm_eps)
-    self.fusion_kernel = self.param("fusion_kernel", _INIT, (self.hidden_size,
-                                                             self.hidden_size))
-    self.fusion_query = self.param("fusion_query", _INIT, (1, self.hidden_size))
+    self.fusion_kernel = self.param("fusion_kernel", _INIT, (self.hidden_dim,
+                                                             self.hidden_dim))
+    self.fusion_query = self.param("fusion_query", _INIT, (1, self.hidden_dim))
 
   def __call__(self, inputs, lengths, *, deterministic: bool = True):
     """Initialises every parameter: the sequence view and the fusion of three copies of it."""

@@ -121,14 +121,15 @@ class GCN(nn.Module):
 class GRACE(nn.Module):
   """GRACE's encoder and projection head: `(embeddings, projections)` of one view.
 
-  The encoder is a `GCN`; the head is `Dense(projection_dim) -> ELU -> Dense(hidden_dims[-1])`
-  (PyGCL's `Encoder.project`). The loss sees projections, evaluation the embeddings.
+  The encoder is a `GCN`; the head is
+  `Dense(projection_hidden_dim) -> ELU -> Dense(hidden_dims[-1])` (PyGCL's `Encoder.project`).
+  The loss sees projections, evaluation the embeddings.
 
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax.models import gcn
     >>> prop = gcn.gcn_normalize(jnp.array([[0, 1], [1, 0]]), num_nodes=2)
-    >>> model = gcn.GRACE(hidden_dims=(8, 8), projection_dim=4)
+    >>> model = gcn.GRACE(hidden_dims=(8, 8), projection_hidden_dim=4)
     >>> params = model.init(jax.random.key(0), jnp.ones((2, 3)), prop)
     >>> [a.shape for a in model.apply(params, jnp.ones((2, 3)), prop)]
     [(2, 8), (2, 8)]
@@ -138,13 +139,13 @@ class GRACE(nn.Module):
   """
 
   hidden_dims: Sequence[int] = (32, 32)
-  projection_dim: int = 32
+  projection_hidden_dim: int = 32
 
   def setup(self):
     self.encoder = GCN(self.hidden_dims)
     # PyTorch nn.Linear's default weights, U(+-1/sqrt(fan_in)), as in PyGCL.
     torch_uniform = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
-    self.fc1 = nn.Dense(self.projection_dim, kernel_init=torch_uniform)
+    self.fc1 = nn.Dense(self.projection_hidden_dim, kernel_init=torch_uniform)
     self.fc2 = nn.Dense(self.hidden_dims[-1], kernel_init=torch_uniform)
 
   def __call__(self, x: Features, propagation: Propagation) -> tuple[jax.Array, jax.Array]:

@@ -30,14 +30,15 @@ class Tower(nn.Module):
 
   `categorical` features are `[B] int` indices, `bags` are `[B, L] int` token indices with 0
   for padding (a bag's embedding is the mean of its tokens', zero for an empty bag);
-  `vocab_sizes[name]` rows each (index 0 included). One feature and no `hidden` layer: its
-  embedding itself; otherwise `concat(embeddings) -> [Dense(h) -> ReLU]* -> Dense(dim)`.
+  `vocab_sizes[name]` rows each (index 0 included). One feature and no hidden layer: its
+  embedding itself; otherwise `concat(embeddings) -> [Dense(h) -> ReLU]* -> Dense(dim)`, one
+  `Dense(h)` per width `h` of `hidden_dims`.
 
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax.models import towers
     >>> tower = towers.Tower(vocab_sizes={"user_id": 10, "age": 8}, categorical=("user_id", "age"),
-    ...                      dim=4, hidden=(16,))
+    ...                      dim=4, hidden_dims=(16,))
     >>> inputs = {"user_id": jnp.array([1, 2]), "age": jnp.array([3, 0])}
     >>> variables = tower.init(jax.random.key(0), inputs)
     >>> tower.apply(variables, inputs).shape
@@ -48,7 +49,7 @@ class Tower(nn.Module):
   categorical: Sequence[str] = ()
   bags: Sequence[str] = ()
   dim: int = 32
-  hidden: Sequence[int] = ()
+  hidden_dims: Sequence[int] = ()
   embed_dim: int | None = None  # width of each feature's table; None: `dim`
 
   @nn.compact
@@ -68,10 +69,10 @@ class Tower(nn.Module):
         present = (tokens > 0).astype(jnp.float32)[..., None]
         total = jnp.sum(table(tokens) * present, axis=-2)
         parts.append(total / jnp.maximum(jnp.sum(present, axis=-2), 1.0))
-    if len(parts) == 1 and not self.hidden and width == self.dim:
+    if len(parts) == 1 and not self.hidden_dims and width == self.dim:
       return parts[0]
     x = jnp.concatenate(parts, axis=-1)
-    for size in self.hidden:
+    for size in self.hidden_dims:
       x = nn.relu(nn.Dense(size)(x))
     return nn.Dense(self.dim)(x)
 

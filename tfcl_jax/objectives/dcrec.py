@@ -149,7 +149,7 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.Loss | mappings.Mapping,
     ...     rating=np.ones(60, np.float32), timestamp=np.arange(60), source="example")
     >>> data = sequences.build_sequences(ratings, max_length=5)
     >>> graphs = dcrec_objective.make_graphs(data, k=2)
-    >>> model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=5, hidden_size=8,
+    >>> model = dcrec.DCRec(num_nodes=data.num_items + 2, max_length=5, hidden_dim=8,
     ...                     inner_size=16)
     >>> index = np.arange(8)
     >>> batch = {"users": data.train.users[index], "inputs": data.train.inputs(index),

@@ -55,7 +55,7 @@ def make_grace_loss(
     >>> from tfcl_jax.objectives import grace
     >>> batch = grace.GraphBatch(gcn.sparse_features(jnp.eye(4)),
     ...                          jnp.array([[0, 1, 2, 3], [1, 2, 3, 0]], jnp.int32))
-    >>> model = gcn.GRACE(hidden_dims=(8,), projection_dim=8)
+    >>> model = gcn.GRACE(hidden_dims=(8,), projection_hidden_dim=8)
     >>> full = gcn.gcn_normalize(batch.edge_index, num_nodes=4)
     >>> params = {"model": model.init(jax.random.key(0), batch.features, full)["params"],
     ...           "loss": {}}

@@ -48,7 +48,8 @@ def make_simclr_loss(
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax import mappings, models
     >>> from tfcl_jax.objectives import simclr
-    >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
+    >>> model = models.make_contrastive_model("small_cnn", width=4, projection_hidden_dim=8,
+    ...                                       projection_dim=4)
     >>> noise = lambda key, x: tuple(x + 0.1 * jax.random.normal(k, x.shape)
     ...                              for k in jax.random.split(key))
     >>> loss_fn = simclr.make_simclr_loss(model, loss=mappings.temperature_free(),
@@ -132,7 +133,8 @@ def make_feature_fn(model: nn.Module) -> Callable[[Any, Any, jax.Array], jax.Arr
     >>> import jax, jax.numpy as jnp
     >>> from tfcl_jax import models
     >>> from tfcl_jax.objectives import simclr
-    >>> model = models.make_contrastive_model("small_cnn", width=4, proj_hidden_dim=8, proj_dim=4)
+    >>> model = models.make_contrastive_model("small_cnn", width=4, projection_hidden_dim=8,
+    ...                                       projection_dim=4)
     >>> images = jnp.zeros((3, 8, 8, 1))
     >>> variables = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))
     >>> features = simclr.make_feature_fn(model)
