@@ -316,7 +316,7 @@ def test_as_mapping_reads_spec_strings():
   assert float(mappings.as_mapping(" tau=0.5 ")(0.25)) == pytest.approx(0.5)
 
 
-class MapFunctionContractTest(parameterized.TestCase):
+class MappingFunctionContractTest(parameterized.TestCase):
   """A mapping's optional forms are declared (`MappingFunction`), not looked up by name."""
 
   def test_a_plain_function_is_wrapped_and_declares_nothing(self):
