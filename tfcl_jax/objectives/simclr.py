@@ -19,7 +19,8 @@ from tfcl_jax.objectives import views as views_lib
 
 #: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
 AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-FORMS = ("supcon", "ntxent")  #: SupCon's forms: those of `losses.supervised_info_nce`
+#: The forms of SupCon, as `losses.supervised_info_nce` names them (`form=`).
+FORMS = ("supcon", "ntxent")
 
 
 def make_simclr_loss(
