@@ -35,9 +35,9 @@ class KernelMapping:
   num_theta: int
 
 
-def load_theta(kmap: KernelMapping, theta_ref) -> tuple[jax.Array, ...]:
+def load_theta(mapping: KernelMapping, theta_ref) -> tuple[jax.Array, ...]:
   # One scalar load each: Triton lowers `ref[k]`, not slices of a loaded vector.
-  return tuple(theta_ref[k] for k in range(kmap.num_theta))
+  return tuple(theta_ref[k] for k in range(mapping.num_theta))
 
 
 def keep_mask(r_ids, r_pos, r_valid, c_ids, c_valid) -> jax.Array:
@@ -52,7 +52,7 @@ def without_empty(lse, g):
   return jnp.where(ok, lse, 0.0), jnp.where(ok, g, 0.0)
 
 
-def tile_cotangent(kmap: KernelMapping, theta, cos, keep, r_lse, r_g, c_lse, c_g, *,
+def tile_cotangent(mapping: KernelMapping, theta, cos, keep, r_lse, r_g, c_lse, c_g, *,
                    columns: bool, theta_from_columns: bool):
   """`(dS, dtheta)` of one tile; the rows' `lse`, `g` are `[block, 1]`, the columns' `[1, block]`.
 
@@ -60,13 +60,13 @@ def tile_cotangent(kmap: KernelMapping, theta, cos, keep, r_lse, r_g, c_lse, c_g
   parameters) takes it only when `theta_from_columns` (a symmetric matrix's column term is
   another tile's row term).
   """
-  if kmap.fast is not None:
-    shift = kmap.fast.shift
+  if mapping.fast is not None:
+    shift = mapping.fast.shift
     scale = r_g * jnp.exp(shift - r_lse)
     if columns:
       scale = scale + c_g * jnp.exp(shift - c_lse)
-    return jnp.where(keep, scale * kmap.fast.weight_grad(cos), 0.0), None
-  logits, vjp = jax.vjp(kmap.fn, cos, theta)
+    return jnp.where(keep, scale * mapping.fast.weight_grad(cos), 0.0), None
+  logits, vjp = jax.vjp(mapping.fn, cos, theta)
   logits = jnp.where(keep, logits, -jnp.inf)
   row_term = r_g * jnp.exp(logits - r_lse)
   if not columns:

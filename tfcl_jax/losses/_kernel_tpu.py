@@ -69,25 +69,25 @@ def _cos(r_ref, c_ref) -> jax.Array:
                              preferred_element_type=jnp.float32)
 
 
-def _forward_kernel(kmap: KernelMapping, theta_ref, r_ref, r_ids_ref, r_pos_ref, r_valid_ref,
+def _forward_kernel(mapping: KernelMapping, theta_ref, r_ref, r_ids_ref, r_pos_ref, r_valid_ref,
                    c_ref, c_ids_ref, c_valid_ref, lse_ref, m_ref, s_ref):
   """Grid `(i, j)`: folds tile `(i, j)` into row block `i`'s `(max, sum)`; `lse` at the end."""
   j = pl.program_id(1)
-  start = kmap.fast.shift if kmap.fast is not None else -jnp.inf
+  start = mapping.fast.shift if mapping.fast is not None else -jnp.inf
 
   @pl.when(j == 0)
   def _():
     m_ref[...] = jnp.full(m_ref.shape, start, m_ref.dtype)
     s_ref[...] = jnp.zeros(s_ref.shape, s_ref.dtype)
 
-  theta = load_theta(kmap, theta_ref)
+  theta = load_theta(mapping, theta_ref)
   cos = _cos(r_ref, c_ref).astype(s_ref.dtype)
   keep = keep_mask(r_ids_ref[...], r_pos_ref[...], r_valid_ref[...], c_ids_ref[...],
                    c_valid_ref[...])
-  if kmap.fast is not None:
-    s_ref[...] += jnp.sum(jnp.where(keep, kmap.fast.weight(cos), 0.0), axis=1, keepdims=True)
+  if mapping.fast is not None:
+    s_ref[...] += jnp.sum(jnp.where(keep, mapping.fast.weight(cos), 0.0), axis=1, keepdims=True)
   else:
-    logits = jnp.where(keep, kmap.fn(cos, theta), -jnp.inf)
+    logits = jnp.where(keep, mapping.fn(cos, theta), -jnp.inf)
     m = m_ref[...]
     new_m = jnp.maximum(m, jnp.max(logits, axis=1, keepdims=True))
     safe = jnp.where(new_m > -jnp.inf, new_m, 0.0)
@@ -99,7 +99,7 @@ def _forward_kernel(kmap: KernelMapping, theta_ref, r_ref, r_ids_ref, r_pos_ref,
   def _():
     total = s_ref[...]
     nonempty = total > 0
-    shift = m_ref[...] if kmap.fast is None else jnp.full(total.shape, start, total.dtype)
+    shift = m_ref[...] if mapping.fast is None else jnp.full(total.shape, start, total.dtype)
     lse_ref[...] = jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, total, 1.0)),
                              -jnp.inf)
 
@@ -114,8 +114,8 @@ def _pack(values, shape) -> jax.Array:
   return packed
 
 
-def _tile_cotangent(kmap: KernelMapping, columns: bool, theta_from_columns: bool, theta_ref, r_ref,
-                    r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref, c_ids_ref,
+def _tile_cotangent(mapping: KernelMapping, columns: bool, theta_from_columns: bool, theta_ref,
+                    r_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref, c_ids_ref,
                     c_valid_ref, c_lse_ref, c_g_ref, dtype):
   """`(dS, dtheta)` of the grid step's tile, from the row and column blocks' refs."""
   cos = _cos(r_ref, c_ref).astype(dtype)
@@ -123,11 +123,11 @@ def _tile_cotangent(kmap: KernelMapping, columns: bool, theta_from_columns: bool
                    c_valid_ref[...])
   r_lse, r_g = without_empty(r_lse_ref[...], r_g_ref[...])
   c_lse, c_g = without_empty(c_lse_ref[...], c_g_ref[...]) if columns else (None, None)
-  return tile_cotangent(kmap, load_theta(kmap, theta_ref), cos, keep, r_lse, r_g, c_lse, c_g,
+  return tile_cotangent(mapping, load_theta(mapping, theta_ref), cos, keep, r_lse, r_g, c_lse, c_g,
                         columns=columns, theta_from_columns=theta_from_columns)
 
 
-def _row_grad_kernel(kmap: KernelMapping, columns: bool, theta_from_columns: bool, theta_ref,
+def _row_grad_kernel(mapping: KernelMapping, columns: bool, theta_from_columns: bool, theta_ref,
                     r_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref,
                     c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref, dr_ref, dtheta_ref, acc_ref,
                     dtheta_acc_ref):
@@ -139,7 +139,7 @@ def _row_grad_kernel(kmap: KernelMapping, columns: bool, theta_from_columns: boo
     acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
     dtheta_acc_ref[...] = jnp.zeros(dtheta_acc_ref.shape, dtheta_acc_ref.dtype)
 
-  dcos, dtheta = _tile_cotangent(kmap, columns, theta_from_columns, theta_ref, r_ref, r_ids_ref,
+  dcos, dtheta = _tile_cotangent(mapping, columns, theta_from_columns, theta_ref, r_ref, r_ids_ref,
                                  r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref, c_ids_ref,
                                  c_valid_ref, c_lse_ref, c_g_ref, dr_ref.dtype)
   acc_ref[...] += jnp.dot(dcos.astype(c_ref.dtype), c_ref[...],
@@ -153,9 +153,9 @@ def _row_grad_kernel(kmap: KernelMapping, columns: bool, theta_from_columns: boo
     dtheta_ref[...] = dtheta_acc_ref[...].astype(dtheta_ref.dtype)
 
 
-def _col_grad_kernel(kmap: KernelMapping, columns: bool, theta_ref, c_ref, c_ids_ref, c_valid_ref,
-                    c_lse_ref, c_g_ref, r_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref,
-                    r_g_ref, dc_ref, acc_ref):
+def _col_grad_kernel(mapping: KernelMapping, columns: bool, theta_ref, c_ref, c_ids_ref,
+                    c_valid_ref, c_lse_ref, c_g_ref, r_ref, r_ids_ref, r_pos_ref, r_valid_ref,
+                    r_lse_ref, r_g_ref, dc_ref, acc_ref):
   """Grid `(j, i)`: `dV_j += dS_ij^T U_i` (tiles in the row kernel's orientation)."""
   i = pl.program_id(1)
 
@@ -163,7 +163,7 @@ def _col_grad_kernel(kmap: KernelMapping, columns: bool, theta_ref, c_ref, c_ids
   def _():
     acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
-  dcos, _ = _tile_cotangent(kmap, columns, False, theta_ref, r_ref, r_ids_ref, r_pos_ref,
+  dcos, _ = _tile_cotangent(mapping, columns, False, theta_ref, r_ref, r_ids_ref, r_pos_ref,
                             r_valid_ref, r_lse_ref, r_g_ref, c_ref, c_ids_ref, c_valid_ref,
                             c_lse_ref, c_g_ref, dc_ref.dtype)
   acc_ref[...] += jax.lax.dot_general(dcos.astype(r_ref.dtype), r_ref[...],
@@ -208,13 +208,13 @@ def _col_values(side: Side):
   return side.ids[None, :], side.valid.astype(jnp.int32)[None, :]
 
 
-def forward(kmap: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
+def forward(mapping: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
   """Each row of `a`: the logsumexp of its negatives among the rows of `b`."""
   (m, d), k, block = a.vectors.shape, b.vectors.shape[0], tiles_.block
   rows, cols = _by_rows(block, d, 0), _by_rows(block, d, 1)
   row_value, col_value = _by_rows(block, 1, 0), _by_cols(block, 1)
   lse = _call(
-      functools.partial(_forward_kernel, kmap), grid=(m // block, k // block),
+      functools.partial(_forward_kernel, mapping), grid=(m // block, k // block),
       in_specs=[_smem(), rows, row_value, row_value, row_value, cols, col_value, col_value],
       out_specs=row_value, out_shape=jax.ShapeDtypeStruct((m, 1), a.vectors.dtype),
       scratch_shapes=[pltpu.VMEM((block, 1), jnp.float32)] * 2,
@@ -222,13 +222,13 @@ def forward(kmap: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.
   return lse[:, 0]
 
 
-def row_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
-              c_g, *, columns: bool, theta_from_columns: bool):
+def row_grads(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g,
+              c_lse, c_g, *, columns: bool, theta_from_columns: bool):
   """`(dU, dtheta)`: the row blocks' gradients, and the mapping's summed over row blocks."""
   (m, d), k, block = rows.vectors.shape, cols.vectors.shape[0], tiles_.block
   row_block, col_block = _by_rows(block, d, 0), _by_rows(block, d, 1)
   row_value, col_value = _by_rows(block, 1, 0), _by_cols(block, 1)
-  kernel = functools.partial(_row_grad_kernel, kmap, columns, theta_from_columns)
+  kernel = functools.partial(_row_grad_kernel, mapping, columns, theta_from_columns)
   blocks = m // block
   drows, dtheta = _call(
       kernel, grid=(blocks, k // block),
@@ -245,14 +245,14 @@ def row_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side,
   return drows, dtheta
 
 
-def col_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
-              c_g, *, columns: bool) -> jax.Array:
+def col_grads(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g,
+              c_lse, c_g, *, columns: bool) -> jax.Array:
   """`dV`: the column blocks' gradients (grid `(column block, row block)`)."""
   (m, d), k, block = rows.vectors.shape, cols.vectors.shape[0], tiles_.block
   col_block, row_block = _by_rows(block, d, 0), _by_rows(block, d, 1)
   col_value, row_value = _by_cols(block, 0), _by_rows(block, 1, 1)
   return _call(
-      functools.partial(_col_grad_kernel, kmap, columns), grid=(k // block, m // block),
+      functools.partial(_col_grad_kernel, mapping, columns), grid=(k // block, m // block),
       in_specs=[_smem(), col_block, col_value, col_value, col_value, col_value, row_block,
                 row_value, row_value, row_value, row_value, row_value],
       out_specs=col_block, out_shape=jax.ShapeDtypeStruct((k, d), cols.vectors.dtype),

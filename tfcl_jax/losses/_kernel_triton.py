@@ -153,6 +153,17 @@ def _accumulate(out_ref, product, g: _Geometry):
   _over_chunks(g, add, 0)
 
 
+def _add_product(acc, lhs, cols, c_ref, span, out_ref, g: _Geometry):
+  """`acc + lhs @ columns`: with the columns loaded whole (`cols`) into the loop carry `acc`,
+  else chunk by chunk into the program's own output block `out_ref` (`_accumulate`)."""
+  if g.whole:
+    assert cols is not None  # loaded whole by the caller
+    return acc + jnp.dot(lhs, cols, preferred_element_type=jnp.float32)
+  _accumulate(out_ref, lambda d: jnp.dot(lhs, c_ref[span, d],
+                                         preferred_element_type=jnp.float32), g)
+  return acc
+
+
 def _rows(x):
   return x[:, None]
 
@@ -164,11 +175,11 @@ def _cols(x):
 _ALL = slice(None)
 
 
-def _forward_kernel(kmap: KernelMapping, g: _Geometry, theta_ref, r_ref, r_scale_ref, r_ids_ref,
+def _forward_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, r_ref, r_scale_ref, r_ids_ref,
                    r_pos_ref, r_valid_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, lse_ref):
   """One row block's logsumexp over every column block (grid: row blocks)."""
   block, dtype = g.block, lse_ref.dtype
-  theta = load_theta(kmap, theta_ref)
+  theta = load_theta(mapping, theta_ref)
   r_ids, r_pos, r_valid = (_rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
   r_scale = _rows(r_scale_ref[...])
   rows = _whole_block(g, r_ref, _ALL)  # loaded once, for every column block
@@ -180,18 +191,18 @@ def _forward_kernel(kmap: KernelMapping, g: _Geometry, theta_ref, r_ref, r_scale
     return cos, keep_mask(r_ids, r_pos, r_valid, _cols(c_ids_ref[span]),
                           _cols(c_valid_ref[span]))
 
-  if kmap.fast is not None:
+  if mapping.fast is not None:
     def add(j, total):
       cos, keep = tile(j)
-      return total + jnp.sum(jnp.where(keep, kmap.fast.weight(cos), 0.0), axis=1)
+      return total + jnp.sum(jnp.where(keep, mapping.fast.weight(cos), 0.0), axis=1)
 
     total = jax.lax.fori_loop(0, g.steps, add, jnp.zeros((block,), dtype))
-    shift = jnp.full((block,), kmap.fast.shift, dtype)
+    shift = jnp.full((block,), mapping.fast.shift, dtype)
   else:
     def fold(j, carry):
       m, total = carry
       cos, keep = tile(j)
-      logits = jnp.where(keep, kmap.fn(cos, theta), -jnp.inf)
+      logits = jnp.where(keep, mapping.fn(cos, theta), -jnp.inf)
       new_m = jnp.maximum(m, jnp.max(logits, axis=1))
       # A row with no candidate yet keeps m = -inf: shift by 0 there to avoid inf - inf.
       safe = jnp.where(new_m > -jnp.inf, new_m, 0.0)
@@ -211,13 +222,13 @@ def _finish(g: _Geometry, out_ref, acc):
     out_ref[...] = acc.astype(out_ref.dtype)
 
 
-def _row_grad_kernel(kmap: KernelMapping, g: _Geometry, columns: bool, theta_from_columns: bool,
+def _row_grad_kernel(mapping: KernelMapping, g: _Geometry, columns: bool, theta_from_columns: bool,
                     theta_ref, r_ref, r_scale_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref,
                     r_g_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref,
                     dr_ref, dtheta_ref):
   """`dU_i = sum_j dS_ij V_j` for one row block, and its share of `dtheta`."""
   dtype = dtheta_ref.dtype
-  theta = load_theta(kmap, theta_ref)
+  theta = load_theta(mapping, theta_ref)
   r_ids, r_pos, r_valid = (_rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
   r_lse, r_g = without_empty(_rows(r_lse_ref[...]), _rows(r_g_ref[...]))
   r_scale = _rows(r_scale_ref[...])
@@ -235,23 +246,18 @@ def _row_grad_kernel(kmap: KernelMapping, g: _Geometry, columns: bool, theta_fro
     keep = keep_mask(r_ids, r_pos, r_valid, _cols(c_ids_ref[span]), _cols(c_valid_ref[span]))
     c_lse, c_g = (without_empty(_cols(c_lse_ref[span]), _cols(c_g_ref[span])) if columns
                   else (None, None))
-    dcos, dth = tile_cotangent(kmap, theta, cos, keep, r_lse, r_g, c_lse, c_g,
+    dcos, dth = tile_cotangent(mapping, theta, cos, keep, r_lse, r_g, c_lse, c_g,
                                columns=columns, theta_from_columns=theta_from_columns)
     # Raw columns: G_i = sum_j dS_ij r_j z_j, the gradient for the unit rows.
     dcos = (dcos * c_scale if g.scaled else dcos).astype(c_ref.dtype)
-    if g.whole:
-      assert cols is not None  # loaded whole above
-      acc = acc + jnp.dot(dcos, cols, preferred_element_type=jnp.float32)
-    else:
-      _accumulate(dr_ref, lambda d: jnp.dot(dcos, c_ref[span, d],
-                                            preferred_element_type=jnp.float32), g)
+    acc = _add_product(acc, dcos, cols, c_ref, span, dr_ref, g)
     if dth is not None:
       dtheta = tuple(t + x for t, x in zip(dtheta, dth, strict=True))
     return acc, dtheta
 
   acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
   acc, dtheta = jax.lax.fori_loop(
-      0, g.steps, body, (acc, tuple(jnp.zeros((), dtype) for _ in range(kmap.num_theta))))
+      0, g.steps, body, (acc, tuple(jnp.zeros((), dtype) for _ in range(mapping.num_theta))))
   _finish(g, dr_ref, acc)
   for k, value in enumerate(dtheta):
     dtheta_ref[0, k] = value
@@ -283,28 +289,28 @@ def _candidate_arrays(side: Side):
   return (side.vectors, inverse_norms(side.vectors), side.ids, side.valid.astype(jnp.int32))
 
 
-def forward(kmap: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
+def forward(mapping: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
   """Each row of `a`: the logsumexp of its negatives among the rows of `b`."""
   (m, d), k = a.vectors.shape, b.vectors.shape[0]
   g = _geometry(tiles_, d, k, a.vectors)
   row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
   return _call(
-      functools.partial(_forward_kernel, kmap, g), tiles_, grid=(m // tiles_.block,),
+      functools.partial(_forward_kernel, mapping, g), tiles_, grid=(m // tiles_.block,),
       in_specs=[_whole(theta.shape), row, vec, vec, vec, vec, _whole((k, d)), _whole((k,)),
                 _whole((k,)), _whole((k,))],
       out_specs=vec, out_shape=jax.ShapeDtypeStruct((m,), stats_dtype(a.vectors)),
       name="info_nce_lse")(theta, *_anchor_arrays(a), *_candidate_arrays(b))
 
 
-def row_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
-              c_g, *, columns: bool, theta_from_columns: bool):
+def row_grads(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g,
+              c_lse, c_g, *, columns: bool, theta_from_columns: bool):
   """`(G_rows, dtheta)`: the row blocks' gradients with respect to their unit rows (in the
   statistics' dtype), and the mapping's summed over row blocks."""
   (m, d), k = rows.vectors.shape, cols.vectors.shape[0]
   g = _geometry(tiles_, d, k, rows.vectors)
   row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
   blocks, width = m // tiles_.block, theta.shape[0]
-  kernel = functools.partial(_row_grad_kernel, kmap, g, columns, theta_from_columns)
+  kernel = functools.partial(_row_grad_kernel, mapping, g, columns, theta_from_columns)
   drows, dtheta = _call(
       kernel, tiles_, grid=(blocks,),
       in_specs=[_whole(theta.shape), row, vec, vec, vec, vec, vec, vec, _whole((k, d)),

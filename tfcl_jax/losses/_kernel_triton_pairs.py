@@ -37,7 +37,7 @@ from tfcl_jax.losses._kernel_math import (
 )
 from tfcl_jax.losses._kernel_triton import (
     _ALL,
-    _accumulate,
+    _add_product,
     _anchor_arrays,
     _block_rows,
     _call,
@@ -105,7 +105,7 @@ def _symmetric_tile(g: _Geometry, refs, span_i, rows, span_j, active):
   return cos, keep, cols
 
 
-def _symmetric_forward_kernel(kmap: KernelMapping, g: _Geometry, u_ref, scale_ref, ids_ref,
+def _symmetric_forward_kernel(mapping: KernelMapping, g: _Geometry, u_ref, scale_ref, ids_ref,
                               pos_ref, valid_ref, sums_in_ref, sums_ref):
   del sums_in_ref  # zeros, aliased to `sums_ref`
   i = pl.program_id(0)
@@ -115,7 +115,7 @@ def _symmetric_forward_kernel(kmap: KernelMapping, g: _Geometry, u_ref, scale_re
 
   def weights(span_j, active):
     cos, keep, _ = _symmetric_tile(g, refs, span_i, rows, span_j, active)
-    return jnp.where(keep, kmap.fast.weight(cos), 0.0)
+    return jnp.where(keep, mapping.fast.weight(cos), 0.0)
 
   def body(t, own):
     j, active = _half(g, i, t)
@@ -128,20 +128,20 @@ def _symmetric_forward_kernel(kmap: KernelMapping, g: _Geometry, u_ref, scale_re
   pltriton.atomic_add(sums_ref, (span_i,), own)
 
 
-def symmetric_forward(kmap: KernelMapping, tiles_: Tiles, theta, side: Side) -> jax.Array:
+def symmetric_forward(mapping: KernelMapping, tiles_: Tiles, theta, side: Side) -> jax.Array:
   """Each row's logsumexp over its negatives among the rows of `side` (closed-form mappings)."""
   del theta  # a closed form has no parameters
   (m, d), dtype = side.vectors.shape, stats_dtype(side.vectors)
   g = _geometry(tiles_, d, m, side.vectors)
   sums = _call(
-      functools.partial(_symmetric_forward_kernel, kmap, g), tiles_, grid=(m // tiles_.block,),
+      functools.partial(_symmetric_forward_kernel, mapping, g), tiles_, grid=(m // tiles_.block,),
       in_specs=[_whole((m, d))] + [_whole((m,))] * 5, out_specs=_whole((m,)),
       out_shape=jax.ShapeDtypeStruct((m,), dtype), input_output_aliases={5: 0},
       name="info_nce_lse_symmetric")(*_anchor_arrays(side), jnp.zeros((m,), dtype))
-  return _lse(sums, kmap.fast.shift)
+  return _lse(sums, mapping.fast.shift)
 
 
-def _two_sided_forward_kernel(kmap: KernelMapping, g: _Geometry, r_ref, r_scale_ref, r_ids_ref,
+def _two_sided_forward_kernel(mapping: KernelMapping, g: _Geometry, r_ref, r_scale_ref, r_ids_ref,
                               r_pos_ref, r_valid_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref,
                               col_in_ref, row_ref, col_ref):
   del col_in_ref  # zeros, aliased to `col_ref`
@@ -152,7 +152,7 @@ def _two_sided_forward_kernel(kmap: KernelMapping, g: _Geometry, r_ref, r_scale_
   def body(j, own):
     span = _span(g, j)
     raw = _raw_products(g, r_ref, _ALL, c_ref, span, rows, _whole_block(g, c_ref, span))
-    w = kmap.fast.weight(_cos(g, raw, r_scale, _cols(c_scale_ref[span])).astype(jnp.float32))
+    w = mapping.fast.weight(_cos(g, raw, r_scale, _cols(c_scale_ref[span])).astype(jnp.float32))
     c_ids, c_valid = _cols(c_ids_ref[span]), _cols(c_valid_ref[span])
     # Column j as the anchor: its positive is its own id (the two-tower layout).
     col_keep = keep_mask(c_ids, c_ids, c_valid, r_ids, r_valid)
@@ -163,29 +163,30 @@ def _two_sided_forward_kernel(kmap: KernelMapping, g: _Geometry, r_ref, r_scale_
   row_ref[...] = jax.lax.fori_loop(0, g.steps, body, jnp.zeros((g.block,), jnp.float32))
 
 
-def two_sided_forward(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side):
+def two_sided_forward(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side):
   """`(row_lse, col_lse)` of the two-tower loss from one pass (closed-form mappings)."""
   del theta
   (m, d), k, dtype = rows.vectors.shape, cols.vectors.shape[0], stats_dtype(rows.vectors)
   g = _geometry(tiles_, d, k, rows.vectors)
   row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
   row_sums, col_sums = _call(
-      functools.partial(_two_sided_forward_kernel, kmap, g), tiles_,
+      functools.partial(_two_sided_forward_kernel, mapping, g), tiles_,
       grid=(m // tiles_.block,),
       in_specs=[row, vec, vec, vec, vec, _whole((k, d))] + [_whole((k,))] * 4,
       out_specs=[vec, _whole((k,))],
       out_shape=[jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((k,), dtype)],
       input_output_aliases={9: 1}, name="info_nce_lse_two_sided")(
           *_anchor_arrays(rows), *_candidate_arrays(cols), jnp.zeros((k,), dtype))
-  return _lse(row_sums, kmap.fast.shift), _lse(col_sums, kmap.fast.shift)
+  return _lse(row_sums, mapping.fast.shift), _lse(col_sums, mapping.fast.shift)
 
 
-def _symmetric_grads_kernel(kmap: KernelMapping, g: _Geometry, theta_ref, u_ref, scale_ref, ids_ref,
-                            pos_ref, valid_ref, lse_ref, g_ref, du_in_ref, du_ref, dtheta_ref):
+def _symmetric_grads_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, u_ref, scale_ref,
+                            ids_ref, pos_ref, valid_ref, lse_ref, g_ref, du_in_ref, du_ref,
+                            dtheta_ref):
   del du_in_ref  # zeros, aliased to `du_ref`
   i = pl.program_id(0)
   span_i = _span(g, i)
-  theta = load_theta(kmap, theta_ref)
+  theta = load_theta(mapping, theta_ref)
   refs = (u_ref, scale_ref, ids_ref, pos_ref, valid_ref)
   rows = _whole_block(g, u_ref, span_i)
   r_scale = _rows(scale_ref[span_i])
@@ -195,7 +196,7 @@ def _symmetric_grads_kernel(kmap: KernelMapping, g: _Geometry, theta_ref, u_ref,
   def tile(span_j, active, theta_from_columns):
     cos, keep, cols = _symmetric_tile(g, refs, span_i, rows, span_j, active)
     c_lse, c_g = without_empty(_cols(lse_ref[span_j]), _cols(g_ref[span_j]))
-    dcos, dth = tile_cotangent(kmap, theta, cos, keep, r_lse, r_g, c_lse, c_g, columns=True,
+    dcos, dth = tile_cotangent(mapping, theta, cos, keep, r_lse, r_g, c_lse, c_g, columns=True,
                                theta_from_columns=theta_from_columns)
     c_scale = _cols(scale_ref[span_j])
     # Raw rows: the products take dS_ij r_j (rows) and dS_ij r_i (columns), see _kernel_triton.
@@ -235,13 +236,13 @@ def _symmetric_grads_kernel(kmap: KernelMapping, g: _Geometry, theta_ref, u_ref,
       dtheta_ref[0, k] = jnp.zeros((), dtheta_ref.dtype)
 
 
-def symmetric_grads(kmap: KernelMapping, tiles_: Tiles, theta, side: Side, lse, g_):
+def symmetric_grads(mapping: KernelMapping, tiles_: Tiles, theta, side: Side, lse, g_):
   """`(G, dtheta)` of `sum_i g_i lse_i` for `S = U U^T`: the gradient for the unit rows."""
   (m, d), dtype = side.vectors.shape, stats_dtype(side.vectors)
   g = _geometry(tiles_, d, m, side.vectors, tiles_.pair_block_d)
   blocks, width = m // tiles_.block, theta.shape[0]
   du, dtheta = _call(
-      functools.partial(_symmetric_grads_kernel, kmap, g), tiles_, grid=(blocks,),
+      functools.partial(_symmetric_grads_kernel, mapping, g), tiles_, grid=(blocks,),
       in_specs=[_whole(theta.shape), _whole((m, d))] + [_whole((m,))] * 6 + [_whole((m, d))],
       out_specs=[_whole((m, d)), pl.BlockSpec((1, width), lambda i: (i, 0))],
       out_shape=[jax.ShapeDtypeStruct((m, d), dtype),
@@ -251,12 +252,12 @@ def symmetric_grads(kmap: KernelMapping, tiles_: Tiles, theta, side: Side, lse, 
   return du, jnp.sum(dtheta, axis=0)
 
 
-def _both_grads_kernel(kmap: KernelMapping, g: _Geometry, columns: bool, theta_ref, r_ref,
+def _both_grads_kernel(mapping: KernelMapping, g: _Geometry, columns: bool, theta_ref, r_ref,
                        r_scale_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref, r_g_ref, c_ref,
                        c_scale_ref, c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref, dc_in_ref, dr_ref,
                        dtheta_ref, dc_ref):
   del dc_in_ref  # zeros, aliased to `dc_ref`
-  theta = load_theta(kmap, theta_ref)
+  theta = load_theta(mapping, theta_ref)
   r_ids, r_pos, r_valid = (_rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
   r_lse, r_g = without_empty(_rows(r_lse_ref[...]), _rows(r_g_ref[...]))
   r_scale = _rows(r_scale_ref[...])
@@ -275,38 +276,33 @@ def _both_grads_kernel(kmap: KernelMapping, g: _Geometry, columns: bool, theta_r
     keep = keep_mask(r_ids, r_pos, r_valid, _cols(c_ids_ref[span]), _cols(c_valid_ref[span]))
     c_lse, c_g = (without_empty(_cols(c_lse_ref[span]), _cols(c_g_ref[span])) if columns
                   else (None, None))
-    dcos, dth = tile_cotangent(kmap, theta, cos, keep, r_lse, r_g, c_lse, c_g,
+    dcos, dth = tile_cotangent(mapping, theta, cos, keep, r_lse, r_g, c_lse, c_g,
                                columns=columns, theta_from_columns=columns)
     for_rows = (dcos * c_scale if g.scaled else dcos).astype(dtype)
     for_cols = (dcos * r_scale if g.scaled else dcos).astype(dtype)
-    if g.whole:
-      assert cols is not None  # loaded whole above
-      acc = acc + jnp.dot(for_rows, cols, preferred_element_type=jnp.float32)
-    else:
-      _accumulate(dr_ref, lambda d: jnp.dot(for_rows, c_ref[span, d],
-                                            preferred_element_type=jnp.float32), g)
+    acc = _add_product(acc, for_rows, cols, c_ref, span, dr_ref, g)
     _atomic_product(g, dc_ref, span, for_cols, r_ref, _ALL, rows, transposed=True)
     if dth is not None:
       dtheta = tuple(x + y for x, y in zip(dtheta, dth, strict=True))
     return acc, dtheta
 
   acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
-  zeros = tuple(jnp.zeros((), dtheta_ref.dtype) for _ in range(kmap.num_theta))
+  zeros = tuple(jnp.zeros((), dtheta_ref.dtype) for _ in range(mapping.num_theta))
   acc, dtheta = jax.lax.fori_loop(0, g.steps, body, (acc, zeros))
   _finish(g, dr_ref, acc)
   for k, value in enumerate(dtheta):
     dtheta_ref[0, k] = value
 
 
-def both_grads(kmap: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g, c_lse,
-               c_g, *, columns: bool):
+def both_grads(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g,
+               c_lse, c_g, *, columns: bool):
   """`(G_rows, G_cols, dtheta)`: both sides' gradients for their unit rows from one pass."""
   (m, d), k, dtype = rows.vectors.shape, cols.vectors.shape[0], stats_dtype(rows.vectors)
   g = _geometry(tiles_, d, k, rows.vectors, tiles_.pair_block_d)
   row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
   blocks, width = m // tiles_.block, theta.shape[0]
   drows, dtheta, dcols = _call(
-      functools.partial(_both_grads_kernel, kmap, g, columns), tiles_, grid=(blocks,),
+      functools.partial(_both_grads_kernel, mapping, g, columns), tiles_, grid=(blocks,),
       in_specs=[_whole(theta.shape), row] + [vec] * 6 + [_whole((k, d))] + [_whole((k,))] * 5
       + [_whole((k, d))],
       out_specs=[row, pl.BlockSpec((1, width), lambda i: (i, 0)), _whole((k, d))],
