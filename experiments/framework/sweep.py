@@ -166,13 +166,13 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
     raise ValueError(f"keys must be >= 1, got {keys}.")
   seed_key = jax.random.key(run.seed)
   run_keys = (seed_key,) if keys == 1 else tuple(jax.random.split(seed_key, keys))
+  train_key = seed_key if keys == 1 else run_keys[1]
   if mesh is None:
     mesh = training.make_mesh(jax.devices()[:config.num_devices])
   trainable = build(loss, run_keys, mesh)
   state = training.train(
       trainable.state, train_step=trainable.train_step, batches=trainable.batches,
-      num_steps=trainable.num_steps, key=run_keys[min(1, keys - 1)], mesh=mesh,
-      log_every=config.log_every,
+      num_steps=trainable.num_steps, key=train_key, mesh=mesh, log_every=config.log_every,
       **trainable.options, **train_arguments(config, run, workdir, plan_fields=plan_fields))
   folder = run.directory(workdir)
   trained = Trained(state, run_outputs.read_csv(os.path.join(folder, run_outputs.METRICS_FILE)),
