@@ -20,7 +20,7 @@ DTYPES = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
 MODES = (("cross", False), ("cross", True), ("all", False))  # (negatives, symmetric)
 
 # NumPy versions of the mappings, written independently of tfcl_jax.mappings.
-NUMPY_MAPS = {
+NUMPY_MAPPINGS = {
     "tau=0.1": lambda c: c / 0.1,
     "tau=0.02": lambda c: c / 0.02,  # below 1/30: the engine takes the running-max path
     "free": lambda c: np.log1p(c) - np.log1p(-c),
@@ -30,7 +30,7 @@ NUMPY_MAPS = {
 }
 
 
-def numpy_info_nce(z1, z2, logit_map, negatives, symmetric=False, where=None, bank=None,
+def numpy_info_nce(z1, z2, logits_of, negatives, symmetric=False, where=None, bank=None,
                    bank_where=None):
   """Per-row losses, a plain loop over anchors: -log softmax of the positive among candidates."""
   z1, z2 = np.asarray(z1, np.float64), np.asarray(z2, np.float64)
@@ -47,9 +47,9 @@ def numpy_info_nce(z1, z2, logit_map, negatives, symmetric=False, where=None, ba
     for i, anchor in enumerate(anchors):
       if not valid[i]:
         continue
-      logits = [logit_map(anchor @ c) for j, c in enumerate(candidates) if candidate_ok(i, j)]
-      logits += [logit_map(anchor @ c) for c in extra]
-      out[i] = np.log(np.sum(np.exp(logits))) - logit_map(anchor @ candidates[positive[i]])
+      logits = [logits_of(anchor @ c) for j, c in enumerate(candidates) if candidate_ok(i, j)]
+      logits += [logits_of(anchor @ c) for c in extra]
+      out[i] = np.log(np.sum(np.exp(logits))) - logits_of(anchor @ candidates[positive[i]])
     return out
 
   if negatives == "cross":
@@ -90,30 +90,30 @@ def test_every_mapping_mask_bank_and_tile_equals_numpy(negatives, symmetric):
           where=where if case[0] else None, block_size=case[2], reduction="none",
           extra_negatives=bank if case[1] else None,
           extra_where=bank_where if case[1] else None)
-          for spec in NUMPY_MAPS for case in cases}
+          for spec in NUMPY_MAPPINGS for case in cases}
 
     got = run(z1, z2, where, bank, bank_where)
   for (spec, (masked, banked, _)), rows in got.items():
-    expected = numpy_info_nce(z1, z2, NUMPY_MAPS[spec], negatives, symmetric,
+    expected = numpy_info_nce(z1, z2, NUMPY_MAPPINGS[spec], negatives, symmetric,
                               where if masked else None, bank if banked else None,
                               bank_where if banked else None)
     np.testing.assert_allclose(rows, expected, rtol=1e-10, atol=1e-12, err_msg=str(spec))
 
 
-def _dense_reference_loss(z1, z2, logit_map, negatives, symmetric):
+def _dense_reference_loss(z1, z2, logits_of, negatives, symmetric):
   """Mean loss from full `[N, N]` / `[2N, 2N]` logits, for autodiff (independent of the engine)."""
   unit = lambda z: z / jnp.linalg.norm(z, axis=1, keepdims=True)  # noqa: E731
   u1, u2 = unit(z1), unit(z2)
   n = z1.shape[0]
   if negatives == "cross":
-    logits = logit_map(u1 @ u2.T)
+    logits = logits_of(u1 @ u2.T)
     rows = jax.nn.logsumexp(logits, axis=1) - jnp.diag(logits)
     if symmetric:
       rows = jnp.concatenate([rows, jax.nn.logsumexp(logits, axis=0) - jnp.diag(logits)])
     return rows.mean()
   u = jnp.concatenate([u1, u2])
   self_pairs = jnp.eye(2 * n, dtype=bool)  # masked before the mapping: f(1) is inf for Eq. 11
-  logits = jnp.where(self_pairs, -jnp.inf, logit_map(jnp.where(self_pairs, 0.0, u @ u.T)))
+  logits = jnp.where(self_pairs, -jnp.inf, logits_of(jnp.where(self_pairs, 0.0, u @ u.T)))
   positive = logits[jnp.arange(2 * n), (jnp.arange(2 * n) + n) % (2 * n)]
   return (jax.nn.logsumexp(logits, axis=1) - positive).mean()
 
@@ -121,7 +121,7 @@ def _dense_reference_loss(z1, z2, logit_map, negatives, symmetric):
 @pytest.mark.parametrize("negatives, symmetric", MODES)
 def test_gradients_equal_dense_autodiff_including_learnable_t(negatives, symmetric):
   z1, z2 = random_pair(11, 6, seed=3, noise=0.3)
-  jax_maps = {"tau=0.1": lambda c, t: c / 0.1, "tau=0.02": lambda c, t: c / 0.02,
+  jax_mappings = {"tau=0.1": lambda c, t: c / 0.1, "tau=0.02": lambda c, t: c / 0.02,
               "free": lambda c, t: jnp.log1p(c) - jnp.log1p(-c),
               "learnable": lambda c, t: jnp.exp(t) * c,
               "dynamic=0.1:0.3": lambda c, t: c / jax.lax.stop_gradient(
@@ -130,15 +130,15 @@ def test_gradients_equal_dense_autodiff_including_learnable_t(negatives, symmetr
     @functools.partial(jax.jit, static_argnums=2)
     def grads(z1, z2, block_size):
       out = {}
-      for spec, logit_map in jax_maps.items():
+      for spec, logits_of in jax_mappings.items():
         def ours(a, b, t, spec=spec):
           mapping = (mappings.learnable_temperature(t=t) if spec == "learnable"
                      else mappings.from_spec(spec))
           return losses.info_nce(a, b, mapping=mapping, negatives=negatives,
                                  symmetric=symmetric, block_size=block_size)
 
-        def reference(a, b, t, logit_map=logit_map):
-          return _dense_reference_loss(a, b, lambda c: logit_map(c, t), negatives, symmetric)
+        def reference(a, b, t, logits_of=logits_of):
+          return _dense_reference_loss(a, b, lambda c: logits_of(c, t), negatives, symmetric)
 
         t = jnp.log(1 / 0.3)
         out[spec] = (jax.value_and_grad(ours, argnums=(0, 1, 2))(z1, z2, t),
@@ -185,12 +185,12 @@ def test_all_equals_optax_ntxent(tau):
 @pytest.mark.parametrize("spec", ["tau=0.1", "free", "dynamic=0.1:0.3"])
 def test_every_loss_takes_a_spec_string_as_its_mapping(spec):
   z1, z2 = random_pair(12, 5, seed=4)
-  expected = numpy_info_nce(z1, z2, NUMPY_MAPS[spec], "cross").mean()
+  expected = numpy_info_nce(z1, z2, NUMPY_MAPPINGS[spec], "cross").mean()
   np.testing.assert_allclose(losses.info_nce(z1, z2, mapping=spec), expected, rtol=1e-5)
   labels = np.arange(24) % 12
   np.testing.assert_allclose(
       losses.supervised_info_nce(np.concatenate([z1, z2]), labels, mapping=spec),
-      numpy_info_nce(z1, z2, NUMPY_MAPS[spec], "all").mean(), rtol=1e-5)
+      numpy_info_nce(z1, z2, NUMPY_MAPPINGS[spec], "all").mean(), rtol=1e-5)
   np.testing.assert_allclose(losses.sigmoid_loss(z1, z2, mapping=spec),
                              losses.sigmoid_loss(z1, z2, mapping=mappings.from_spec(spec)))
 
@@ -333,11 +333,11 @@ def test_property_matches_reference_and_is_finite(n, d, scale, seed, mode, spec)
       a, b, mapping=mappings.from_spec(spec), negatives=negatives,
       symmetric=symmetric)))(z1.astype(np.float32), z2.astype(np.float32))
   chex.assert_tree_all_finite((value, grad))
-  logit_map = NUMPY_MAPS[spec]
+  logits_of = NUMPY_MAPPINGS[spec]
   if spec == "free":  # float32's 8-ulp clamp: d = 1 gives cosines of exactly +-1
     margin = 8 * np.finfo(np.float32).epsneg
-    logit_map = lambda c: NUMPY_MAPS["free"](np.clip(c, -1 + margin, 1 - margin))  # noqa: E731
-  expected = numpy_info_nce(z1, z2, logit_map, negatives, symmetric).mean()
+    logits_of = lambda c: NUMPY_MAPPINGS["free"](np.clip(c, -1 + margin, 1 - margin))  # noqa: E731
+  expected = numpy_info_nce(z1, z2, logits_of, negatives, symmetric).mean()
   np.testing.assert_allclose(value, expected, rtol=2e-3, atol=2e-3)
 
 

@@ -13,7 +13,7 @@ from tfcl_jax import losses, mappings
 from tfcl_jax.losses import _engine, _tiles
 
 # NumPy mappings, written independently of tfcl_jax.mappings.
-NUMPY_MAPS = {
+NUMPY_MAPPINGS = {
     "tau=0.1": lambda c: c / 0.1,
     "tau=0.02": lambda c: c / 0.02,
     "free": lambda c: np.log1p(c) - np.log1p(-c),
@@ -35,11 +35,11 @@ def _logsumexp(x, keep):
     return np.log(np.sum(np.exp(x - top), axis=1)) + top[:, 0]
 
 
-def numpy_supcon(z, labels, logit_map):
+def numpy_supcon(z, labels, logits_of):
   """pytorch-metric-learning's `SupConLoss` (v2) with `CosineSimilarity` and its
   `AvgNonZeroReducer`, transcribed: `mat = f(cos)`, the max subtracted, the denominator over
   positives and negatives (every other sample), log-probabilities averaged over positives."""
-  mat = logit_map(np.clip(_unit(z) @ _unit(z).T, -1 + 1e-12, 1 - 1e-12))
+  mat = logits_of(np.clip(_unit(z) @ _unit(z).T, -1 + 1e-12, 1 - 1e-12))
   labels = np.asarray(labels)
   same = labels[:, None] == labels[None, :]
   pos_mask = same & ~np.eye(len(labels), dtype=bool)
@@ -67,10 +67,10 @@ def dense_supcon(z, labels, mapping):
   return jnp.sum(jnp.where(has, lse - mean_pos, 0.0)) / jnp.sum(has)
 
 
-def numpy_logq(z1, z2, logit_map, bias, where=None):
+def numpy_logq(z1, z2, logits_of, bias, where=None):
   """TFRS's `Retrieval` task with `candidate_sampling_probability` (Yi et al. 2019): logits
   `f(c_ij) - log q_j` (here `+ b_j`) for every candidate, the positive on the diagonal."""
-  logits = logit_map(_unit(z1) @ _unit(z2).T) + np.asarray(bias, np.float64)[None, :]
+  logits = logits_of(_unit(z1) @ _unit(z2).T) + np.asarray(bias, np.float64)[None, :]
   keep = np.ones(len(z1), bool) if where is None else np.asarray(where)
   grid = keep[:, None] & keep[None, :]
   per_row = _logsumexp(logits, grid) - np.diag(logits)
@@ -84,13 +84,13 @@ def _data(n, d=8, seed=0):
 
 class SupConTest(parameterized.TestCase):
 
-  @parameterized.product(spec=tuple(NUMPY_MAPS), block_size=(None, 5, 7))
+  @parameterized.product(spec=tuple(NUMPY_MAPPINGS), block_size=(None, 5, 7))
   def test_equals_pytorch_metric_learning_transcription(self, spec, block_size):
     z = _data(24)
     labels = np.arange(24) % 4
     got = losses.supervised_info_nce(z, labels, mapping=mappings.from_spec(spec), form="supcon",
                                      block_size=block_size)
-    np.testing.assert_allclose(got, numpy_supcon(z, labels, NUMPY_MAPS[spec]), rtol=2e-5)
+    np.testing.assert_allclose(got, numpy_supcon(z, labels, NUMPY_MAPPINGS[spec]), rtol=2e-5)
 
   def test_differs_from_the_ntxent_form(self):
     # Other positives in the denominator make SupCon's loss the larger one.
@@ -105,7 +105,7 @@ class SupConTest(parameterized.TestCase):
     labels = np.array([0, 0, 0, 1, 1, 2, 3])  # classes 2 and 3 have no positive
     free = mappings.temperature_free()
     got = losses.supervised_info_nce(z, labels, mapping=free, form="supcon", block_size=3)
-    np.testing.assert_allclose(got, numpy_supcon(z, labels, NUMPY_MAPS["free"]), rtol=2e-5)
+    np.testing.assert_allclose(got, numpy_supcon(z, labels, NUMPY_MAPPINGS["free"]), rtol=2e-5)
 
   @parameterized.parameters("tau=0.1", "free", "learnable=0.2", "dynamic=0.1:0.3")
   def test_gradients_equal_dense_autodiff(self, spec):
@@ -127,7 +127,7 @@ class SupConTest(parameterized.TestCase):
   def test_jit_and_traced_labels(self):
     z, labels = _data(12), np.arange(12) % 3
     fn = jax.jit(lambda z, y: losses.supervised_info_nce(z, y, form="supcon", block_size=5))
-    np.testing.assert_allclose(fn(z, labels), numpy_supcon(z, labels, NUMPY_MAPS["free"]),
+    np.testing.assert_allclose(fn(z, labels), numpy_supcon(z, labels, NUMPY_MAPPINGS["free"]),
                                rtol=2e-5)
 
   @parameterized.parameters("khosla", "supcon_ntxent")
@@ -139,13 +139,13 @@ class SupConTest(parameterized.TestCase):
 
 class LogQTest(parameterized.TestCase):
 
-  @parameterized.product(spec=tuple(NUMPY_MAPS), block_size=(None, 5))
+  @parameterized.product(spec=tuple(NUMPY_MAPPINGS), block_size=(None, 5))
   def test_equals_numpy_corrected_softmax(self, spec, block_size):
     z1, z2 = _data(13, seed=1), _data(13, seed=2)
     log_q = np.log(np.random.default_rng(3).uniform(0.01, 0.5, 13)).astype(np.float32)
     got = losses.info_nce(z1, z2, mapping=mappings.from_spec(spec), candidate_bias=-log_q,
                           block_size=block_size, reduction="none")
-    np.testing.assert_allclose(got, numpy_logq(z1, z2, NUMPY_MAPS[spec], -log_q), rtol=1e-4,
+    np.testing.assert_allclose(got, numpy_logq(z1, z2, NUMPY_MAPPINGS[spec], -log_q), rtol=1e-4,
                                atol=1e-5)
 
   def test_masked_pairs(self):
@@ -154,7 +154,7 @@ class LogQTest(parameterized.TestCase):
     where = np.array([1, 1, 0, 1, 1, 1, 0, 1, 1], bool)
     got = losses.info_nce(z1, z2, candidate_bias=bias, where=where, block_size=4,
                           reduction="none")
-    np.testing.assert_allclose(got, numpy_logq(z1, z2, NUMPY_MAPS["free"], bias, where),
+    np.testing.assert_allclose(got, numpy_logq(z1, z2, NUMPY_MAPPINGS["free"], bias, where),
                                rtol=1e-4, atol=1e-5)
 
   def test_zero_bias_is_the_plain_loss_and_a_constant_bias_cancels(self):
@@ -197,7 +197,7 @@ class LogQTest(parameterized.TestCase):
       rows, cols = _engine.tile_reduce(side(u1, ids1, b1), side(u2, ids2, b2),
                                        mapping=mappings.from_spec(spec),
                                        kind="rows_and_columns", block_size=4)
-      logits = NUMPY_MAPS[spec](u1 @ u2.T)
+      logits = NUMPY_MAPPINGS[spec](u1 @ u2.T)
       everything = np.ones(logits.shape, bool)
       np.testing.assert_allclose(rows, _logsumexp(logits + b2[None, :], everything), rtol=1e-5)
       np.testing.assert_allclose(cols, _logsumexp((logits + b1[:, None]).T, everything.T),

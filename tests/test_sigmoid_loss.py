@@ -67,18 +67,18 @@ def test_equals_big_vision_and_open_clip_transcriptions():
           open_clip_siglip(z1, z2, np.exp(t_value), b_value, world_size=4), expected, rtol=1e-12)
 
 
-def _dense_reference(z1, z2, logit_map, bias, negatives):
+def _dense_reference(z1, z2, logits_of, bias, negatives):
   """Mean over anchors of -sum_j log_sigmoid(l_ij (f(c_ij) + b)), dense, for autodiff."""
   unit = lambda z: z / jnp.linalg.norm(z, axis=1, keepdims=True)  # noqa: E731
   n = z1.shape[0]
   if negatives == "cross":
-    logits = logit_map(unit(z1) @ unit(z2).T) + bias
+    logits = logits_of(unit(z1) @ unit(z2).T) + bias
     return jnp.mean(-jnp.sum(jax.nn.log_sigmoid((2 * jnp.eye(n) - 1) * logits), axis=1))
   u = jnp.concatenate([unit(z1), unit(z2)])
   index = jnp.arange(2 * n)
   labels = jnp.full((2 * n, 2 * n), -1.0).at[index, (index + n) % (2 * n)].set(1.0)
   self_pairs = jnp.eye(2 * n, dtype=bool)
-  logits = logit_map(jnp.where(self_pairs, 0.0, u @ u.T)) + bias
+  logits = logits_of(jnp.where(self_pairs, 0.0, u @ u.T)) + bias
   terms = jnp.where(self_pairs, 0.0, -jax.nn.log_sigmoid(labels * logits))
   return jnp.mean(jnp.sum(terms, axis=1))
 
@@ -94,15 +94,15 @@ def test_values_and_gradients_equal_dense_autodiff_for_every_mapping(negatives):
     @functools.partial(jax.jit, static_argnums=4)
     def run(z1, z2, t, b, fixed_zero_bias):
       out = {}
-      for spec, logit_map in maps.items():
+      for spec, logits_of in maps.items():
         def ours(a, c, t, b, spec=spec):
           mapping = (mappings.learnable_temperature(t=t) if spec == "learnable"
                      else mappings.from_spec(spec))
           return losses.sigmoid_loss(a, c, mapping=mapping, negatives=negatives, block_size=4,
                                      bias=0.0 if fixed_zero_bias else b)
 
-        def reference(a, c, t, b, logit_map=logit_map):
-          return _dense_reference(a, c, lambda x: logit_map(x, t), 0.0 if fixed_zero_bias else b,
+        def reference(a, c, t, b, logits_of=logits_of):
+          return _dense_reference(a, c, lambda x: logits_of(x, t), 0.0 if fixed_zero_bias else b,
                                   negatives)
 
         out[spec] = (jax.value_and_grad(ours, argnums=(0, 1, 2, 3))(z1, z2, t, b),
