@@ -186,20 +186,16 @@ def speed(loss: str, args, report) -> list[dict]:
   """Each contender at each size and dtype, with the floor."""
   spec = args.mapping if loss == "ntxent" else args.clip_mapping
   rows = []
-  for dtype in args.dtypes:
-    for n in args.sizes:
-      if _out_of_time(args, report, f"{loss}, N = {n}, {dtype}"):
-        continue
-      a, b, z1, z2 = _inputs(n, args.dim, dtype)
-      results = _time(_jax_contenders(loss, spec, n, z1, z2, args), args)
-      results.update(_time(_other_contenders(loss, spec, n, a, b, dtype, args), args))
-      _release_torch_memory()
-      floor, note = dv.guarded(lambda z1=z1, z2=z2: timing.measure_floor(
-          z1, z2, FLOOR_MODE[loss], repeats=args.floor_repeats, min_seconds=0.2,
-          chunk_bytes=int(args.floor_chunk_gib * 2**30)))
-      rows.append({"n": n, "dtype": dtype, "variants": results, "floor": floor,
-                   "floor_note": note})
-      print(f"  {loss}, N = {n}, {dtype}: done", flush=True)
+  for dtype, n, (a, b, z1, z2) in _cases(args, report, loss, args.dtypes, args.sizes):
+    results = _time(_jax_contenders(loss, spec, n, z1, z2, args), args)
+    results.update(_time(_other_contenders(loss, spec, n, a, b, dtype, args), args))
+    _release_torch_memory()
+    floor, note = dv.guarded(lambda z1=z1, z2=z2: timing.measure_floor(
+        z1, z2, FLOOR_MODE[loss], repeats=args.floor_repeats, min_seconds=0.2,
+        chunk_bytes=int(args.floor_chunk_gib * 2**30)))
+    rows.append({"n": n, "dtype": dtype, "variants": results, "floor": floor,
+                 "floor_note": note})
+    print(f"  {loss}, N = {n}, {dtype}: done", flush=True)
   names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
   report.table(f"{loss} ({spec}), D = {args.dim}, loss + gradient: median ms (GiB)",
                ["N", "dtype", "floor", *names],
@@ -231,15 +227,12 @@ def sweep(args, report) -> list[dict]:
   """XLA's `block_size` and the kernels' launch options, timed side by side per `N`."""
   launches = [tuple(int(x) for x in launch.split(":")) for launch in args.launches]
   rows = []
-  for dtype in args.sweep_dtypes:
-    for n in args.sweep_sizes:
-      if _out_of_time(args, report, f"sweep, N = {n}, {dtype}"):
-        continue
-      _, _, z1, z2 = _inputs(n, args.dim, dtype)
-      variants = _jax_contenders("ntxent", args.mapping, n, z1, z2, args, blocks=args.blocks,
-                                 launches=launches, dense=False)
-      rows.append({"n": n, "dtype": dtype, "variants": _time(variants, args)})
-      print(f"  sweep, N = {n}, {dtype}: done", flush=True)
+  for dtype, n, (_, _, z1, z2) in _cases(args, report, "sweep", args.sweep_dtypes,
+                                         args.sweep_sizes):
+    variants = _jax_contenders("ntxent", args.mapping, n, z1, z2, args, blocks=args.blocks,
+                               launches=launches, dense=False)
+    rows.append({"n": n, "dtype": dtype, "variants": _time(variants, args)})
+    print(f"  sweep, N = {n}, {dtype}: done", flush=True)
   names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
   report.table(f"Sweep: NT-Xent ({args.mapping}), D = {args.dim}: median ms (GiB)",
                ["N", "dtype", *names],
@@ -273,6 +266,15 @@ def _as_tables(rows, fastest) -> str:
       launch.append((width, None, tuple(int(x) for x in name.split()[-1].split(":"))))
   return (f"Measured rows: `_blocks._BLOCKS['gpu'] = {tuple(blocks)!r}`; "
           f"`_triton_tiles.LAUNCH = {tuple(launch)!r}`")
+
+
+def _cases(args, report, label: str, dtypes, sizes):
+  """`(dtype, N, _inputs(N, D, dtype))` for each dtype and size that `--budget_minutes` leaves
+  time for (the others are skipped and said so)."""
+  for dtype in dtypes:
+    for n in sizes:
+      if not _out_of_time(args, report, f"{label}, N = {n}, {dtype}"):
+        yield dtype, n, _inputs(n, args.dim, dtype)
 
 
 def _out_of_time(args, report, what: str) -> bool:
