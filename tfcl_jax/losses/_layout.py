@@ -20,42 +20,107 @@ from tfcl_jax.losses._tiles import Side
 NEGATIVES = ("cross", "all")
 REDUCTIONS = ("mean", "sum", "none")
 
-# Squared-norm floor of the L2 normalisation: a zero vector maps to zero
-# (cosine 0 with everything) with finite gradients (at most 1/sqrt(floor)) instead of 0/0.
-_NORM_EPS = 1e-12
+# The L2 normalisation's floor on a row's norm (PyTorch's `F.normalize(eps=1e-12)`, rounded down
+# to a power of two so that the kernels' pre-scaled rows share one floor): a row of smaller norm
+# is divided by the floor, a zero row maps to zero (cosine 0 with everything).
+_NORM_FLOOR = 2.0 ** -40  # 9.09e-13
 
 
 def norm_floor(dtype: jax.typing.DTypeLike) -> float:
-  """Squared-norm floor for inputs of `dtype`: 1e-12, or float16's smallest normal (6e-5).
+  """The floor on a row's norm for inputs of `dtype`: `2^-40` (9.1e-13), or `2^-7` for float16.
 
-  The gradient at a zero vector is `1/sqrt(floor)`: 1e6, or 128 for float16, whose
-  largest finite value is 65504.
+  Rows of norm at least the floor are normalised exactly at every scale the dtype holds; a row
+  of smaller norm is divided by the floor (`z / floor`, PyTorch's `F.normalize` convention), so a
+  zero row maps to zero, cosine 0 with every row, with gradient `1 / floor`: `2^40`, or 128 for
+  float16 inputs, whose largest finite value is 65504.
 
   Examples:
     >>> from tfcl_jax import losses
-    >>> losses.norm_floor("float32"), round(losses.norm_floor("float16"), 7)
-    (1e-12, 6.1e-05)
+    >>> losses.norm_floor("float32") == 2.0 ** -40, losses.norm_floor("float16")
+    (True, 0.0078125)
   """
-  return max(_NORM_EPS, float(jnp.finfo(dtype).tiny))
+  return 2.0 ** -7 if jnp.dtype(dtype) == jnp.float16 else _NORM_FLOOR
 
 
-def l2_normalize(z: jax.typing.ArrayLike, *, axis: int = -1, eps: float = _NORM_EPS) -> jax.Array:
-  r"""`z / sqrt(max(||z||^2, eps))` along `axis`: finite values and gradients at z = 0.
+def _power_of_two(exponent: jax.Array, dtype) -> jax.Array:
+  """`2^exponent` exactly, for integer `exponent` in `[-2 max_exp + 2, 2 max_exp - 2]` of `dtype`,
+  as a product of two normal powers of two (a single factor would be subnormal beyond
+  `2^-min_exp`, which XLA may flush to zero)."""
+  info = jnp.finfo(dtype)
+  bits = jnp.dtype(dtype).itemsize * 8
+  integer = {32: jnp.int32, 64: jnp.int64}[bits]
+  bias = int(info.maxexp) - 1
+
+  def normal(k):
+    return jax.lax.bitcast_convert_type((k.astype(integer) + bias) << int(info.nmant), dtype)
+
+  half = exponent // 2
+  return normal(half) * normal(exponent - half)
+
+
+def scaled_rows(z: jax.Array, *, eps: float, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+  """`(r, floor)`: `r = z / 2^e` per row, `2^e` the power of two just above the row's largest
+  entry (at least the one above `eps`), and `floor = eps / 2^e`, the floor in `r`'s units.
+
+  Dividing by a power of two is exact, so `r / max(||r||, floor) = z / max(||z||, eps)`; but the
+  squares of `r`'s entries are at most 1, so `||r||` neither overflows (rows beyond ~1e19 in
+  float32) nor underflows (rows below ~1e-19). One more reduction per row: the largest entry.
+  Where `eps` is a power of two, `floor <= 1/2 <= ||r||` for every row of norm `>= eps`, and
+  `floor = 1/2` for the others: the kernels take `r` and `1 / max(||r||, 1/2)`.
+  `z` must be float32 or float64 (the compute dtypes); `2^e` carries no gradient.
+  """
+  dtype = z.dtype
+  largest = jax.lax.stop_gradient(jnp.max(jnp.abs(z), axis=axis, keepdims=True))
+  _, exponent = jnp.frexp(largest)  # largest = m 2^e, m in [1/2, 1); 0, inf, NaN: e = 0
+  exponent = jnp.maximum(exponent, int(np.frexp(eps)[1]))
+  r = z * _power_of_two(-exponent, dtype)
+  return r, eps * _power_of_two(-exponent, dtype)
+
+
+def l2_normalize(z: jax.typing.ArrayLike, *, axis: int = -1,
+                 eps: float = _NORM_FLOOR) -> jax.Array:
+  r"""`z / max(||z||, eps)` along `axis`, exact at every scale: finite values and gradients at
+  z = 0.
+
+  Cosines do not depend on the norm, and neither does this: rows are scaled by a power of two
+  before squaring (`scaled_rows`), so a row of norm 1e-30 or 1e30 in float32 comes out as the
+  same unit row as at norm 1. A row of norm below `eps` is divided by `eps` (PyTorch's
+  `F.normalize` convention): a zero row stays zero.
 
   Examples:
     >>> import jax.numpy as jnp
     >>> from tfcl_jax import losses
     >>> losses.l2_normalize(jnp.array([[3.0, 4.0], [0.0, 0.0]])).tolist()
     [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
+    >>> losses.l2_normalize(jnp.array([[3e30, 4e30], [3e-30, 4e-30]])).tolist()
+    [[0.6000000238418579, 0.800000011920929], [0.6000000238418579, 0.800000011920929]]
+
+  Args:
+    z: a float array.
+    axis: the axis of the vectors' entries.
+    eps: the floor on the norm, a float > 0.
   """
   z = jnp.asarray(z)
-  squared_norm = jnp.sum(z * z, axis=axis, keepdims=True)
-  return z * jax.lax.rsqrt(jnp.maximum(squared_norm, eps))
+  r, floor = scaled_rows(z, eps=eps, axis=axis)
+  squared_norm = jnp.sum(r * r, axis=axis, keepdims=True)
+  return r * jax.lax.rsqrt(jnp.maximum(squared_norm, floor * floor))
 
 
 def unit_rows(z: jax.Array, dtype) -> jax.Array:
   """`z` in the compute `dtype`, L2-normalised with the floor of its own dtype."""
   return l2_normalize(z.astype(dtype), eps=norm_floor(z.dtype))
+
+
+#: The floor on the norm of raw rows as `raw_rows` scales them (`norm_floor` in their units).
+RAW_ROW_FLOOR = 0.5
+
+
+def raw_rows(z: jax.Array) -> jax.Array:
+  """Raw 16-bit rows for the fused kernels, scaled by a power of two (exact, `scaled_rows`):
+  their entries lie below 1 in magnitude, their products neither overflow nor underflow, and
+  `r / max(||r||, RAW_ROW_FLOOR)` is `z / max(||z||, norm_floor(z.dtype))` at every scale."""
+  r, _ = scaled_rows(z.astype(jnp.float32), eps=norm_floor(z.dtype))
+  return r.astype(z.dtype)
 
 
 def check_bias_row(bias, n: int, *, rows: str) -> jax.Array:
@@ -217,27 +282,52 @@ def check_parameters(mapping: mappings.Mapping, *, mode: bool | str) -> None:
 
 def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
                  ) -> mappings.Mapping:
-  """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`); a spec string of a mapping with
-  trainable params is refused.
+  """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`), refusing what would silently
+  not train or not follow its schedule.
 
-  A string cannot hold parameters: the mapping would be built afresh at their initial values on
-  every call (`learnable_free=100`'s `t = 0`, the temperature-free mapping itself) and nothing
-  would ever train them. The error says how to hold them.
+  Refused, each with the fix in the message:
+
+  - a spec string of a mapping with trainable params (`"learnable_free=100"`): a string cannot
+    hold them, the loss would rebuild them at their initial values on every call;
+  - a built mapping with trainable params that was never bound (`mapping=m` rather than
+    `m.bind(params=p["loss"])`) and whose params are not traced: the loss sees constants, and
+    the gradient on them is 0 (a mapping passed through `jax.grad` as an argument has traced
+    params and trains: it passes). `m.bind(params=m.params)` holds them fixed on purpose;
+  - a spec string of a scheduled mapping (`"anneal=log:0.5"`), or a built one without a bound
+    step: it would run at step 0 on every call. `m.bind(step=step)` gives it the step.
 
   Raises:
-    ValueError: `mapping` is a spec string of a mapping with trainable params.
+    ValueError: one of the above, naming the mapping and the fix.
   """
   built = mappings.as_mapping(mapping, num_candidates=num_candidates)
+  spec = built.spec
   if isinstance(mapping, str) and built.learnable:
-    spec, names = built.spec, sorted(built.params)
+    names = sorted(built.params)
     raise ValueError(
         f"mapping={mapping!r} has trainable params {names}, which a spec string cannot hold: "
         f"the loss would use their initial values on every call and never train them. Build "
         f"the mapping once, m = mappings.from_spec({spec!r}), keep m.params with the trainable "
         f"params (e.g. params['loss']) and pass mapping=m.bind(params=params['loss']) (the "
         f"README's quickstart), or name the loss by its loss spec, losses.from_spec({spec!r}), "
-        f"whose params go into the train state; to evaluate at the initial values, pass "
-        f"mapping=mappings.from_spec({spec!r}).")
+        f"whose params go into the train state; to evaluate at the initial values on purpose, "
+        f"pass mapping=m.bind(params=m.params).")
+  if built.learnable and not built.bound and all(
+      _checks.is_concrete(leaf) for leaf in jax.tree.leaves(built.params)):
+    raise ValueError(
+        f"mapping {spec!r} has trainable params {sorted(built.params)} but was passed unbound: "
+        f"the loss would use the values it was built with, and the gradient on them would be 0 "
+        f"(they would never train). Keep m.params with the trainable params (e.g. "
+        f"params['loss']) and pass mapping=m.bind(params=params['loss']) inside the loss "
+        f"function (the README's quickstart); to hold them fixed on purpose (evaluation, a "
+        f"frozen scale), pass mapping=m.bind(params=m.params).")
+  if built.scheduled and built.step is None:
+    where = (f"mapping={mapping!r} is a spec string, which cannot carry the training step"
+             if isinstance(mapping, str) else f"mapping {spec!r} was passed without a step")
+    raise ValueError(
+        f"{where}: the schedule would stay at step 0 on every call and never anneal. Build it "
+        f"once, m = mappings.from_spec({spec!r}), and pass mapping=m.bind(step=step) with the "
+        f"train state's step (losses.from_spec({spec!r}) takes step= when called); to evaluate "
+        f"at step 0 on purpose, pass mapping=m.bind(step=0).")
   return built
 
 

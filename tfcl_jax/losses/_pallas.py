@@ -147,11 +147,11 @@ def _no_grad(side: Side, dvectors) -> Side:
 def _through_norm(side: Side, unit_grad: jax.Array) -> jax.Array:
   """The cotangent of a side's vectors from the kernels' gradient for its unit rows: itself
   for unit rows; for raw rows (`_triton_tiles.is_raw`), carried through the normalisation
-  `u = z / max(||z||, sqrt(floor))` in float32 and rounded once, to the inputs' dtype."""
+  `u = r / max(||r||, RAW_ROW_FLOOR)` of the pre-scaled rows (`_layout.raw_rows`) in float32 and
+  rounded once, to the inputs' dtype."""
   if not _triton_tiles.is_raw(side.vectors):
     return unit_grad
-  floor = _layout.norm_floor(side.vectors.dtype)
-  _, vjp = jax.vjp(lambda z: _layout.l2_normalize(z, eps=floor),
+  _, vjp = jax.vjp(lambda z: _layout.l2_normalize(z, eps=_layout.RAW_ROW_FLOOR),
                    side.vectors.astype(unit_grad.dtype))
   return vjp(unit_grad)[0].astype(side.vectors.dtype)
 
@@ -209,7 +209,8 @@ def _unit(side: Side) -> Side:
   """A side of raw rows as unit rows in float32 (for the kernels that take unit rows only)."""
   if not _triton_tiles.is_raw(side.vectors):
     return side
-  return side._replace(vectors=_layout.unit_rows(side.vectors, jnp.float32))
+  return side._replace(vectors=_layout.l2_normalize(side.vectors.astype(jnp.float32),
+                                                    eps=_layout.RAW_ROW_FLOOR))
 
 
 def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
@@ -239,11 +240,14 @@ def with_raw_rows(layout: _layout.Layout, z1: jax.Array, z2: jax.Array) -> _layo
   """`layout` whose sides hold the raw bfloat16 inputs instead of their unit rows.
 
   The Triton kernels then form `u . v` as `r_i r_j (z_i . z_j)`: bfloat16 products with
-  float32 accumulation, scaled by float32 inverse norms (`_kernel_triton`). Other inputs, and
-  the other backends, keep the unit rows.
+  float32 accumulation, scaled by float32 inverse norms (`_kernel_triton`). Each row is first
+  scaled by a power of two (`_layout.raw_rows`, exact), so that neither its products nor its
+  norm overflow or underflow at any input scale. Other inputs, and the other backends, keep
+  the unit rows.
   """
   if z1.dtype != jnp.bfloat16 or z2.dtype != jnp.bfloat16:
     return layout
+  z1, z2 = _layout.raw_rows(z1), _layout.raw_rows(z2)
   if layout.kind == "symmetric":
     return layout._replace(rows=layout.rows._replace(vectors=jnp.concatenate([z1, z2])))
   assert layout.columns is not None  # "rows" and "rows_and_columns" have a column side

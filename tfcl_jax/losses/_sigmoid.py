@@ -103,7 +103,7 @@ def _biased(mapping: mappings.Mapping, bias, relative_bias) -> mappings.Mapping:
                      "the sigmoid loss's bias.")
   value = bias if relative_bias is None else relative_bias
   return mappings.Mapping(mapping.spec, fn, {**mapping.params, fn.key: value},
-                              mapping.scheduled, mapping.step)
+                          mapping.scheduled, mapping.step, bound=True)  # checked by the loss
 
 
 def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices=None):

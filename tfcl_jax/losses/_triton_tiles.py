@@ -108,10 +108,10 @@ def stats_dtype(vectors: jax.Array):
 
 
 def inverse_norms(vectors: jax.Array) -> jax.Array:
-  """`r = 1 / sqrt(max(||z||^2, floor))` in float32 for raw rows (the floor of
-  `losses.l2_normalize`), ones for unit rows."""
+  """`r = 1 / max(||z||, floor)` in float32 for raw rows, pre-scaled by `_layout.raw_rows` (whose
+  floor is `RAW_ROW_FLOOR`: `losses.l2_normalize`'s at every scale), ones for unit rows."""
   if not is_raw(vectors):
     return jnp.ones(vectors.shape[:1], stats_dtype(vectors))
   z = vectors.astype(jnp.float32)
-  floor = _layout.norm_floor(vectors.dtype)
-  return jax.lax.rsqrt(jnp.maximum(jnp.sum(z * z, axis=1), floor))
+  floor = _layout.RAW_ROW_FLOOR
+  return jax.lax.rsqrt(jnp.maximum(jnp.sum(z * z, axis=1), floor * floor))

@@ -106,6 +106,8 @@ class Mapping:
     params: trainable scalars, `{}` for non-learnable mappings.
     scheduled: whether the mapping depends on `step`.
     step: the step fixed by `bind` (None: 0).
+    bound: whether `bind(params=...)` fixed its `params` (the losses refuse a learnable mapping
+      whose params were neither bound nor traced: they would never train).
   """
 
   spec: str
@@ -113,6 +115,7 @@ class Mapping:
   params: dict[str, Any] = dataclasses.field(default_factory=dict)
   scheduled: bool = False
   step: Any = dataclasses.field(default=None, repr=False)
+  bound: bool = dataclasses.field(default=False, repr=False)
 
   def __post_init__(self):
     if not isinstance(self.fn, MappingFunction):
@@ -121,14 +124,15 @@ class Mapping:
                         f"{type(self.fn).__name__}.")
       object.__setattr__(self, "fn", _Plain(self.fn))
 
-  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any], tuple[str, MappingFunction, bool]]:
-    return (self.params, self.step), (self.spec, self.fn, self.scheduled)
+  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any],
+                                  tuple[str, MappingFunction, bool, bool]]:
+    return (self.params, self.step), (self.spec, self.fn, self.scheduled, self.bound)
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    spec, fn, scheduled = aux
+    spec, fn, scheduled, bound = aux
     params, step = children
-    return cls(spec, fn, params, scheduled, step)
+    return cls(spec, fn, params, scheduled, step, bound)
 
   def __call__(self, cos: jax.typing.ArrayLike, *, params: Params | None = None,
                step: jax.typing.ArrayLike | None = None) -> jax.Array:
@@ -159,16 +163,38 @@ class Mapping:
       >>> round(m(0.25).item(), 4), m.spec
       (0.5, 'learnable=1')
 
+    `m.bind(params=m.params)` holds a learnable mapping at its current values on purpose (to
+    evaluate it, or to keep `t` fixed): the losses refuse a learnable mapping that was never
+    bound, whose `t` would silently never train.
+
     Args:
-      params: replaces `self.params` (same keys); None keeps them.
-      step: the training step a scheduled mapping reads; None keeps the bound one (else 0).
+      params: replaces `self.params` (same keys, each of the same shape as the value it
+        replaces: a scalar `t` stays a scalar); None keeps them.
+      step: the training step a scheduled mapping reads, an integer scalar; None keeps the
+        bound one (else 0).
+
+    Raises:
+      ValueError: `params` has other keys, or a value of another shape (naming it and the
+        mapping); `step` is not a scalar.
     """
-    if params is not None and set(params) != set(self.params):
-      raise ValueError(
-          f"params must have the keys {sorted(self.params)} of mapping {self.spec!r}, "
-          f"got {sorted(params)}.")
+    if params is not None:
+      if set(params) != set(self.params):
+        raise ValueError(
+            f"params must have the keys {sorted(self.params)} of mapping {self.spec!r}, "
+            f"got {sorted(params)}.")
+      for name, value in params.items():
+        want, got = jnp.shape(self.params[name]), jnp.shape(value)
+        if got != want:
+          raise ValueError(
+              f"params[{name!r}] of mapping {self.spec!r} must have shape {want} (the shape "
+              f"of its initial value, mapping.params[{name!r}]), got shape {got}; a mapping "
+              f"holds one {name!r} for every pair (vmap the loss to train several).")
+    if step is not None and jnp.ndim(step) != 0:
+      raise ValueError(f"step of mapping {self.spec!r} must be a scalar (the training step), "
+                       f"got shape {jnp.shape(step)}.")
     return dataclasses.replace(self, params=self.params if params is None else dict(params),
-                               step=self.step if step is None else step)
+                               step=self.step if step is None else step,
+                               bound=self.bound or params is not None)
 
   @property
   def learnable(self) -> bool:

@@ -1,0 +1,288 @@
+"""Bad inputs that once gave a wrong answer in silence or an obscure error: each now gives the
+right answer or a `ValueError` that names the argument and the fix.
+
+The list of what stays silent on purpose (NaN in, NaN out; rows below the norm floor) is in
+docs/losses.md, "Bad inputs". Each case here checks against something independent of the losses:
+a float64 NumPy transcription, a closed form of a schedule, the invariance of a cosine to scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tfcl_jax import losses, mappings
+
+
+def _views(n=8, d=6, seed=0):
+  z1 = jax.random.normal(jax.random.key(seed), (n, d))
+  return z1, z1 + 0.3 * jax.random.normal(jax.random.key(seed + 1), (n, d))
+
+
+def _mesh():
+  return jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+
+
+LABELS = jnp.arange(8) % 3
+
+# Every public loss that takes a mapping, as `f(z1, z2, mapping)`.
+LOSSES = {
+    "info_nce cross": lambda z1, z2, m: losses.info_nce(z1, z2, mapping=m),
+    "info_nce all": lambda z1, z2, m: losses.info_nce(z1, z2, mapping=m, negatives="all"),
+    "clip": lambda z1, z2, m: losses.info_nce(z1, z2, mapping=m, symmetric=True),
+    "info_nce pallas": lambda z1, z2, m: losses.info_nce(z1, z2, mapping=m,
+                                                         implementation="pallas"),
+    "sigmoid": lambda z1, z2, m: losses.sigmoid_loss(z1, z2, mapping=m),
+    "supervised": lambda z1, z2, m: losses.supervised_info_nce(z1, LABELS, mapping=m),
+    "info_nce_on_mesh": lambda z1, z2, m: losses.info_nce_on_mesh(z1, z2, mesh=_mesh(),
+                                                                  mapping=m),
+    "sigmoid_loss_on_mesh": lambda z1, z2, m: losses.sigmoid_loss_on_mesh(z1, z2, mesh=_mesh(),
+                                                                          mapping=m),
+}
+LEARNABLE = ("learnable=0.07:100", "learnable_free=100")
+
+
+# -- 1. a built learnable mapping passed unbound ----------------------------------------------
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("spec", LEARNABLE)
+def test_an_unbound_learnable_mapping_is_refused_with_the_fix(loss, spec):
+  z1, z2 = _views()
+  m = mappings.from_spec(spec)
+  with pytest.raises(ValueError, match=r"has trainable params \['t'\] but was passed unbound") \
+      as error:
+    LOSSES[loss](z1, z2, m)
+  assert "m.bind(params=params['loss'])" in str(error.value)
+  assert "m.bind(params=m.params)" in str(error.value)   # how to hold t fixed on purpose
+  # Both fixes the message names run.
+  assert np.isfinite(LOSSES[loss](z1, z2, m.bind(params=m.params)))
+
+
+def test_the_unbound_mapping_would_never_have_trained():
+  # What the refusal prevents: inside the loss function, the unbound mapping's t is a constant
+  # of the trace, so the gradient on the train state's t is exactly 0 whatever the loss; bound,
+  # the gradient is the loss's derivative in t (checked against a central difference).
+  z1, z2 = _views()
+  m = mappings.from_spec("learnable_free=100")
+
+  def bound_loss(params):
+    return losses.info_nce(z1, z2, mapping=m.bind(params=params))
+
+  params = {"t": jnp.asarray(0.3)}
+  grad = jax.grad(bound_loss)(params)["t"]
+  eps = 1e-3
+  central = (bound_loss({"t": params["t"] + eps})
+             - bound_loss({"t": params["t"] - eps})) / (2 * eps)
+  np.testing.assert_allclose(grad, central, rtol=1e-2)
+  assert abs(float(grad)) > 1e-3
+
+  def unbound_loss(params):
+    del params  # the trap: the loss reads m's own t, not the train state's
+    return losses.info_nce(z1, z2, mapping=m)
+
+  with pytest.raises(ValueError, match="passed unbound"):
+    jax.grad(unbound_loss)(params)
+
+
+def test_a_mapping_differentiated_as_an_argument_trains():
+  # A mapping passed through jax.grad as an argument has traced params: the gradient flows to
+  # them, nothing is lost, and the loss takes it unbound.
+  z1, z2 = _views()
+  m = mappings.from_spec("learnable_free=100")
+  grad = jax.grad(lambda mapping: losses.info_nce(z1, z2, mapping=mapping))(m)
+  bound = jax.grad(lambda p: losses.info_nce(z1, z2, mapping=m.bind(params=p)))(m.params)
+  np.testing.assert_allclose(grad.params["t"], bound["t"], rtol=1e-6)
+
+
+# -- 2. annealed mappings without a step ------------------------------------------------------
+
+
+def _numpy_info_nce(z1, z2, tau):
+  u1, u2 = (np.asarray(z, np.float64) for z in (z1, z2))
+  u1 = u1 / np.linalg.norm(u1, axis=1, keepdims=True)
+  u2 = u2 / np.linalg.norm(u2, axis=1, keepdims=True)
+  logits = u1 @ u2.T / tau
+  top = logits.max(axis=1, keepdims=True)
+  lse = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+  return float(np.mean(lse - np.diag(logits)))
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_an_annealed_spec_string_is_refused_naming_bind_step(loss):
+  z1, z2 = _views()
+  with pytest.raises(ValueError, match=r"cannot carry the training step") as error:
+    LOSSES[loss](z1, z2, "anneal=log:0.5")
+  assert "m.bind(step=step)" in str(error.value)
+  m = mappings.from_spec("anneal=log:0.5")
+  with pytest.raises(ValueError, match=r"passed without a step"):
+    LOSSES[loss](z1, z2, m)
+  assert np.isfinite(LOSSES[loss](z1, z2, m.bind(step=7)))
+
+
+@pytest.mark.parametrize("step", [0, 10, 1000])
+def test_a_bound_step_anneals_as_its_schedule_says(step):
+  # anneal=log:T0 is tau = T0 / log(step + 2): the loss at a bound step is InfoNCE at that tau.
+  z1, z2 = _views()
+  m = mappings.from_spec("anneal=log:0.5")
+  tau = 0.5 / math.log(step + 2)
+  np.testing.assert_allclose(losses.info_nce(z1, z2, mapping=m.bind(step=step)),
+                             _numpy_info_nce(z1, z2, tau), rtol=1e-5)
+  # The loss spec takes the step when called, and refuses to run without one.
+  loss = losses.from_spec("anneal=log:0.5")
+  np.testing.assert_allclose(loss(z1, z2, step=step), _numpy_info_nce(z1, z2, tau), rtol=1e-5)
+  with pytest.raises(ValueError, match="passed without a step"):
+    loss(z1, z2)
+
+
+# -- 3. rows of extreme norm -------------------------------------------------------------------
+
+
+def _unit64(z):
+  z = np.asarray(jnp.asarray(z, jnp.float32), np.float64)
+  return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+
+def _lse(logits):
+  top = logits.max(axis=1, keepdims=True)
+  return np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+
+
+def _free(cos):
+  return np.log1p(cos) - np.log1p(-cos)
+
+
+def _numpy_loss(kind, z1, z2):
+  """Float64 references under the free mapping: InfoNCE (cross, CLIP, all), the sigmoid loss,
+  the supervised NT-Xent with LABELS."""
+  u1, u2 = _unit64(z1), _unit64(z2)
+  if kind in ("cross", "clip"):
+    logits = _free(np.clip(u1 @ u2.T, -1 + 1e-12, 1 - 1e-12))
+    rows = _lse(logits) - np.diag(logits)
+    if kind == "cross":
+      return rows.mean()
+    return 0.5 * rows.mean() + 0.5 * (_lse(logits.T) - np.diag(logits)).mean()
+  if kind == "all":
+    u = np.concatenate([u1, u2])
+    n = len(u1)
+    logits = _free(np.clip(u @ u.T, -1 + 1e-12, 1 - 1e-12))
+    np.fill_diagonal(logits, -np.inf)
+    positive = logits[np.arange(2 * n), (np.arange(2 * n) + n) % (2 * n)]
+    return (_lse(logits) - positive).mean()
+  if kind == "sigmoid":
+    logits = _free(np.clip(u1 @ u2.T, -1 + 1e-12, 1 - 1e-12))
+    labels = 2.0 * np.eye(len(logits)) - 1.0
+    return np.mean(np.sum(np.logaddexp(0.0, -labels * logits), axis=1))
+  if kind == "supervised":
+    labels = np.asarray(LABELS)
+    logits = _free(np.clip(u1 @ u1.T, -1 + 1e-12, 1 - 1e-12))
+    np.fill_diagonal(logits, -np.inf)
+    same = (labels[:, None] == labels[None, :]) & ~np.eye(len(labels), dtype=bool)
+    out = []
+    for i in range(len(labels)):   # NT-Xent form: each positive against the anchor's negatives
+      negatives = logits[i][~same[i] & (np.arange(len(labels)) != i)]
+      for j in np.flatnonzero(same[i]):
+        out.append(np.logaddexp.reduce(np.concatenate([[logits[i, j]], negatives]))
+                   - logits[i, j])
+    return float(np.mean(out))
+  raise ValueError(kind)
+
+
+NORM_LOSSES = {
+    "cross": lambda a, b, **kw: losses.info_nce(a, b, **kw),
+    "clip": lambda a, b, **kw: losses.info_nce(a, b, symmetric=True, **kw),
+    "all": lambda a, b, **kw: losses.info_nce(a, b, negatives="all", **kw),
+    "sigmoid": lambda a, b, **kw: losses.sigmoid_loss(a, b, **kw),
+    "supervised": lambda a, b, **kw: losses.supervised_info_nce(a, LABELS, **kw),
+}
+SCALES = tuple(10.0 ** k for k in range(-12, 16, 3))  # 1e-12 ... 1e15
+
+
+def _check_scales(fn, kind, dtype, *, scales=SCALES, rtol=1e-5):
+  z1, z2 = _views(d=16)
+  jitted = jax.jit(fn)
+  for scale in scales:
+    a = (z1 * scale).astype(dtype)
+    b = (z2 * scale).astype(dtype)
+    got = float(jitted(a, b))
+    np.testing.assert_allclose(got, _numpy_loss(kind, a, b), rtol=rtol, atol=1e-6,
+                               err_msg=f"{kind} {dtype} at scale {scale:g}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", list(NORM_LOSSES))
+def test_every_input_scale_gives_the_float64_loss(kind, dtype):
+  # A cosine does not depend on the norm: from 1e-12 to 1e15 (float32 squares overflow beyond
+  # ~1e19 and fall below its normal range under ~1e-19) the loss is the float64 one of the same
+  # inputs. bfloat16 holds every one of these scales.
+  _check_scales(NORM_LOSSES[kind], kind, jnp.dtype(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", ["cross", "clip", "all"])
+def test_the_fused_kernels_take_every_input_scale(kind, dtype):
+  # The Pallas kernels (interpreted here) take bfloat16 inputs as raw rows scaled by a power of
+  # two: their products neither overflow nor underflow.
+  fn = NORM_LOSSES[kind]
+  _check_scales(lambda a, b: fn(a, b, implementation="pallas"), kind, jnp.dtype(dtype),
+                scales=(1e-12, 1e-6, 1.0, 1e6, 1e15))
+
+
+@pytest.mark.parametrize("loss", ["info_nce_on_mesh", "sigmoid_loss_on_mesh"])
+def test_the_sharded_losses_take_every_input_scale(loss):
+  kind = "cross" if loss == "info_nce_on_mesh" else "sigmoid"
+  fn = LOSSES[loss]
+  _check_scales(lambda a, b: fn(a, b, "free"), kind, jnp.float32,
+                scales=(1e-12, 1e-6, 1.0, 1e6, 1e15))
+
+
+@pytest.mark.parametrize("scale", [1e-12, 1e15])
+def test_the_gradient_scales_as_the_norm(scale):
+  # L(s z) = L(z) for every s > 0, hence s grad L(s z) = grad L(z).
+  z1, z2 = _views(d=16)
+  grad = jax.jit(jax.grad(lambda a, b: losses.info_nce(a, b, negatives="all"), argnums=(0, 1)))
+  at_one = grad(z1, z2)
+  scaled = grad(z1 * scale, z2 * scale)
+  for g1, gs in zip(at_one, scaled, strict=True):
+    np.testing.assert_allclose(np.asarray(gs) * scale, g1, rtol=1e-4, atol=1e-6)
+
+
+def test_below_the_floor_a_row_is_divided_by_it():
+  # The documented zero-row behaviour: a row of norm below losses.norm_floor is z / floor, so
+  # a zero row has cosine 0 with every row; its gradient is finite (1 / floor).
+  floor = losses.norm_floor("float32")
+  z = jnp.array([[3.0, 4.0], [0.0, 0.0], [3e-14, 4e-14]])
+  np.testing.assert_allclose(losses.l2_normalize(z),
+                             [[0.6, 0.8], [0.0, 0.0], [3e-14 / floor, 4e-14 / floor]], rtol=1e-6)
+  z1, z2 = _views()
+  z1 = z1.at[0].set(0.0)
+  loss = losses.info_nce(z1, z2)
+  u1, u2 = _unit64(z1[1:]), _unit64(z2)
+  cos = np.concatenate([np.zeros((1, 8)), u1 @ u2.T])
+  logits = _free(cos)
+  np.testing.assert_allclose(loss, np.mean(_lse(logits) - np.diag(logits)), rtol=1e-5)
+  grad = jax.grad(losses.info_nce)(z1, z2)
+  assert np.all(np.isfinite(grad))
+
+
+# -- 4. a non-scalar t bound to a learnable mapping -------------------------------------------
+
+
+@pytest.mark.parametrize("spec", LEARNABLE)
+def test_a_non_scalar_t_is_refused_where_it_is_bound(spec):
+  m = mappings.from_spec(spec)
+  with pytest.raises(ValueError, match=rf"params\['t'\] of mapping '{m.spec}' must have "
+                                       r"shape \(\) .* got shape \(3,\)"):
+    m.bind(params={"t": jnp.zeros(3)})
+  # Through a loss spec, which binds the train state's params.
+  z1, z2 = _views()
+  with pytest.raises(ValueError, match=r"params\['t'\] .* got shape \(3,\)"):
+    losses.from_spec(spec)(z1, z2, params={"t": jnp.zeros(3)})
+  # Under vmap each example's t is a scalar: several scales train side by side.
+  batched = jax.vmap(lambda t: losses.info_nce(z1, z2, mapping=m.bind(params={"t": t})))(
+      jnp.zeros(3))
+  np.testing.assert_allclose(batched, batched[0], rtol=1e-6)
