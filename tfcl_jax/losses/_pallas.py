@@ -271,6 +271,9 @@ def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
                      f"(Triton's smallest matrix product), got {block_size}.")
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"backend must be one of {sorted(BACKENDS)} or None, got {backend!r}.")
+  if _engine.has_scale(rows, columns):
+    raise ValueError("implementation='pallas' takes a mapping's scalars, not a scale per anchor "
+                     "(mappings.perplexity_free); use implementation='xla'.")
 
   def fused(backend, rows, columns):
     return _fused(backend, rows, columns, mapping, kind, block_size, column_grad)
