@@ -2,13 +2,15 @@
 
 InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the default
 temperature-free mapping), with extra negatives from a queue; SigLIP's sigmoid loss; the same
-losses across devices; the supervised contrastive loss; the softmax over raw dot products.
+losses across devices; the supervised contrastive loss; the softmax over raw dot products;
+`batch_scale`, the scale a batch-scaled mapping (`mappings.calibrated_free` ...) takes on a batch.
 `from_spec` reads a loss spec (docs/specs.md) into a `Loss`, a loss with its mapping and its
 parameters. Every cosine loss runs the tiled engine: dense logits are its one-tile case, chosen
 automatically where they are faster.
 """
 
 from tfcl_jax.losses import queue
+from tfcl_jax.losses._batch_scale import batch_scale, supervised_batch_scale
 from tfcl_jax.losses._blocks import auto_block_size, balanced_tile
 from tfcl_jax.losses._devices import STRATEGIES
 from tfcl_jax.losses._dot import dot_product_softmax
@@ -30,6 +32,7 @@ __all__ = [
     "as_loss",
     "auto_block_size",
     "balanced_tile",
+    "batch_scale",
     "canonical_spec",
     "check_block_size",
     "dot_product_softmax",
@@ -45,5 +48,6 @@ __all__ = [
     "sigmoid_bias_init",
     "sigmoid_loss",
     "sigmoid_loss_on_mesh",
+    "supervised_batch_scale",
     "supervised_info_nce",
 ]
