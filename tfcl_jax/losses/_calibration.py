@@ -1,5 +1,5 @@
 r"""A batch-scaled mapping inside a loss: its scale solved from the loss's own batch, and handed to
-the tiles (one scalar the mapping closes over, or a per-anchor `Side.scale`).
+the tiles (the one parameter of the tiles' mapping, or a per-anchor `Side.scale`).
 
 The solve is one forward-only pass of `ScaleMoments` over the loss's similarity matrix through the
 loss's own tile reduction (`tile_reduce`, or the devices' all-gather / ring `device_reduce`), the
