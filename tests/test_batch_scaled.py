@@ -16,6 +16,7 @@ from scipy.optimize import brentq
 
 from tests import batch_scaled_reference as ref
 from tfcl_jax import analysis, losses, mappings
+from tfcl_jax.analysis import sigmoid
 
 N, D = 12, 6
 BUILD = {"calibrated": mappings.calibrated_free, "perplexity": mappings.perplexity_free,
@@ -224,5 +225,17 @@ def test_the_loss_refuses_what_it_cannot_compute():
   with pytest.raises(ValueError, match="one per row of z"):
     losses.supervised_batch_scale(z1, jnp.arange(N) % 3, mapping=perplexity.bind(
         scale=jnp.ones(3)))
-  with pytest.raises(ValueError, match="m.bind"):
-    analysis.optimum_probability(mappings.calibrated_free())
+  for analyse in (analysis.optimum_probability, lambda m: analysis.gradient_scale(m, 0.5, 4),
+                  lambda m: sigmoid.sigmoid_gradient_scale(m, 0.5, 4)):
+    with pytest.raises(ValueError, match=r"bind\(scale=s\)"):
+      analyse(mappings.calibrated_free())
+
+
+def test_a_bound_scale_in_the_analysis_is_eq13_with_that_scale():
+  """Bound, a batch-scaled mapping is `s 2 artanh(c)`: its gradient scale on the pattern is the
+  scaled Eq. 13, `4 s / (1 - C^2) (N - 1) r^{2s} / (1 + (N - 1) r^{2s})`."""
+  C, n, s = np.array([0.1, 0.5, 0.9]), 6, 2.5
+  r = (1 - C) / (1 + C)
+  want = 4 * s / (1 - C**2) * (n - 1) * r ** (2 * s) / (1 + (n - 1) * r ** (2 * s))
+  got = analysis.gradient_scale(mappings.accuracy_free().bind(scale=s), jnp.asarray(C), n)
+  np.testing.assert_allclose(got, want, rtol=1e-5)

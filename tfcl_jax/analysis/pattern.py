@@ -6,6 +6,30 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tfcl_jax import mappings
+from tfcl_jax.mappings._batch_scaled import BatchScaled
+
+
+def cosine_mapping(mapping: mappings.MappingLike) -> mappings.Mapping:
+  """`mapping` as a `Mapping` (`mappings.as_mapping`) with logits of its own, as the analyses
+  use it on the pattern.
+
+  A batch-scaled mapping (`mappings.calibrated_free()` ...) must be bound, `m.bind(scale=s)`: it
+  is then `s 2 artanh(c)`. Unbound, its scale is solved by a loss from its batch, and the
+  pattern `[C, -C, ..., -C]` is no such batch (`pattern_embeddings`' other rows only carry the
+  pattern's candidates): refused.
+
+  Raises:
+    ValueError: an unbound batch-scaled mapping, with the fix.
+  """
+  mapping = mappings.as_mapping(mapping)
+  if isinstance(mapping.fn, BatchScaled) and mapping.fn.scale is None:
+    raise ValueError(
+        f"mapping {mapping.spec!r} has a scale that a loss solves from its batch, and the "
+        f"pattern [C, -C, ..., -C] is no such batch: bind the scale to analyse, "
+        f"mapping.bind(scale=s) (s 2 artanh(c); losses.batch_scale gives a batch's s).")
+  return mapping
+
 
 def paper_pattern(C: jax.Array, n: int) -> jax.Array:
   """The cosines `[C, -C, ..., -C]` of Sections 3-4: the positive at `C`, `n - 1` negatives at
