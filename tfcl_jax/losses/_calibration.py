@@ -37,6 +37,7 @@ def sum_over_anchors(x: jax.Array) -> jax.Array:
   return jnp.sum(x, axis=0)
 
 
+@functools.cache  # one function per axis: a static argument of the jitted solve (`_scale`)
 def total_across(axis_name) -> Callable[[jax.Array], jax.Array]:
   """The sum over anchors of a sharded loss: this device's, then over the devices."""
   return lambda x: jax.lax.psum(jnp.sum(x, axis=0), axis_name)
