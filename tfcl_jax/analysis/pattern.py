@@ -6,6 +6,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tfcl_jax import mappings
+
 
 def paper_pattern(C: jax.Array, n: int) -> jax.Array:
   """The cosines `[C, -C, ..., -C]` of Sections 3-4: the positive at `C`, `n - 1` negatives at
@@ -48,3 +50,18 @@ def pattern_embeddings(cosines: jax.Array) -> tuple[jax.Array, jax.Array]:
   z2 = cosines[:, None] * eye[0] + sines[:, None] * eye[1:]
   z1 = z2.at[0].set(eye[0])
   return z1, z2
+
+
+def as_given(mapping: mappings.MappingLike) -> mappings.Mapping:
+  """`mapping` as the `Mapping` the analysis evaluates: at its params and its bound step (0 when
+  none), bound so that the losses take it (they refuse an unbound learnable or scheduled one,
+  which in training would silently not train or not anneal).
+
+  Examples:
+    >>> from tfcl_jax.analysis import pattern
+    >>> held = pattern.as_given("learnable=0.5")
+    >>> held.bound, round(float(held(0.25)), 4)
+    (True, 0.5)
+  """
+  mapping = mappings.as_mapping(mapping)
+  return mapping.bind(params=mapping.params, step=mapping.bound_step())

@@ -55,19 +55,33 @@ def row_losses(layout: _layout.Layout, lse: jax.Array, mapping, positive_bias=No
 
 
 def check_candidate_bias(candidate_bias, n: int, *, negatives: str, symmetric: bool,
-                         extra_negatives, implementation: str) -> jax.Array | None:
-  """Checks `candidate_bias`: None, or `[N]` floats for the one-directional `cross` loss."""
+                         extra_negatives, implementation: str
+                         ) -> tuple[jax.Array, jax.Array | None] | None:
+  """Checks `candidate_bias`: None; `[N]` floats, the bias of `z2`'s rows as candidates of the
+  one-directional `cross` loss; or, for CLIP's symmetric loss, a pair `(z2's, z1's)`, each
+  direction's candidates. Returns `(bias of z2's rows, bias of z1's rows or None)`, constants.
+  """
   if candidate_bias is None:
     return None
-  bias = _layout.check_bias_row(candidate_bias, n, rows="z2")
-  if negatives != "cross" or symmetric:
-    raise ValueError("candidate_bias corrects the candidates of the z1 -> z2 direction: it needs "
-                     "negatives='cross' and symmetric=False.")
+  if negatives != "cross":
+    raise ValueError("candidate_bias corrects the candidates of a two-tower loss: it needs "
+                     "negatives='cross'.")
   if extra_negatives is not None:
     raise ValueError("candidate_bias is not defined for extra_negatives (they carry no bias).")
   if implementation != "xla":
     raise ValueError("candidate_bias needs implementation='xla'.")
-  return jax.lax.stop_gradient(bias)
+  if symmetric:
+    if not isinstance(candidate_bias, (tuple, list)) or len(candidate_bias) != 2:
+      raise ValueError("with symmetric=True, candidate_bias is a pair (bias of z2's rows as the "
+                       "candidates of z1 -> z2, bias of z1's rows as the candidates of z2 -> z1), "
+                       f"e.g. (-log q_items, -log q_users); got {type(candidate_bias).__name__}.")
+    columns = _layout.check_bias_row(candidate_bias[0], n, rows="z2")
+    rows = _layout.check_bias_row(candidate_bias[1], n, rows="z1")
+    return jax.lax.stop_gradient(columns), jax.lax.stop_gradient(rows)
+  if isinstance(candidate_bias, (tuple, list)):
+    raise ValueError("a pair of candidate biases is for symmetric=True (CLIP's loss); the "
+                     "one-directional loss takes the [N] bias of z2's rows.")
+  return jax.lax.stop_gradient(_layout.check_bias_row(candidate_bias, n, rows="z2")), None
 
 
 def info_nce(
@@ -106,11 +120,13 @@ def info_nce(
     then `z2` rows.
   * `extra_negatives` (a memory bank or queue, e.g. `losses.queue`): `K` more candidates for
     every anchor, under `stop_gradient`, masked by `extra_where`.
-  * `candidate_bias` (`cross`, one direction): `b_j` added to the logit of candidate `z2[j]`
-    for every anchor, its own positive included: `f(c_ij) + b_j`. With `b_j = -log q_j`,
-    `q_j` the probability that item `j` is in a batch, this is the sampling-bias (logQ)
-    correction of in-batch negatives (Yi et al. 2019; TFRS's
-    `candidate_sampling_probability`). It acts in logit space after the mapping: under
+  * `candidate_bias` (`cross`): `b_j` added to the logit of candidate `z2[j]` for every
+    anchor, its own positive included: `f(c_ij) + b_j`. With `b_j = -log q_j`, `q_j` the
+    probability that item `j` is in a batch, this is the sampling-bias (logQ) correction of
+    in-batch negatives (Yi et al. 2019; TFRS's `candidate_sampling_probability`). With
+    `symmetric=True` it is a pair, one bias per direction's candidates: `(b, b')`, `b` of
+    `z2`'s rows in `z1 -> z2`, `b'` of `z1`'s rows in `z2 -> z1` (e.g. `-log q` of the items
+    and of the users). It acts in logit space after the mapping: under
     `cos / tau` it is the usual `cos/tau - log q`; under the free map the corrected logit is
     `2 artanh(c) - log q`, the cosine's log-odds shifted by the same amount. Under `cos/tau`
     the correction weighs less against the similarity as `tau` shrinks; the free mapping has no
@@ -135,7 +151,8 @@ def info_nce(
     >>> bool(loss < jnp.log(8))
     True
     >>> nt_xent = losses.info_nce(z1, z2, mapping=mappings.temperature(0.5), negatives="all")
-    >>> clip = losses.info_nce(z1, z2, mapping=mappings.learnable_temperature(tau=0.07),
+    >>> clip_scale = mappings.learnable_temperature(tau=0.07)  # t = log(1 / 0.07), bound:
+    >>> clip = losses.info_nce(z1, z2, mapping=clip_scale.bind(params=clip_scale.params),
     ...                        symmetric=True)
     >>> nt_xent.shape, clip.shape
     ((), ())
@@ -169,8 +186,9 @@ def info_nce(
       tile), or None: chosen from the sizes and the backend (`losses.auto_block_size`).
     extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient).
     extra_where: optional `[K]` bool mask of valid extra negatives.
-    candidate_bias: optional `[N]` float logit offsets of the rows of `z2` as candidates (see
-      above; no gradient); `negatives="cross"`, `symmetric=False`, `implementation="xla"`.
+    candidate_bias: optional `[N]` float logit offsets of the rows of `z2` as candidates, or
+      with `symmetric=True` the pair `(z2's, z1's)` (see above; no gradient);
+      `negatives="cross"`, `implementation="xla"`.
     implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
       Pallas interpreter elsewhere, which is slow and meant for tests).
@@ -214,10 +232,15 @@ def info_nce(
                               symmetric=symmetric, extra_negatives=bank,
                               implementation=implementation)
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
+  positive_bias = None
   if bias is not None:
     assert rows.columns is not None  # negatives="cross": z2's rows are the candidates
-    bias = bias.astype(dtype)
-    rows = rows._replace(columns=rows.columns._replace(bias=bias))
+    column_bias, row_bias = (None if b is None else b.astype(dtype) for b in bias)
+    rows = rows._replace(columns=rows.columns._replace(bias=column_bias))
+    positive_bias = column_bias  # anchor z1[i]'s positive is the candidate z2[i]
+    if row_bias is not None:  # and z2[j]'s is z1[j], a candidate of the direction z2 -> z1
+      rows = rows._replace(rows=rows.rows._replace(bias=row_bias))
+      positive_bias = jnp.concatenate([column_bias, row_bias])
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
   lse_fn = tile_reduce
   if implementation == "pallas":
@@ -228,5 +251,5 @@ def info_nce(
     rows = _pallas.with_raw_rows(rows, z1, z2)
   lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank, lse_fn=lse_fn,
                       bank_fn=lse_fn)
-  per_row = row_losses(rows, lse, mapping, positive_bias=bias)
+  per_row = row_losses(rows, lse, mapping, positive_bias=positive_bias)
   return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)

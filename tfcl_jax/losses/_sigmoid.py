@@ -162,8 +162,9 @@ def sigmoid_loss(
     >>> z1 = jax.random.normal(jax.random.key(0), (8, 16))
     >>> z2 = z1 + 0.1 * jax.random.normal(jax.random.key(1), (8, 16))
     >>> free = losses.sigmoid_loss(z1, z2)  # temperature-free, no bias
+    >>> scale = mappings.learnable_temperature(tau=0.1)   # t = log 10, bound to its value
     >>> siglip = losses.sigmoid_loss(z1, z2, bias=jnp.array(-10.0),
-    ...     mapping=mappings.learnable_temperature(tau=0.1))
+    ...     mapping=scale.bind(params=scale.params))
     >>> free.shape, bool(siglip > 0)
     ((), True)
     >>> losses.sigmoid_loss(z1, z2.at[0, 0].set(jnp.inf), check_finite=True)
