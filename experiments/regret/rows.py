@@ -145,10 +145,12 @@ ROWS = (
 
 
 def _logq_row(key: str, stands_for: Row, table: str) -> Row:
-  """Round 2's logQ row of an uncorrected two-tower row: one sweep holds its τ grid and every
-  candidate (`<candidate>+logq`); `<table>_grid` extends the grid beyond an edge."""
+  """Round 2's logQ row of an uncorrected two-tower row: one sweep holds its τ grid and round
+  1's candidates (`<candidate>+logq`); `<table>_grid` extends the grid beyond an edge and
+  `<table>_new` holds round 2's candidates."""
   return Row(key, stands_for.title.replace(" (top-100)", ", logQ (top-100)"), "logQ",
              stands_for.metric, stands_for.seeds, (table,), extension=(table + "_grid",),
+             runs_round_2=(table + "_new",),
              prefix=stands_for.prefix, suffix="+logq", screening_seeds=10, round=2,
              stands_for=stands_for.key)
 
