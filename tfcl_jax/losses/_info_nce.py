@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout, _pallas
 from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
+from tfcl_jax.losses._supervised import supervised_info_nce
 
 IMPLEMENTATIONS = ("xla", "pallas")
 
@@ -230,3 +235,59 @@ def info_nce(
                       bank_fn=lse_fn)
   per_row = row_losses(rows, lse, mapping, positive_bias=bias)
   return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class InfoNCELoss(Loss):
+  """InfoNCE under a mapping (Eq. 1; Eq. 11-12 under `free`): `info_nce` as a `Loss`.
+
+  CLIP's symmetric loss is this family with `symmetric=True` (`clip:<mapping>`), not a family of
+  its own: the same function (`info_nce(..., symmetric=True)`), parameters and checks, scoring
+  both directions; only `+logq`, which corrects the one direction `z1 -> z2`, is refused with it.
+  Its supervised form is SupCon (`supervised`: `supervised_info_nce` under its mapping).
+
+  Examples:
+    >>> from tfcl_jax import losses
+    >>> clip = losses.from_spec("clip:learnable=0.07:100")
+    >>> type(clip).__name__, clip.symmetric, clip.mapping.spec
+    ('InfoNCELoss', True, 'learnable=0.07:100')
+
+  Attributes:
+    spec, mapping, logq: as `Loss`'s.
+    symmetric: both directions, `z1 -> z2` and `z2 -> z1` (CLIP's loss, `clip:`).
+  """
+
+  spec: str
+  mapping: mappings.Mapping
+  symmetric: bool = False
+  logq: bool = False
+
+  def __post_init__(self):
+    check_mapping(self.mapping, "InfoNCELoss")
+    if self.logq and self.symmetric:
+      raise ValueError("logq corrects the one-directional softmax z1 -> z2; the symmetric "
+                       "InfoNCE (CLIP's, clip:) scores both directions.")
+
+  @property
+  def supervised_form(self) -> bool:
+    return not (self.symmetric or self.logq)
+
+  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
+    if log_q is not None:
+      kwargs["candidate_bias"] = -jnp.asarray(log_q)
+    return info_nce(z1, z2, mapping=self.bound_mapping(params, step), symmetric=self.symmetric,
+                    **kwargs)
+
+  def supervised(self, z, labels, *, form, params, step=None) -> jax.Array:
+    """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`."""
+    if not self.supervised_form:
+      return super().supervised(z, labels, form=form, params=params, step=step)
+    return supervised_info_nce(z, labels, form=form, mapping=self.bound_mapping(params, step))
+
+
+SPECS.register("<mapping>[+logq]", InfoNCELoss,
+               help="InfoNCE under the mapping (free, tau=0.5, learnable=0.07); +logq: each "
+                    "candidate's logit minus log q, its log sampling probability (logQ)")
+SPECS.register("clip:<mapping>", functools.partial(InfoNCELoss, symmetric=True),
+               help="CLIP's symmetric InfoNCE, scoring both directions, e.g. "
+                    "clip:learnable=0.07:100")
