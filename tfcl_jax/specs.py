@@ -431,7 +431,7 @@ class Registry:
 
   @property
   def forms(self) -> tuple[Form, ...]:
-    """The forms: those without a name first, then by name (in registration order within)."""
+    """The forms, those without a name first, then by name (in registration order within)."""
     return tuple(sorted(self._forms, key=lambda form: (form.name != "", form.name)))
 
   def names(self) -> list[str]:

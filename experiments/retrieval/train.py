@@ -265,7 +265,8 @@ def plan_runs(config) -> list[plan.Run]:
   Raises:
     ConfigError: an empty or malformed `config.losses`, or seeds below 1.
   """
-  return plan.plan(config, order=("seed", "spec"), specs=report.specs_of(config))
+  return plan.plan(config, order=("seed", "spec"), specs=plan.parse_losses(
+      config, example=report.EXAMPLE, others=(report.POPULARITY,)))
 
 
 def check_config(config) -> None:

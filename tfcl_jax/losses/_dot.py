@@ -80,6 +80,7 @@ class DotProductLoss(Loss):
   logq: bool = False
   mapping = None
   scores_cosines = False
+  softmax = True
 
   def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
     del params, step  # no mapping, nothing learnt

@@ -261,6 +261,7 @@ class InfoNCELoss(Loss):
   mapping: mappings.Mapping
   symmetric: bool = False
   logq: bool = False
+  softmax = True
 
   def __post_init__(self):
     check_mapping(self.mapping, "InfoNCELoss")

@@ -42,16 +42,19 @@ class Loss(abc.ABC):
     logq: whether the call takes `log_q`, the candidates' log sampling probabilities, and
       subtracts them from the logits (the logQ correction, `+logq`).
     scores_cosines: whether the loss scores cosines of the embeddings (every family but `dot`).
+    softmax: whether each anchor's candidates compete in one softmax (InfoNCE, `dot`), where the
+      sigmoid loss scores each pair on its own; each family declares it.
   """
 
   spec: str
   mapping: mappings.Mapping | None
   logq: bool = False
   scores_cosines: ClassVar[bool] = True
+  softmax: ClassVar[bool]
 
   @property
   def params(self) -> dict[str, Any]:
-    """The trainable scalars: the mapping's params and the family's own (e.g. `"bias"`)."""
+    """The trainable scalars, the mapping's params and the family's own (e.g. `"bias"`)."""
     return {} if self.mapping is None else dict(self.mapping.params)
 
   @property

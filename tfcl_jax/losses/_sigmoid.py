@@ -332,6 +332,7 @@ class SigmoidLoss(Loss):
   mapping: mappings.Mapping
   bias: float = 0.0
   learn_bias: bool = False
+  softmax = False
 
   def __post_init__(self):
     check_mapping(self.mapping, "SigmoidLoss")
