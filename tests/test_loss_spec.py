@@ -131,6 +131,8 @@ def test_parse_retrieval_forms(text, family, symmetric, logq, params):
   assert loss.scores_cosines == (family is not losses.DotProductLoss)
   assert (loss.mapping is None) == (family is losses.DotProductLoss)
   assert loss.supervised_form == (family is losses.InfoNCELoss and not (symmetric or logq))
+  assert loss.softmax  # each anchor's candidates in one softmax; the sigmoid loss's pairs are not
+  assert not losses.from_spec("sigmoid/free").softmax
 
 
 def _unit(z):

@@ -21,6 +21,9 @@ losses:
   `s` of a scaled free mapping; `max_logit_scale(mapping)` its cap.
 """
 
+import importlib
+import pkgutil
+
 from tfcl_jax.mappings._base import (
     ExpForm,
     LogSigmoidForm,
@@ -66,3 +69,9 @@ __all__ = [
     "temperature",
     "temperature_free",
 ]
+
+# A mapping's module registers its spec forms when it is imported: every module of the package
+# is, so that a new mapping is its module (and its test) alone; exporting its constructor here
+# is up to it.
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f"{__name__}.{_module.name}")
