@@ -342,8 +342,8 @@ def test_specs_parse_build_and_round_trip():
   assert losses.canonical_spec("learnable_free") == "learnable_free"
   assert losses.canonical_spec("free_n=0511") == "free_n=511"
   loss = losses.from_spec("free_n", num_candidates=511)
-  assert (loss.spec, loss.family, loss.mapping.spec, loss.params) == (
-      "free_n", "info_nce", "free_n=511", {})
+  assert (loss.spec, type(loss), loss.mapping.spec, loss.params) == (
+      "free_n", losses.InfoNCELoss, "free_n=511", {})
   assert float(mappings.logit_scale(loss.mapping)) == pytest.approx(_scale(511))
   clip = losses.from_spec("clip:free_n", num_candidates=64)
   assert clip.symmetric and clip.mapping.spec == "free_n=64"

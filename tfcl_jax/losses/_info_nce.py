@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout, _pallas
 from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
+from tfcl_jax.losses._supervised import supervised_info_nce
 
 IMPLEMENTATIONS = ("xla", "pallas")
 
@@ -253,3 +258,69 @@ def info_nce(
                       bank_fn=lse_fn)
   per_row = row_losses(rows, lse, mapping, positive_bias=positive_bias)
   return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class InfoNCELoss(Loss):
+  """InfoNCE under a mapping (Eq. 1; Eq. 11-12 under `free`): `info_nce` as a `Loss`.
+
+  CLIP's symmetric loss is this family with `symmetric=True` (`clip:<mapping>`), not a family of
+  its own: the same function (`info_nce(..., symmetric=True)`), parameters and checks, scoring
+  both directions; with `+logq` it corrects each direction's candidates (`log_q` a pair, the
+  log sampling probabilities of `z2`'s rows and of `z1`'s).
+  Its supervised form is SupCon (`supervised`: `supervised_info_nce` under its mapping).
+
+  Examples:
+    >>> from tfcl_jax import losses
+    >>> clip = losses.from_spec("clip:learnable=0.07:100")
+    >>> type(clip).__name__, clip.symmetric, clip.mapping.spec
+    ('InfoNCELoss', True, 'learnable=0.07:100')
+
+  Attributes:
+    spec, mapping, logq: as `Loss`'s.
+    symmetric: both directions, `z1 -> z2` and `z2 -> z1` (CLIP's loss, `clip:`).
+  """
+
+  spec: str
+  mapping: mappings.Mapping
+  symmetric: bool = False
+  logq: bool = False
+  softmax = True
+
+  def __post_init__(self):
+    check_mapping(self.mapping, "InfoNCELoss")
+
+  @property
+  def supervised_form(self) -> bool:
+    return not (self.symmetric or self.logq)
+
+  @property
+  def log_q_sides(self) -> int:
+    return int(self.logq) * (2 if self.symmetric else 1)
+
+  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
+    if log_q is not None:
+      if self.symmetric:
+        if not isinstance(log_q, (tuple, list)) or len(log_q) != 2:
+          raise ValueError(f"loss {self.spec!r} corrects both directions: log_q must be a pair, "
+                           "the log sampling probabilities of z2's rows and of z1's rows "
+                           f"(e.g. items' and users'), got {type(log_q).__name__}.")
+        kwargs["candidate_bias"] = tuple(-jnp.asarray(q) for q in log_q)
+      else:
+        kwargs["candidate_bias"] = -jnp.asarray(log_q)
+    return info_nce(z1, z2, mapping=self.bound_mapping(params, step), symmetric=self.symmetric,
+                    **kwargs)
+
+  def supervised(self, z, labels, *, form, params, step=None) -> jax.Array:
+    """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`."""
+    if not self.supervised_form:
+      return super().supervised(z, labels, form=form, params=params, step=step)
+    return supervised_info_nce(z, labels, form=form, mapping=self.bound_mapping(params, step))
+
+
+SPECS.register("<mapping>[+logq]", InfoNCELoss,
+               help="InfoNCE under the mapping (free, tau=0.5, learnable=0.07); +logq: each "
+                    "candidate's logit minus log q, its log sampling probability (logQ)")
+SPECS.register("clip:<mapping>[+logq]", functools.partial(InfoNCELoss, symmetric=True),
+               help="CLIP's symmetric InfoNCE, scoring both directions, e.g. "
+                    "clip:learnable=0.07:100; +logq: each direction's candidates corrected")

@@ -15,10 +15,14 @@ losses:
 - `dynamic_temperature(tau_min, tau_max)`: DySTreSS's per-pair `cos / tau(cos)`;
 - `annealed_temperature(schedule)`: `cos / schedule(step)`;
 - `from_spec("tau=0.25")`: any of them from its mapping spec (the grammar: docs/specs.md); the
-  losses also take the spec itself (`mapping="free"`);
+  losses also take the spec itself (`mapping="free"`); each module registers the forms of its
+  mappings in `SPECS`, from which the parser, the errors and the docs' table are read;
 - `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature mapping,
   `s` of a scaled free mapping; `max_logit_scale(mapping)` its cap.
 """
+
+import importlib
+import pkgutil
 
 from tfcl_jax.mappings._base import (
     ExpForm,
@@ -30,8 +34,9 @@ from tfcl_jax.mappings._base import (
 )
 from tfcl_jax.mappings._dynamic import dynamic_tau, dynamic_temperature
 from tfcl_jax.mappings._free import max_free_logit, temperature_free
+from tfcl_jax.mappings._registry import SPEC_FORMS, SPECS
 from tfcl_jax.mappings._scaled_free import free_scale, learnable_free, n_aware_free
-from tfcl_jax.mappings._spec import SPEC_FORMS, as_mapping, from_spec
+from tfcl_jax.mappings._spec import as_mapping, from_spec
 from tfcl_jax.mappings._temperature import (
     annealed_temperature,
     learnable_temperature,
@@ -41,6 +46,7 @@ from tfcl_jax.mappings._temperature import (
 )
 
 __all__ = [
+    "SPECS",
     "SPEC_FORMS",
     "ExpForm",
     "LogSigmoidForm",
@@ -63,3 +69,9 @@ __all__ = [
     "temperature",
     "temperature_free",
 ]
+
+# A mapping's module registers its spec forms when it is imported: every module of the package
+# is, so that a new mapping is its module (and its test) alone; exporting its constructor here
+# is up to it.
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f"{__name__}.{_module.name}")
