@@ -1,8 +1,9 @@
 """The fused kernels (`info_nce(..., implementation="pallas")`, interpreted on CPU) against the
 XLA engine and a NumPy reference: values and gradients (embeddings and the mapping's parameters),
 ragged N and D, D held whole and in chunks, masks, extra negatives, every mapping with scalar
-parameters, bfloat16 inputs (raw rows in the kernels);
-the Triton backend (GPUs, what a CPU runs) and the Mosaic backend (TPUs, forced here)."""
+parameters, bfloat16 inputs (raw rows in the kernels), with `jax_enable_x64` off and on (float64
+inputs refused); the Triton backend (GPUs, what a CPU runs) and the Mosaic backend (TPUs, forced
+here)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from tfcl_jax.losses import _kernel_tpu, _pallas, _triton_tiles
 N, D, BANK, WIDE = 37, 70, 19, 300
 SCHEDULE = schedules.linear(tau_start=0.5, tau_end=0.1, steps=10)
 
+# Built where they are used: under `jax_enable_x64` a parameter is float64.
 MAPPINGS = {
-    "tau": mappings.temperature(0.2),
-    "free": mappings.temperature_free(),
-    "learnable": mappings.learnable_temperature(tau=0.3),
-    "learnable_capped": mappings.learnable_temperature(tau=0.001, max_scale=100.0),
-    "dynamic": mappings.dynamic_temperature(0.1, 0.2),
-    "annealed": mappings.annealed_temperature(SCHEDULE).bind(step=3.0),  # a float leaf
+    "tau": lambda: mappings.temperature(0.2),
+    "free": mappings.temperature_free,
+    "learnable": lambda: mappings.learnable_temperature(tau=0.3),
+    "learnable_capped": lambda: mappings.learnable_temperature(tau=0.001, max_scale=100.0),
+    "dynamic": lambda: mappings.dynamic_temperature(0.1, 0.2),
+    "annealed": lambda: mappings.annealed_temperature(SCHEDULE).bind(step=3.0),  # a float leaf
 }
 MODES = {
     "cross": dict(negatives="cross"),
@@ -41,11 +43,36 @@ MODES = {
 }
 
 
-def _views(dtype=jnp.float32, dim=D):
-  z1 = jax.random.normal(jax.random.key(0), (N, dim))
-  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (N, dim))
-  bank = jax.random.normal(jax.random.key(2), (BANK, dim))
-  return z1.astype(dtype), z2.astype(dtype), (jnp.arange(N) % 5) != 2, bank.astype(dtype)
+def _views(dtype=jnp.float32, dim=D, rows=N):
+  z1 = jax.random.normal(jax.random.key(0), (rows, dim), jnp.float32)
+  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (rows, dim), jnp.float32)
+  bank = jax.random.normal(jax.random.key(2), (BANK, dim), jnp.float32)
+  return z1.astype(dtype), z2.astype(dtype), (jnp.arange(rows) % 5) != 2, bank.astype(dtype)
+
+
+def _x64(k: int) -> bool:
+  """Whether the `k`-th case of a list runs with `jax_enable_x64` on: every other one, so that
+  each mapping, mode and dtype of a list runs both ways."""
+  return k % 2 == 1
+
+
+def _with_x64(cases):
+  return [(*case, _x64(k)) for k, case in enumerate(cases)]
+
+
+def _ids(cases):
+  return ["-".join(str(x) for x in case[:-1]) + ("-x64" if case[-1] else "") for case in cases]
+
+
+def _pallas_equals_xla(name, mode, *, rows=N, dtype=jnp.float32, dim=D, atol=1e-5, rtol=1e-5):
+  """Values and gradients (both views, the mapping's parameters) of `rows` pairs (one in five
+  masked) in `mode`, Pallas against the XLA engine; `(got, expected)`."""
+  z1, z2, where, bank = _views(dtype, dim, rows)
+  grad = jax.jit(_grad(MODES[mode], where, bank), static_argnums=3)
+  expected, got = (grad(z1, z2, MAPPINGS[name](), implementation)
+                   for implementation in ("xla", "pallas"))
+  chex.assert_trees_all_close(got, expected, atol=atol, rtol=rtol)
+  return got, expected
 
 
 def _kwargs(mode, where, bank):
@@ -68,91 +95,92 @@ def _grad(mode, where, bank):
 
 # Every mapping on the two hardest modes (masked NT-Xent; the two-tower loss with a bank),
 # every mode under the learnable mapping (its parameter's gradient takes every path).
-CASES = ([(name, "all-masked") for name in MAPPINGS]
-         + [(name, "symmetric-bank") for name in MAPPINGS if name != "learnable"]
-         + [("learnable", mode) for mode in MODES if mode != "all-masked"])
+# With x64 on in every other case (ids end in `-x64`): the same kernels, float32 tile math and
+# int32 indices, on the float32 inputs.
+CASES = _with_x64([(name, "all-masked") for name in MAPPINGS]
+                  + [(name, "symmetric-bank") for name in MAPPINGS if name != "learnable"]
+                  + [("learnable", mode) for mode in MODES if mode != "all-masked"])
 
 
-@pytest.mark.parametrize("name, mode", CASES, ids=[f"{n}-{m}" for n, m in CASES])
-def test_pallas_equals_xla_values_and_gradients(name, mode):
-  z1, z2, where, bank = _views()
-  grad = _grad(MODES[mode], where, bank)
-  expected, got = (jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], implementation)
-                   for implementation in ("xla", "pallas"))
-  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("name, mode, x64", CASES, ids=_ids(CASES))
+def test_pallas_equals_xla_values_and_gradients(name, mode, x64):
+  with jax.enable_x64(x64):
+    _pallas_equals_xla(name, mode)
 
 
 # Tiles that serve both their sides: `all`'s pairs of blocks once each (an even number of
 # blocks has pairs at distance nb / 2, formed by one program of the two), the two-tower loss's
 # columns from the row pass (closed forms: tau, free); mappings with and without a closed form.
-EVEN_CASES = [("free", "all", 48), ("learnable", "all-masked", 64), ("tau", "symmetric", 64),
-              ("dynamic", "cross-masked-bank", 64), ("free", "symmetric", 16)]
+EVEN_CASES = _with_x64([("free", "all", 48), ("learnable", "all-masked", 64),
+                       ("tau", "symmetric", 64), ("dynamic", "cross-masked-bank", 64),
+                       ("free", "symmetric", 16)])
 
 
-def _pallas_equals_xla(name, mode, rows):
-  """Values and gradients of `rows` pairs (one in five masked) in `mode`, Pallas against XLA."""
-  z1 = jax.random.normal(jax.random.key(0), (rows, D))
-  z2 = z1 + 0.8 * jax.random.normal(jax.random.key(1), (rows, D))
-  where = (jnp.arange(rows) % 5) != 2
-  _, _, _, bank = _views()
-  grad = _grad(MODES[mode], where, bank)
-  expected, got = (jax.jit(grad, static_argnums=3)(z1, z2, MAPPINGS[name], implementation)
-                   for implementation in ("xla", "pallas"))
-  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("name, mode, rows", EVEN_CASES,
-                         ids=[f"{n}-{m}-{r}" for n, m, r in EVEN_CASES])
-def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows):
-  _pallas_equals_xla(name, mode, rows)
+@pytest.mark.parametrize("name, mode, rows, x64", EVEN_CASES, ids=_ids(EVEN_CASES))
+def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows, x64):
+  with jax.enable_x64(x64):
+    _pallas_equals_xla(name, mode, rows=rows)
 
 
 # The TPU kernels (blocks of 128 rows: 37 rows padded to one block, 150 to two).
-TPU_CASES = ([(name, "all-masked", N) for name in ("free", "learnable_capped", "annealed")]
-             + [("learnable", mode, 150) for mode in ("cross", "symmetric-bank", "all-bank")]
-             + [("dynamic", "cross-masked-bank", 150)])
+TPU_CASES = _with_x64([(name, "all-masked", N) for name in ("free", "learnable_capped", "annealed")]
+                      + [("learnable", mode, 150) for mode in ("cross", "symmetric-bank",
+                                                               "all-bank")]
+                      + [("dynamic", "cross-masked-bank", 150)])
 
 
-@pytest.mark.parametrize("name, mode, rows", TPU_CASES,
-                         ids=[f"{n}-{m}-{r}" for n, m, r in TPU_CASES])
-def test_tpu_kernels_equal_xla_values_and_gradients(name, mode, rows, monkeypatch):
+@pytest.mark.parametrize("name, mode, rows, x64", TPU_CASES, ids=_ids(TPU_CASES))
+def test_tpu_kernels_equal_xla_values_and_gradients(name, mode, rows, x64, monkeypatch):
   monkeypatch.setattr(_pallas, "pallas_reduce",
                       functools.partial(_pallas.pallas_reduce, backend="mosaic_tpu"))
-  _pallas_equals_xla(name, mode, rows)
+  with jax.enable_x64(x64):
+    _pallas_equals_xla(name, mode, rows=rows)
 
 
-def test_a_traced_temperature_closed_over_by_the_map_gets_its_gradient():
-  # A schedule evaluated outside the loss: the mapping closes over a traced tau.
+@pytest.mark.parametrize("x64", [False, True])
+def test_a_traced_temperature_closed_over_by_the_map_gets_its_gradient(x64):
+  # A schedule evaluated outside the loss: the mapping closes over a traced tau (float64 with
+  # x64 on: the kernels take it in float32).
   z1, z2, _, _ = _views()
 
   def loss(tau, implementation):
     return losses.info_nce(z1, z2, mapping=mappings.temperature(tau), negatives="all",
                            block_size=16, implementation=implementation)
 
-  expected, got = (jax.jit(jax.value_and_grad(loss), static_argnums=1)(0.3, implementation)
-                   for implementation in ("xla", "pallas"))
+  with jax.enable_x64(x64):
+    expected, got = (jax.jit(jax.value_and_grad(loss), static_argnums=1)(0.3, implementation)
+                     for implementation in ("xla", "pallas"))
   chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("negatives", ["all", "cross"])
+def test_float64_inputs_are_refused_naming_the_xla_implementation(negatives):
+  with jax.enable_x64(True):
+    z1, z2, _, _ = _views(jnp.float64)
+    with pytest.raises(ValueError, match="float64.*implementation='xla'"):
+      losses.info_nce(z1, z2, negatives=negatives, implementation="pallas", block_size=16)
+    with pytest.raises(ValueError, match="float64.*implementation='xla'"):
+      losses.info_nce(z1.astype(jnp.float32), z2, negatives="cross", implementation="pallas",
+                      block_size=16)
 
 
 # bfloat16 inputs reach the Triton kernels raw (bfloat16 products, float32 inverse norms),
 # except against a bank (unit rows there): every mode, ragged D and chunked D.
-BF16_CASES = [("free", "symmetric", D), ("learnable", "all-masked", D),
-              ("dynamic", "cross-masked-bank", D), ("learnable", "symmetric-bank", WIDE),
-              ("tau", "all", WIDE)]
+BF16_CASES = _with_x64([("free", "symmetric", D), ("learnable", "all-masked", D),
+                       ("dynamic", "cross-masked-bank", D), ("learnable", "symmetric-bank", WIDE),
+                       ("tau", "all", WIDE)])
 
 
-@pytest.mark.parametrize("name, mode, dim", BF16_CASES,
-                         ids=[f"{n}-{m}-{d}" for n, m, d in BF16_CASES])
-def test_bfloat16_inputs_equal_the_xla_engine(name, mode, dim):
-  z1, z2, where, bank = _views(jnp.bfloat16, dim)
-  grad = jax.jit(_grad(MODES[mode], where, bank), static_argnums=3)
-  expected, got = (grad(z1, z2, MAPPINGS[name], implementation)
-                   for implementation in ("xla", "pallas"))
-  assert got[0].dtype == jnp.float32 and got[1][0].dtype == jnp.bfloat16
-  # The loss as exact as float32's; gradients within bfloat16's rounding (the kernels' tile
-  # cotangents are bfloat16 in the products).
+@pytest.mark.parametrize("name, mode, dim, x64", BF16_CASES, ids=_ids(BF16_CASES))
+def test_bfloat16_inputs_equal_the_xla_engine(name, mode, dim, x64):
+  with jax.enable_x64(x64):
+    # Gradients within bfloat16's rounding (the kernels' tile cotangents are bfloat16 in the
+    # products)...
+    got, expected = _pallas_equals_xla(name, mode, dtype=jnp.bfloat16, dim=dim, atol=2e-3,
+                                       rtol=2e-2)
+  assert got[1][0].dtype == jnp.bfloat16
+  # ... and the loss as exact as float32's.
   np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
-  chex.assert_trees_all_close(got[1], expected[1], atol=2e-3, rtol=2e-2)
 
 
 def test_bfloat16_cosines_are_not_rounded_to_bfloat16():
@@ -166,7 +194,7 @@ def test_bfloat16_cosines_are_not_rounded_to_bfloat16():
   positive = (np.arange(2 * N) + N) % (2 * N)
   lse = np.log(np.exp(logits).sum(axis=1))
   expected = np.mean(lse - logits[np.arange(2 * N), positive])
-  got = losses.info_nce(z1, z2, mapping=MAPPINGS["tau"], negatives="all",
+  got = losses.info_nce(z1, z2, mapping=MAPPINGS["tau"](), negatives="all",
                         implementation="pallas", block_size=16)
   np.testing.assert_allclose(got, expected, rtol=2e-6)
 
@@ -175,7 +203,7 @@ def test_zero_rows_in_bfloat16_have_finite_gradients_like_the_xla_engine():
   z1, z2, _, _ = _views(jnp.bfloat16)
   z1 = z1.at[4].set(0.0)
   grad = jax.jit(_grad(MODES["all"], None, None), static_argnums=3)
-  expected, got = (grad(z1, z2, MAPPINGS["learnable"], implementation)
+  expected, got = (grad(z1, z2, MAPPINGS["learnable"](), implementation)
                    for implementation in ("xla", "pallas"))
   chex.assert_tree_all_finite(got)
   # The zero row's gradient is the others' scaled by 1 / sqrt(floor) = 1e6: its bfloat16
@@ -186,13 +214,10 @@ def test_zero_rows_in_bfloat16_have_finite_gradients_like_the_xla_engine():
   chex.assert_trees_all_close(*others, atol=2e-3, rtol=2e-2)
 
 
-@pytest.mark.parametrize("mode", ["all", "symmetric"])
-def test_wide_float32_embeddings_in_chunks_equal_the_xla_engine(mode):
-  z1, z2, where, bank = _views(dim=WIDE)
-  grad = jax.jit(_grad(MODES[mode], where, bank), static_argnums=3)
-  expected, got = (grad(z1, z2, MAPPINGS["learnable"], implementation)
-                   for implementation in ("xla", "pallas"))
-  chex.assert_trees_all_close(got, expected, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("mode, x64", [("all", False), ("symmetric", True)])
+def test_wide_float32_embeddings_in_chunks_equal_the_xla_engine(mode, x64):
+  with jax.enable_x64(x64):
+    _pallas_equals_xla("learnable", mode, dim=WIDE)
 
 
 def test_pallas_equals_numpy_nt_xent():

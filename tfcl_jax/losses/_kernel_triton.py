@@ -49,10 +49,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from tfcl_jax.losses._kernel_math import (
+    INDEX,
     KernelMapping,
     compiled_or_interpreted,
     keep_mask,
     load_theta,
+    loop,
     tile_cotangent,
     without_empty,
 )
@@ -103,7 +105,7 @@ def _columns(g: _Geometry, c):
 def _over_chunks(g: _Geometry, body, init):
   """`body(c, carry)` for each chunk `c` of `D`, as a loop: one chunk's buffers serve them all
   (unrolled, every chunk's operands would take their own shared memory)."""
-  return jax.lax.fori_loop(0, g.chunks, body, init)
+  return loop(0, g.chunks, body, init)
 
 
 def _dot_t(a, b) -> jax.Array:
@@ -196,7 +198,7 @@ def _forward_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, r_ref, r_sc
       cos, keep = tile(j)
       return total + jnp.sum(jnp.where(keep, mapping.fast.weight(cos), 0.0), axis=1)
 
-    total = jax.lax.fori_loop(0, g.steps, add, jnp.zeros((block,), dtype))
+    total = loop(0, g.steps, add, jnp.zeros((block,), dtype))
     shift = jnp.full((block,), mapping.fast.shift, dtype)
   else:
     def fold(j, carry):
@@ -210,7 +212,7 @@ def _forward_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, r_ref, r_sc
           jnp.where(keep, jnp.exp(logits - safe[:, None]), 0.0), axis=1)
       return new_m, total
 
-    shift, total = jax.lax.fori_loop(
+    shift, total = loop(
         0, g.steps, fold, (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype)))
   nonempty = total > 0
   lse_ref[...] = jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, total, 1.0)),
@@ -256,7 +258,7 @@ def _row_grad_kernel(mapping: KernelMapping, g: _Geometry, columns: bool, theta_
     return acc, dtheta
 
   acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
-  acc, dtheta = jax.lax.fori_loop(
+  acc, dtheta = loop(
       0, g.steps, body, (acc, tuple(jnp.zeros((), dtype) for _ in range(mapping.num_theta))))
   _finish(g, dr_ref, acc)
   for k, value in enumerate(dtheta):
@@ -281,12 +283,16 @@ def _whole(shape):
 
 
 def _anchor_arrays(side: Side):
-  return (side.vectors, inverse_norms(side.vectors), side.ids, side.positive_ids,
-          side.valid.astype(jnp.int32))
+  return (side.vectors, inverse_norms(side.vectors), *_indices(side.ids, side.positive_ids,
+                                                                side.valid))
 
 
 def _candidate_arrays(side: Side):
-  return (side.vectors, inverse_norms(side.vectors), side.ids, side.valid.astype(jnp.int32))
+  return (side.vectors, inverse_norms(side.vectors), *_indices(side.ids, side.valid))
+
+
+def _indices(*arrays):
+  return tuple(x.astype(INDEX) for x in arrays)
 
 
 def forward(mapping: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:

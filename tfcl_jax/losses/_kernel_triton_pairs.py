@@ -25,6 +25,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -32,6 +33,7 @@ from tfcl_jax.losses._kernel_math import (
     KernelMapping,
     keep_mask,
     load_theta,
+    loop,
     tile_cotangent,
     without_empty,
 )
@@ -73,6 +75,12 @@ def _lse(sums, shift):
   return jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, sums, 1.0)), -jnp.inf)
 
 
+def _every_column(ref):
+  """All of `ref`'s columns, as an atomic add's index: its start int32 like the rows' (Pallas's
+  interpreter refuses a mix, and a Python 0 is int64 under `jax_enable_x64`)."""
+  return pl.ds(np.int32(0), ref.shape[1])
+
+
 def _atomic_product(g: _Geometry, out_ref, out_span, dcos, ref, span, loaded, *,
                     transposed: bool):
   """`out[out_span] += dcos B` (`dcos^T B` when `transposed`) with atomic adds, `B` the block
@@ -83,7 +91,7 @@ def _atomic_product(g: _Geometry, out_ref, out_span, dcos, ref, span, loaded, *,
     return jax.lax.dot_general(dcos, block, dims, preferred_element_type=jnp.float32)
 
   if g.whole:
-    pltriton.atomic_add(out_ref, (out_span, _ALL), product(loaded))
+    pltriton.atomic_add(out_ref, (out_span, _every_column(out_ref)), product(loaded))
     return
 
   def add(c, carry):
@@ -124,7 +132,7 @@ def _symmetric_forward_kernel(mapping: KernelMapping, g: _Geometry, u_ref, scale
     pltriton.atomic_add(sums_ref, (span_j,), jnp.sum(w, axis=0))
     return own + jnp.sum(w, axis=1)
 
-  own = jax.lax.fori_loop(1, g.steps // 2 + 1, body, jnp.sum(weights(span_i, True), axis=1))
+  own = loop(1, g.steps // 2 + 1, body, jnp.sum(weights(span_i, True), axis=1))
   pltriton.atomic_add(sums_ref, (span_i,), own)
 
 
@@ -160,7 +168,7 @@ def _two_sided_forward_kernel(mapping: KernelMapping, g: _Geometry, r_ref, r_sca
     keep = keep_mask(r_ids, r_pos, r_valid, c_ids, c_valid)
     return own + jnp.sum(jnp.where(keep, w, 0.0), axis=1)
 
-  row_ref[...] = jax.lax.fori_loop(0, g.steps, body, jnp.zeros((g.block,), jnp.float32))
+  row_ref[...] = loop(0, g.steps, body, jnp.zeros((g.block,), jnp.float32))
 
 
 def two_sided_forward(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side):
@@ -226,9 +234,9 @@ def _symmetric_grads_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, u_r
       dtheta = tuple(x + y for x, y in zip(dtheta, dth, strict=True))
     return acc, dtheta
 
-  acc, dtheta = jax.lax.fori_loop(1, g.steps // 2 + 1, body, (acc, dtheta))
+  acc, dtheta = loop(1, g.steps // 2 + 1, body, (acc, dtheta))
   if g.whole:
-    pltriton.atomic_add(du_ref, (span_i, _ALL), acc)
+    pltriton.atomic_add(du_ref, (span_i, _every_column(du_ref)), acc)
   for k, value in enumerate(dtheta or ()):
     dtheta_ref[0, k] = value
   if dtheta is None:
@@ -288,7 +296,7 @@ def _both_grads_kernel(mapping: KernelMapping, g: _Geometry, columns: bool, thet
 
   acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
   zeros = tuple(jnp.zeros((), dtheta_ref.dtype) for _ in range(mapping.num_theta))
-  acc, dtheta = jax.lax.fori_loop(0, g.steps, body, (acc, zeros))
+  acc, dtheta = loop(0, g.steps, body, (acc, zeros))
   _finish(g, dr_ref, acc)
   for k, value in enumerate(dtheta):
     dtheta_ref[0, k] = value

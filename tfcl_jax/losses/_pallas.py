@@ -52,7 +52,7 @@ from tfcl_jax.losses import (
     _layout,
     _triton_tiles,
 )
-from tfcl_jax.losses._kernel_math import KernelMapping
+from tfcl_jax.losses._kernel_math import INDEX, KernelMapping
 from tfcl_jax.losses._tiles import LogSumExp, Side
 
 BACKENDS = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
@@ -167,17 +167,28 @@ def supports(mapping) -> bool:
       jnp.ndim(leaf) == 0 for leaf in jax.tree.leaves(mapping.params))
 
 
+def _typed(x, dtype) -> jax.Array:
+  """A scalar as the kernels hold it, whether `jax_enable_x64` is on or off: floats in the
+  tile math's `dtype`, integers as the kernels' index type (int32)."""
+  x = jnp.asarray(x)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    return x.astype(dtype)
+  return x.astype(INDEX) if jnp.issubdtype(x.dtype, jnp.integer) else x
+
+
 def _kernel_mapping(mapping, dtype, tile_shape) -> tuple[KernelMapping, jax.Array, int]:
   """The mapping as the kernels call it, `theta` and the step's index in it.
 
   `theta`: the mapping's parameters, the step and the scalars it closes over (e.g. a scheduled
   `tau` computed outside, which then gets its gradient), as one vector of `dtype` (padded to
   a power of two). A kernel holds no arrays but its inputs: a mapping that closes over a
-  non-scalar array is refused.
+  non-scalar array is refused. Every scalar enters the tile math as `_typed` makes it (float32
+  and int32 with x64 on, as with it off).
   """
-  params = jax.tree.map(jnp.asarray, dict(mapping.params))
-  step = mapping.bound_step()
-  closed = jax.make_jaxpr(mapping.fn)(jnp.zeros(tile_shape, dtype), params, step)
+  params = jax.tree.map(lambda x: _typed(x, dtype), dict(mapping.params))
+  step = _typed(mapping.bound_step(), dtype)
+  cos = jnp.zeros(tile_shape, dtype)
+  closed = jax.make_jaxpr(mapping.fn)(cos, params, step)
   shapes = [jnp.shape(c) for c in closed.consts]
   if any(shape != () for shape in shapes):
     raise ValueError(f"implementation='pallas' needs a mapping that closes over scalars only; "
@@ -185,16 +196,23 @@ def _kernel_mapping(mapping, dtype, tile_shape) -> tuple[KernelMapping, jax.Arra
                      "implementation='xla'.")
   leaves = jax.tree.leaves(params)
   scalars = [*leaves, step, *closed.consts]
-  dtypes = [jnp.asarray(x).dtype for x in scalars]
+  dtypes = [_typed(x, dtype).dtype for x in scalars]
   num_args = len(leaves) + 1
 
   def kernel_fn(cos, theta):
     values = [t.astype(dt) for t, dt in zip(theta, dtypes, strict=True)]
-    return jax.core.eval_jaxpr(closed.jaxpr, values[num_args:], cos, *values[:num_args])[0]
+    out = jax.core.eval_jaxpr(closed.jaxpr, values[num_args:], cos, *values[:num_args])[0]
+    return out.astype(cos.dtype)
 
   width = 1 << max(0, len(scalars) - 1).bit_length()
   theta = jnp.stack([jnp.asarray(x, dtype) for x in scalars]
                     + [jnp.zeros((), dtype)] * (width - len(scalars)))
+  try:
+    jax.eval_shape(kernel_fn, cos, tuple(theta))
+  except TypeError as error:
+    raise ValueError(f"implementation='pallas' computes the mapping in {jnp.dtype(dtype).name}; "
+                     f"{mapping.spec!r} closes over a value of another dtype that it uses as is "
+                     f"({error}). Use implementation='xla'.") from error
   fast = LogSumExp().fast_form(mapping, jnp.dtype(dtype))
   return KernelMapping(kernel_fn, fast, len(scalars)), theta, len(leaves)
 
@@ -267,6 +285,11 @@ def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
                      f"(Triton's smallest matrix product), got {block_size}.")
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"backend must be one of {sorted(BACKENDS)} or None, got {backend!r}.")
+  for side in (rows, columns):
+    if side is not None and jnp.dtype(side.vectors.dtype).itemsize > 4:
+      raise ValueError(f"implementation='pallas' computes in float32 (bfloat16, float16 or "
+                       f"float32 embeddings); got {jnp.dtype(side.vectors.dtype).name} ones. Use "
+                       "implementation='xla' (the default), which computes in their dtype.")
 
   def fused(backend, rows, columns):
     return _fused(backend, rows, columns, mapping, kind, block_size, column_grad)
