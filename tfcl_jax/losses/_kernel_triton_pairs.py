@@ -25,11 +25,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from tfcl_jax.losses._kernel_math import (
+    INDEX,
     KernelMapping,
     keep_mask,
     load_theta,
@@ -78,7 +78,7 @@ def _lse(sums, shift):
 def _every_column(ref):
   """All of `ref`'s columns, as an atomic add's index: its start int32 like the rows' (Pallas's
   interpreter refuses a mix, and a Python 0 is int64 under `jax_enable_x64`)."""
-  return pl.ds(np.int32(0), ref.shape[1])
+  return pl.ds(jnp.asarray(0, INDEX), ref.shape[1])
 
 
 def _atomic_product(g: _Geometry, out_ref, out_span, dcos, ref, span, loaded, *,
