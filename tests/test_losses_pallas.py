@@ -3,11 +3,13 @@ XLA engine and a NumPy reference: values and gradients (embeddings and the mappi
 ragged N and D, D held whole and in chunks, masks, extra negatives, every mapping with scalar
 parameters, bfloat16 inputs (raw rows in the kernels), with `jax_enable_x64` off and on (float64
 inputs refused); the Triton backend (GPUs, what a CPU runs) and the Mosaic backend (TPUs, forced
-here)."""
+here); and the refusal, naming the XLA path, where Pallas's Triton backend is missing."""
 
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import chex
 import jax
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 from tfcl_jax import losses, mappings, schedules
-from tfcl_jax.losses import _kernel_tpu, _pallas, _triton_tiles
+from tfcl_jax.losses import _kernel_tpu, _kernel_triton, _pallas, _triton_tiles
 
 # 37 rows in blocks of 16 (ragged, padded inside); D = 70, padded with zeros to 128 and held
 # whole; WIDE = 300 is walked in chunks (of 64 in float32, of 128 for bfloat16 inputs).
@@ -264,3 +266,55 @@ def test_bad_implementation_block_size_and_unsupported_mapping():
   with pytest.raises(ValueError, match="closes over scalars only"):
     jax.jit(lambda a, b: losses.info_nce(a, b, mapping=closes_over_array, block_size=16,
                                          implementation="pallas"))(z1, z2)
+
+
+# -- without Pallas's Triton backend (deprecated from jax 0.11.2, to be removed) ---------------
+
+
+@pytest.fixture
+def triton_check():
+  """`_kernel_triton.unavailable` decided afresh in the test, and afresh after it."""
+  _kernel_triton.unavailable.cache_clear()
+  yield
+  _kernel_triton.unavailable.cache_clear()
+
+
+def test_tfcl_jax_imports_and_runs_xla_without_pallas_triton():
+  # A fresh process whose jax has no Pallas Triton backend (its import fails).
+  code = ("import sys; sys.modules['jax.experimental.pallas.triton'] = None\n"
+          "import jax\nfrom tfcl_jax import losses\n"
+          "z = jax.random.normal(jax.random.key(0), (8, 4))\n"
+          "print(float(losses.info_nce(z, z + 1.0)))\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+  assert result.returncode == 0, result.stderr
+  assert np.isfinite(float(result.stdout.split()[-1]))
+
+
+def test_without_pallas_triton_the_kernels_are_refused_naming_xla(monkeypatch, triton_check):
+  monkeypatch.setitem(sys.modules, _kernel_triton.TRITON, None)  # its import fails
+  z1, z2, _, _ = _views()
+  for platform in ("gpu", "cpu"):
+    _kernel_triton.unavailable.cache_clear()
+    monkeypatch.setattr(jax, "default_backend", lambda platform=platform: platform)
+    with pytest.raises(ValueError, match=r"cannot import jax\.experimental\.pallas\.triton.* "
+                                         r"Use implementation='xla' \(the default\)"):
+      losses.info_nce(z1, z2, implementation="pallas", block_size=16)
+
+
+def test_a_gpu_where_pallas_triton_cannot_compile_refuses_the_kernels(monkeypatch, triton_check):
+  # JAX's default backend said to be a GPU: the check compiles a Triton kernel for the device
+  # it has, a CPU, where no compiled Pallas kernel lowers (a real failure to lower).
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  z1, z2, _, _ = _views()
+  with pytest.raises(ValueError, match=r"cannot compile a kernel with jax\.experimental\.pallas"
+                                       r"\.triton on .* Use implementation='xla'"):
+    losses.info_nce(z1, z2, implementation="pallas", block_size=16)
+
+
+def test_on_tpus_a_missing_triton_backend_leaves_the_mosaic_kernels(monkeypatch, triton_check):
+  monkeypatch.setitem(sys.modules, _kernel_triton.TRITON, None)
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  z1, z2, _, _ = _views()
+  got = losses.info_nce(z1, z2, negatives="all", implementation="pallas")  # interpreted here
+  np.testing.assert_allclose(got, losses.info_nce(z1, z2, negatives="all"), rtol=1e-5)

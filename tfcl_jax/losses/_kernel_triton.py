@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from tfcl_jax.losses._kernel_math import (
     INDEX,
@@ -68,6 +69,41 @@ from tfcl_jax.losses._triton_tiles import (  # noqa: F401 - `tiles`: the backend
 )
 
 PLATFORMS = ("cuda", "rocm")
+TRITON = "jax.experimental.pallas.triton"
+
+
+def backend() -> ModuleType:
+  """Pallas's Triton backend, imported when a kernel is built, not with this module: it is
+  deprecated since jax 0.11 and will be removed, and its absence must leave `tfcl_jax` and
+  `implementation="xla"` working (`unavailable` says why the kernels cannot run)."""
+  return importlib.import_module(TRITON)
+
+
+@functools.cache
+def unavailable() -> str | None:
+  """Why these kernels cannot run with the installed jax, or None; checked once per process.
+
+  The Triton backend must import (Pallas's interpreter runs its primitives on a CPU too) and,
+  where JAX's default backend is a GPU, compile a kernel there.
+  """
+  try:
+    triton = backend()
+  except ImportError as error:
+    return f"jax {jax.__version__} cannot import {TRITON} ({error})"
+  if jax.default_backend() != "gpu":
+    return None
+
+  def add_one(x_ref, out_ref):
+    out_ref[...] = x_ref[...] + 1.0
+
+  x = jax.ShapeDtypeStruct((16,), jnp.float32)
+  try:
+    jax.jit(pl.pallas_call(add_one, out_shape=x, compiler_params=triton.CompilerParams(
+        num_warps=1, num_stages=1))).lower(x).compile()
+  except Exception as error:  # noqa: BLE001 - whatever the cause, these kernels cannot run
+    return (f"jax {jax.__version__} cannot compile a kernel with {TRITON} on "
+            f"{jax.devices()[0].device_kind} ({type(error).__name__}: {error})")
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,8 +304,8 @@ def _row_grad_kernel(mapping: KernelMapping, g: _Geometry, columns: bool, theta_
 def _call(kernel, tiles_: Tiles, **kwargs):
   return compiled_or_interpreted(
       kernel, platforms=PLATFORMS,
-      compiler_params=pltriton.CompilerParams(num_warps=tiles_.num_warps,
-                                              num_stages=tiles_.num_stages),
+      compiler_params=backend().CompilerParams(num_warps=tiles_.num_warps,
+                                               num_stages=tiles_.num_stages),
       **kwargs)
 
 

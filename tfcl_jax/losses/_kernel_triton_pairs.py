@@ -26,7 +26,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from tfcl_jax.losses._kernel_math import (
     INDEX,
@@ -57,6 +56,7 @@ from tfcl_jax.losses._kernel_triton import (
     _whole,
     _whole_block,
     _zero,
+    backend,
 )
 from tfcl_jax.losses._tiles import Side
 from tfcl_jax.losses._triton_tiles import Tiles, stats_dtype
@@ -91,12 +91,12 @@ def _atomic_product(g: _Geometry, out_ref, out_span, dcos, ref, span, loaded, *,
     return jax.lax.dot_general(dcos, block, dims, preferred_element_type=jnp.float32)
 
   if g.whole:
-    pltriton.atomic_add(out_ref, (out_span, _every_column(out_ref)), product(loaded))
+    backend().atomic_add(out_ref, (out_span, _every_column(out_ref)), product(loaded))
     return
 
   def add(c, carry):
     d = _columns(g, c)
-    pltriton.atomic_add(out_ref, (out_span, d), product(ref[span, d]))
+    backend().atomic_add(out_ref, (out_span, d), product(ref[span, d]))
     return carry
 
   _over_chunks(g, add, 0)
@@ -129,11 +129,11 @@ def _symmetric_forward_kernel(mapping: KernelMapping, g: _Geometry, u_ref, scale
     j, active = _half(g, i, t)
     span_j = _span(g, j)
     w = weights(span_j, active)
-    pltriton.atomic_add(sums_ref, (span_j,), jnp.sum(w, axis=0))
+    backend().atomic_add(sums_ref, (span_j,), jnp.sum(w, axis=0))
     return own + jnp.sum(w, axis=1)
 
   own = loop(1, g.steps // 2 + 1, body, jnp.sum(weights(span_i, True), axis=1))
-  pltriton.atomic_add(sums_ref, (span_i,), own)
+  backend().atomic_add(sums_ref, (span_i,), own)
 
 
 def symmetric_forward(mapping: KernelMapping, tiles_: Tiles, theta, side: Side) -> jax.Array:
@@ -164,7 +164,7 @@ def _two_sided_forward_kernel(mapping: KernelMapping, g: _Geometry, r_ref, r_sca
     c_ids, c_valid = _cols(c_ids_ref[span]), _cols(c_valid_ref[span])
     # Column j as the anchor: its positive is its own id (the two-tower layout).
     col_keep = keep_mask(c_ids, c_ids, c_valid, r_ids, r_valid)
-    pltriton.atomic_add(col_ref, (span,), jnp.sum(jnp.where(col_keep, w, 0.0), axis=0))
+    backend().atomic_add(col_ref, (span,), jnp.sum(jnp.where(col_keep, w, 0.0), axis=0))
     keep = keep_mask(r_ids, r_pos, r_valid, c_ids, c_valid)
     return own + jnp.sum(jnp.where(keep, w, 0.0), axis=1)
 
@@ -236,7 +236,7 @@ def _symmetric_grads_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, u_r
 
   acc, dtheta = loop(1, g.steps // 2 + 1, body, (acc, dtheta))
   if g.whole:
-    pltriton.atomic_add(du_ref, (span_i, _every_column(du_ref)), acc)
+    backend().atomic_add(du_ref, (span_i, _every_column(du_ref)), acc)
   for k, value in enumerate(dtheta or ()):
     dtheta_ref[0, k] = value
   if dtheta is None:

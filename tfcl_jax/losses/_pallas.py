@@ -10,14 +10,17 @@ no program writing another's output; on GPUs each tile serves both of its sides,
 side's share added atomically (`_kernel_triton_pairs`: `"all"`'s symmetric tiles, the two
 directions of the two-tower loss in one pass, one backward kernel). Two backends:
 
-* GPUs (`_kernel_triton`): Triton, chosen explicitly (`pallas.triton.CompilerParams`) rather
-  than JAX's default GPU backend, Mosaic GPU. Triton's block refs are pointers into global
-  memory, so a program loads its own block once and reads the other side tile by tile where
-  its loop needs it (Triton pipelines those loads); Mosaic GPU stages every block of a
-  `BlockSpec` in shared memory (228 KiB on an H100), where the whole other side would not
-  fit, and its pipelining is specific to Hopper/Blackwell. Triton also compiles for AMD GPUs
-  (`rocm`). With bfloat16 inputs the Triton kernels take the raw rows and their float32
-  inverse norms (`with_raw_rows`): bfloat16 products, cosines as exact as float32's.
+* GPUs (`_kernel_triton`): Pallas's Triton backend, named by its compiler parameters
+  (`pallas.triton.CompilerParams`; a `pallas_call` without them meant Mosaic GPU up to jax
+  0.11.1 and means Triton from 0.11.2). Triton's block refs are pointers into global memory,
+  so a program loads its own block once and reads the other side tile by tile where its loop
+  needs it (Triton pipelines those loads); Mosaic GPU stages every block of a `BlockSpec` in
+  shared memory (228 KiB on an H100), where the whole other side would not fit. Triton also
+  compiles for AMD GPUs (`rocm`). JAX deprecates this backend from 0.11.2 and will remove it:
+  where it cannot be imported, or cannot compile a kernel on the GPU, the kernels are refused
+  with an error naming `implementation="xla"` (`_kernel_triton.unavailable`). With bfloat16
+  inputs the Triton kernels take the raw rows and their float32 inverse norms
+  (`with_raw_rows`): bfloat16 products, cosines as exact as float32's.
 * TPUs (`_kernel_tpu`): Mosaic, the column blocks a sequential grid axis with the statistics
   and accumulators in VMEM, as JAX's own TPU flash attention.
 
@@ -290,6 +293,14 @@ def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
       raise ValueError(f"implementation='pallas' computes in float32 (bfloat16, float16 or "
                        f"float32 embeddings); got {jnp.dtype(side.vectors.dtype).name} ones. Use "
                        "implementation='xla' (the default), which computes in their dtype.")
+
+  if backend != "mosaic_tpu" and (problem := _kernel_triton.unavailable()) is not None:
+    if backend is not None or jax.default_backend() != "tpu":
+      raise ValueError(
+          f"implementation='pallas' runs Pallas's Triton backend on GPUs (and in Pallas's "
+          f"interpreter on CPUs), and {problem}. Use implementation='xla' (the default), which "
+          "needs no Pallas backend.")
+    backend = "mosaic_tpu"  # the Triton branch cannot even be traced
 
   def fused(backend, rows, columns):
     return _fused(backend, rows, columns, mapping, kind, block_size, column_grad)
