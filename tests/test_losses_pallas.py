@@ -7,9 +7,12 @@ here); and the refusal, naming the XLA path, where Pallas's Triton backend is mi
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import subprocess
 import sys
+from unittest import mock
 
 import chex
 import jax
@@ -18,7 +21,7 @@ import numpy as np
 import pytest
 
 from tfcl_jax import losses, mappings, schedules
-from tfcl_jax.losses import _kernel_tpu, _kernel_triton, _pallas, _triton_tiles
+from tfcl_jax.losses import _kernel_tpu, _pallas, _triton_blocks, _triton_tiles
 
 # 37 rows in blocks of 16 (ragged, padded inside); D = 70, padded with zeros to 128 and held
 # whole; WIDE = 300 is walked in chunks (of 64 in float32, of 128 for bfloat16 inputs).
@@ -52,18 +55,36 @@ def _views(dtype=jnp.float32, dim=D, rows=N):
   return z1.astype(dtype), z2.astype(dtype), (jnp.arange(rows) % 5) != 2, bank.astype(dtype)
 
 
-def _x64(k: int) -> bool:
-  """Whether the `k`-th case of a list runs with `jax_enable_x64` on: every other one, so that
-  each mapping, mode and dtype of a list runs both ways."""
-  return k % 2 == 1
+VARIANTS = _triton_tiles.COLUMN_SIDES  # how the Triton kernels send a tile's column side
+_SEEN = collections.Counter()
+
+
+def _settings(cases):
+  """Each case with its `(variant, x64)`: a mode's cases take the variants in turn across the
+  float32 lists below (with the bfloat16 cases', chosen by hand, a covering design: every
+  variant meets every mode, closed forms and generic mappings, bfloat16;
+  `test_the_cases_cover_every_variant` checks it) and `jax_enable_x64` is on in every other
+  case of a list (float32 tile math and int32 indices with it too)."""
+  out = []
+  for k, case in enumerate(cases):
+    out.append((*case, VARIANTS[_SEEN[case[1]] % len(VARIANTS)], k % 2 == 1))
+    _SEEN[case[1]] += 1
+  return out
 
 
 def _with_x64(cases):
-  return [(*case, _x64(k)) for k, case in enumerate(cases)]
+  return [(*case, k % 2 == 1) for k, case in enumerate(cases)]
 
 
 def _ids(cases):
   return ["-".join(str(x) for x in case[:-1]) + ("-x64" if case[-1] else "") for case in cases]
+
+
+@contextlib.contextmanager
+def _setting(variant: str, x64: bool):
+  with jax.enable_x64(x64), mock.patch.dict(_triton_tiles.COLUMN_SIDE, forward=variant,
+                                            backward=variant):
+    yield
 
 
 def _pallas_equals_xla(name, mode, *, rows=N, dtype=jnp.float32, dim=D, atol=1e-5, rtol=1e-5):
@@ -97,30 +118,28 @@ def _grad(mode, where, bank):
 
 # Every mapping on the two hardest modes (masked NT-Xent; the two-tower loss with a bank),
 # every mode under the learnable mapping (its parameter's gradient takes every path).
-# With x64 on in every other case (ids end in `-x64`): the same kernels, float32 tile math and
-# int32 indices, on the float32 inputs.
-CASES = _with_x64([(name, "all-masked") for name in MAPPINGS]
+CASES = _settings([(name, "all-masked") for name in MAPPINGS]
                   + [(name, "symmetric-bank") for name in MAPPINGS if name != "learnable"]
                   + [("learnable", mode) for mode in MODES if mode != "all-masked"])
 
 
-@pytest.mark.parametrize("name, mode, x64", CASES, ids=_ids(CASES))
-def test_pallas_equals_xla_values_and_gradients(name, mode, x64):
-  with jax.enable_x64(x64):
+@pytest.mark.parametrize("name, mode, variant, x64", CASES, ids=_ids(CASES))
+def test_pallas_equals_xla_values_and_gradients(name, mode, variant, x64):
+  with _setting(variant, x64):
     _pallas_equals_xla(name, mode)
 
 
 # Tiles that serve both their sides: `all`'s pairs of blocks once each (an even number of
 # blocks has pairs at distance nb / 2, formed by one program of the two), the two-tower loss's
 # columns from the row pass (closed forms: tau, free); mappings with and without a closed form.
-EVEN_CASES = _with_x64([("free", "all", 48), ("learnable", "all-masked", 64),
+EVEN_CASES = _settings([("free", "all", 48), ("learnable", "all-masked", 64),
                        ("tau", "symmetric", 64), ("dynamic", "cross-masked-bank", 64),
-                       ("free", "symmetric", 16)])
+                       ("free", "symmetric", 16), ("tau", "all", 64), ("free", "cross", 64)])
 
 
-@pytest.mark.parametrize("name, mode, rows, x64", EVEN_CASES, ids=_ids(EVEN_CASES))
-def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows, x64):
-  with jax.enable_x64(x64):
+@pytest.mark.parametrize("name, mode, rows, variant, x64", EVEN_CASES, ids=_ids(EVEN_CASES))
+def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows, variant, x64):
+  with _setting(variant, x64):
     _pallas_equals_xla(name, mode, rows=rows)
 
 
@@ -168,14 +187,20 @@ def test_float64_inputs_are_refused_naming_the_xla_implementation(negatives):
 
 # bfloat16 inputs reach the Triton kernels raw (bfloat16 products, float32 inverse norms),
 # except against a bank (unit rows there): every mode, ragged D and chunked D.
-BF16_CASES = _with_x64([("free", "symmetric", D), ("learnable", "all-masked", D),
-                       ("dynamic", "cross-masked-bank", D), ("learnable", "symmetric-bank", WIDE),
-                       ("tau", "all", WIDE)])
+# Per variant: `all` and the two-tower loss, each with a closed form and a generic mapping.
+BF16_CASES = _with_x64([
+    ("free", "symmetric", D, "separate"), ("learnable", "symmetric-bank", WIDE, "separate"),
+    ("tau", "all-masked", D, "separate"), ("learnable", "all-bank", D, "separate"),
+    ("free", "symmetric-bank", D, "partials"), ("dynamic", "symmetric", WIDE, "partials"),
+    ("free", "all-bank", D, "partials"), ("learnable", "all-masked", D, "partials"),
+    ("free", "symmetric", WIDE, "atomic"), ("learnable", "symmetric", D, "atomic"),
+    ("tau", "all-bank", WIDE, "atomic"), ("dynamic", "all", D, "atomic"),
+    ("dynamic", "cross-masked-bank", D, "atomic"), ("learnable", "cross", D, "atomic")])
 
 
-@pytest.mark.parametrize("name, mode, dim, x64", BF16_CASES, ids=_ids(BF16_CASES))
-def test_bfloat16_inputs_equal_the_xla_engine(name, mode, dim, x64):
-  with jax.enable_x64(x64):
+@pytest.mark.parametrize("name, mode, dim, variant, x64", BF16_CASES, ids=_ids(BF16_CASES))
+def test_bfloat16_inputs_equal_the_xla_engine(name, mode, dim, variant, x64):
+  with _setting(variant, x64):
     # Gradients within bfloat16's rounding (the kernels' tile cotangents are bfloat16 in the
     # products)...
     got, expected = _pallas_equals_xla(name, mode, dtype=jnp.bfloat16, dim=dim, atol=2e-3,
@@ -216,10 +241,30 @@ def test_zero_rows_in_bfloat16_have_finite_gradients_like_the_xla_engine():
   chex.assert_trees_all_close(*others, atol=2e-3, rtol=2e-2)
 
 
-@pytest.mark.parametrize("mode, x64", [("all", False), ("symmetric", True)])
-def test_wide_float32_embeddings_in_chunks_equal_the_xla_engine(mode, x64):
-  with jax.enable_x64(x64):
-    _pallas_equals_xla("learnable", mode, dim=WIDE)
+WIDE_CASES = _settings([("learnable", "all"), ("learnable", "symmetric"), ("free", "all")])
+
+
+@pytest.mark.parametrize("name, mode, variant, x64", WIDE_CASES, ids=_ids(WIDE_CASES))
+def test_wide_float32_embeddings_in_chunks_equal_the_xla_engine(name, mode, variant, x64):
+  with _setting(variant, x64):
+    _pallas_equals_xla(name, mode, dim=WIDE)
+
+
+def test_the_cases_cover_every_variant():
+  # Each variant meets every mode, and, where a tile can serve both its sides, a closed form
+  # (pair forwards) and a generic mapping (pair backwards only) in float32 and bfloat16.
+  triton = ([(n, m, "float32", v) for n, m, v, _ in CASES + WIDE_CASES]
+            + [(n, m, "float32", v) for n, m, _, v, _ in EVEN_CASES]
+            + [(n, m, "bfloat16", v) for n, m, _, v, _ in BF16_CASES])
+  met = {(variant, mode) for _, mode, _, variant in triton}
+  assert met == {(v, m) for v in VARIANTS for m in MODES}, sorted(met)
+  closed = {(variant, MODES[mode]["negatives"], MODES[mode].get("symmetric", False),
+             name in ("tau", "free"), dtype) for name, mode, dtype, variant in triton}
+  for variant in VARIANTS:
+    for paired in (("all", False), ("cross", True)):
+      for dtype in ("float32", "bfloat16"):
+        assert {(variant, *paired, True, dtype), (variant, *paired, False, dtype)} <= closed, (
+            variant, paired, dtype)
 
 
 def test_pallas_equals_numpy_nt_xent():
@@ -238,18 +283,27 @@ def test_pallas_equals_numpy_nt_xent():
 def test_tiles_are_powers_of_two_on_gpus_and_lane_multiples_on_tpus():
   for rows, dim, block_size in [(37, 70, 16), (1000, 128, None), (4096, 768, None),
                                 (2**17, 256, 1000), (5, 3, None)]:
-    for dtype, whole in ((jnp.float32, 128), (jnp.bfloat16, 256)):
+    for dtype, width in ((jnp.float32, 4), (jnp.bfloat16, 2)):
       tiles = _triton_tiles.tiles(rows, rows, dim, block_size, dtype)
-      assert tiles.block & (tiles.block - 1) == 0 and tiles.block_d & (tiles.block_d - 1) == 0
-      assert min(tiles.block, tiles.block_d) >= _triton_tiles.SMALLEST_BLOCK
-      assert tiles.padded_dim(dim) % tiles.block_d == 0 and tiles.padded_dim(dim) >= dim
-      # D held whole (one product per tile) up to `whole`, in chunks beyond.
-      assert (tiles.block_d >= dim) == (dim <= whole)
-      assert tiles.padded_dim(dim) % tiles.pair_block_d == 0
-      if block_size is not None:
-        assert tiles.block <= max(block_size, _triton_tiles.SMALLEST_BLOCK)
+      whole = max(16, 1 << (dim - 1).bit_length())  # D rounded up to a power of two
+      for family in _triton_tiles.ROLES:
+        launch, table = getattr(tiles, family), _triton_tiles.LAUNCH[family, width]
+        assert launch.block & (launch.block - 1) == 0 and launch.block_d & (launch.block_d - 1) == 0
+        assert min(launch.block, launch.block_d) >= _triton_tiles.SMALLEST_BLOCK
+        # D held whole (one product per tile) up to the family's step, in steps beyond.
+        assert launch.block_d == min(whole, table.block_d)
+        assert tiles.dim % launch.block_d == 0 and tiles.block % launch.block == 0
+        assert launch.block <= (table.block if block_size is None else max(block_size, 16))
+      assert dim <= tiles.padded_dim(dim) < dim + max(whole, 64)
     tpu = _kernel_tpu.tiles(rows, rows, dim, block_size)
     assert tpu.block % 128 == 0 and tpu.padded_dim(dim) == dim
+
+
+def test_splits_give_every_sm_two_programs_where_the_columns_allow():
+  # 264 programs: two per SM of an H100 or H200.
+  for rows, cols, parts in [(64, 64, 8), (128, 128, 4), (264, 512, 1), (32, 3, 1), (16, 4, 4)]:
+    assert _triton_tiles.splits(rows, cols, 264) == parts
+    assert cols % parts == 0
 
 
 def test_bad_implementation_block_size_and_unsupported_mapping():
@@ -273,10 +327,10 @@ def test_bad_implementation_block_size_and_unsupported_mapping():
 
 @pytest.fixture
 def triton_check():
-  """`_kernel_triton.unavailable` decided afresh in the test, and afresh after it."""
-  _kernel_triton.unavailable.cache_clear()
+  """`_triton_blocks.unavailable` decided afresh in the test, and afresh after it."""
+  _triton_blocks.unavailable.cache_clear()
   yield
-  _kernel_triton.unavailable.cache_clear()
+  _triton_blocks.unavailable.cache_clear()
 
 
 def test_tfcl_jax_imports_and_runs_xla_without_pallas_triton():
@@ -292,10 +346,10 @@ def test_tfcl_jax_imports_and_runs_xla_without_pallas_triton():
 
 
 def test_without_pallas_triton_the_kernels_are_refused_naming_xla(monkeypatch, triton_check):
-  monkeypatch.setitem(sys.modules, _kernel_triton.TRITON, None)  # its import fails
+  monkeypatch.setitem(sys.modules, _triton_blocks.TRITON, None)  # its import fails
   z1, z2, _, _ = _views()
   for platform in ("gpu", "cpu"):
-    _kernel_triton.unavailable.cache_clear()
+    _triton_blocks.unavailable.cache_clear()
     monkeypatch.setattr(jax, "default_backend", lambda platform=platform: platform)
     with pytest.raises(ValueError, match=r"cannot import jax\.experimental\.pallas\.triton.* "
                                          r"Use implementation='xla' \(the default\)"):
@@ -313,7 +367,7 @@ def test_a_gpu_where_pallas_triton_cannot_compile_refuses_the_kernels(monkeypatc
 
 
 def test_on_tpus_a_missing_triton_backend_leaves_the_mosaic_kernels(monkeypatch, triton_check):
-  monkeypatch.setitem(sys.modules, _kernel_triton.TRITON, None)
+  monkeypatch.setitem(sys.modules, _triton_blocks.TRITON, None)
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   z1, z2, _, _ = _views()
   got = losses.info_nce(z1, z2, negatives="all", implementation="pallas")  # interpreted here

@@ -44,15 +44,13 @@ BANK = 4096
 
 
 def expected_kernels(mode: str, platform: str, mapping) -> int:
-  """`KERNELS` on TPUs. On GPUs (Triton) one backward kernel serves both sides of every tile
-  (the column-gradient kernel is gone), and with a closed form (`Mapping.exp_form`) the
-  two-tower loss's two forward kernels are one."""
-  if platform == "tpu":
-    return KERNELS[mode]
+  """`KERNELS` on TPUs. On GPUs (Triton, `_triton_tiles.COLUMN_SIDE`'s default: tiles that
+  serve both their sides forward, separate row and column kernels backward) the same, except
+  that with a closed form (`Mapping.exp_form`) one forward kernel serves both directions of the
+  two-tower loss."""
   closed_form = mapping.exp_form(jnp.float32) is not None
-  in_batch = {"all": 2, "cross": 2, "two-tower": 2 if closed_form else 3}[mode.split("+")[0]]
-  sides = 2 if mode.startswith("two-tower") else 1
-  return in_batch + (2 * sides if mode.endswith("+bank") else 0)
+  paired = platform != "tpu" and closed_form and mode.startswith("two-tower")
+  return KERNELS[mode] - paired
 
 
 def _check(report: lowering.LoweringReport, *, kernels: int = 0, x64: bool = False):
