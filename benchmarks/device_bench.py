@@ -14,8 +14,12 @@ Suites (`--suite`, default all four, in this order):
   compilation takes a minute a shape), and for CLIP Inf-CL's `cal_flash_loss` one way and
   both ways when `inf_cl` imports;
 * `sweep`: tiled XLA with each of `--blocks` and the fused kernels with each of
-  `--launches` (`block:warps:stages`) at `--sweep_sizes`, and the fastest of each per `N`:
-  the measurement that `losses.auto_block_size` and `_triton_tiles.LAUNCH` take.
+  `--launches` (the gradient kernels' `block:warps:stages`) at `--sweep_sizes`, and the
+  fastest of each per `N`: the measurement that `losses.auto_block_size` and
+  `_triton_tiles.LAUNCH` take;
+* `quick` (only when named: `--suite quick`, its own 4.5-minute budget): every kernel variant
+  and launch setting against the tiled XLA path and the floor at N = 16384, D = 256, each
+  checked against float64 at N = 1000 first (`benchmarks/device_quick.py`).
 
 Floor: the three products of the loss's similarity matrix (`S = A B^T`, `S B`, `S^T A`) over
 chunks of rows, each timed alone at its minimum (`benchmarks/timing.py`); never the dense
@@ -31,6 +35,7 @@ JAX's float32 products use XLA's default precision. `XLA_PYTHON_CLIENT_PREALLOCA
 
 Run (one GPU, about 8 minutes): python -m benchmarks.device_bench --out results/gpu
      one suite:                 python -m benchmarks.device_bench --suite sweep --out DIR
+     the quick suite (4.5 min): python -m benchmarks.device_bench --suite quick --out DIR
      on a CPU, small sizes:     python -m benchmarks.device_bench --sizes 64 --check_sizes 40 \
                                   --sweep_sizes 64 --blocks 32 --launches 16:4:2 --out DIR
 """
@@ -42,15 +47,13 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
-import pathlib  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
+from benchmarks import device_quick, timing, torch_ntxent  # noqa: E402
+from benchmarks import device_tables as tables  # noqa: E402
 from benchmarks import device_variants as dv  # noqa: E402
-from benchmarks import timing, torch_ntxent  # noqa: E402
 from tfcl_jax import losses, mappings  # noqa: E402
 
 SUITES = ("correctness", "ntxent", "clip", "sweep")
@@ -60,26 +63,12 @@ CHECKS = (("free", "ntxent"), ("tau=0.07", "clip"), ("learnable=0.07:100", "clip
 FLOOR_MODE = {"ntxent": "all", "clip": "two-tower", "cross": "cross"}
 
 
-def _inputs(n: int, d: int, dtype: str, seed: int = 0):
-  rng = np.random.default_rng(seed + n + d)
-  a = rng.normal(size=(n, d)).astype(np.float32)
-  b = (a + 0.5 * rng.normal(size=(n, d))).astype(np.float32)
-  z1, z2 = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
-  # The float32 copies hold exactly the values the device sees (bfloat16-rounded).
-  return np.asarray(z1, np.float32), np.asarray(z2, np.float32), z1, z2
-
-
-def _relative(got, expected) -> float:
-  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
-  return float(np.max(np.abs(got - expected)) / max(np.max(np.abs(expected)), 1e-30))
-
-
 def correctness(args, report) -> list[dict]:
   """Worst relative error of loss, gradients and mapping gradients against float64."""
   rows = []
   for n in args.check_sizes:
     for dtype in args.dtypes:
-      a, b, z1, z2 = _inputs(n, args.dim, dtype)
+      a, b, z1, z2 = dv.inputs(n, args.dim, dtype)
       for spec, loss in (check for check in CHECKS if check[0] in args.check_mappings):
         expected_value, expected_grads = dv.reference_loss(a, b, spec, loss)
         for implementation in ("xla", "pallas"):
@@ -97,11 +86,11 @@ def correctness(args, report) -> list[dict]:
                  "implementation": implementation, "note": note}
           if result is not None:
             value, grads = result
-            row["loss_error"] = _relative(value, expected_value)
-            row["grad_error"] = max(_relative(g, e) for g, e in zip(
+            row["loss_error"] = dv.relative(value, expected_value)
+            row["grad_error"] = max(dv.relative(g, e) for g, e in zip(
                 grads[:2], expected_grads[:2], strict=True))
             params = jax.tree.leaves(grads[2])
-            row["param_error"] = max((_relative(g, e) for g, e in zip(
+            row["param_error"] = max((dv.relative(g, e) for g, e in zip(
                 params, jax.tree.leaves(expected_grads[2]), strict=True)), default=None)
           rows.append(row)
   report.table(f"Correctness against float64 (D = {args.dim}): worst relative error "
@@ -121,17 +110,7 @@ def _pallas_runs(n: int, args) -> bool:
 
 
 def _time(variants: dict, args) -> dict:
-  """name -> (median seconds or None, bytes or None, note), timed interleaved."""
-  results = {name: (None, v.memory, v.note) for name, v in variants.items()}
-  live = {name: (v.run, ()) for name, v in variants.items() if v.run is not None}
-  if not live:
-    return results
-  timed, note = dv.guarded(lambda: timing.time_interleaved(live, args.repeats,
-                                                           max_seconds=args.max_seconds))
-  for name in live:
-    median = None if note else timed[name][0]
-    results[name] = (median, variants[name].memory, note or variants[name].note)
-  return results
+  return dv.time_variants(variants, args.repeats, args.max_seconds)
 
 
 def _jax_contenders(loss, spec, n, z1, z2, args, *, blocks=(), launches=(), dense=True) -> dict:
@@ -199,16 +178,16 @@ def speed(loss: str, args, report) -> list[dict]:
   names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
   report.table(f"{loss} ({spec}), D = {args.dim}, loss + gradient: median ms (GiB)",
                ["N", "dtype", "floor", *names],
-               [[r["n"], r["dtype"], _ms(r["floor"]) + (f" {r['floor_note']}" if r["floor_note"]
-                                                       else "")]
-                + [_cell(r["variants"].get(name)) for name in names] for r in rows])
+               [[r["n"], r["dtype"],
+                 tables.ms(r["floor"]) + (f" {r['floor_note']}" if r["floor_note"] else "")]
+                + [tables.cell(r["variants"].get(name)) for name in names] for r in rows])
   report.table(f"{loss}: ratios of medians (floor: minimum)",
                ["N", "dtype", "tiled XLA / floor", "Pallas / floor", "Pallas / tiled XLA",
                 "bfloat16 / float32 (Pallas)"],
-               [[r["n"], r["dtype"], _ratio(_median(r, "tiled XLA"), r["floor"]),
-                 _ratio(_median(r, "Pallas"), r["floor"]),
-                 _ratio(_median(r, "Pallas"), _median(r, "tiled XLA")),
-                 _ratio(_median(r, "Pallas"), _median(_same(rows, r, "float32"), "Pallas"))]
+               [[r["n"], r["dtype"], tables.ratio(_median(r, "tiled XLA"), r["floor"]),
+                 tables.ratio(_median(r, "Pallas"), r["floor"]),
+                 tables.ratio(_median(r, "Pallas"), _median(r, "tiled XLA")),
+                 tables.ratio(_median(r, "Pallas"), _median(_same(rows, r, "float32"), "Pallas"))]
                 for r in rows])
   return rows
 
@@ -236,7 +215,7 @@ def sweep(args, report) -> list[dict]:
   names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
   report.table(f"Sweep: NT-Xent ({args.mapping}), D = {args.dim}: median ms (GiB)",
                ["N", "dtype", *names],
-               [[r["n"], r["dtype"]] + [_cell(r["variants"].get(name)) for name in names]
+               [[r["n"], r["dtype"]] + [tables.cell(r["variants"].get(name)) for name in names]
                 for r in rows])
 
   def fastest(row, prefix):
@@ -254,27 +233,28 @@ def sweep(args, report) -> list[dict]:
 
 def _as_tables(rows, fastest) -> str:
   """The sweep's winners as rows of `_blocks._BLOCKS["gpu"]` (float32: the matrix side `2N` of
-  NT-Xent, the largest measured open-ended) and of `_triton_tiles.LAUNCH` (at the largest N)."""
+  NT-Xent, the largest measured open-ended) and of `_triton_tiles.LAUNCH`'s gradient kernels (at
+  the largest N)."""
   blocks = [(2 * r["n"], int(name.split()[-1])) for r in rows if r["dtype"] == "float32"
             for name in [fastest(r, "tiled XLA, block")] if name != "-"]
   blocks = [(side, tile) for side, tile in blocks[:-1]] + [(None, tile) for _, tile in blocks[-1:]]
   launch = []
-  for dtype, width in (("bfloat16", 2), ("float32", 4)):
+  for dtype in ("bfloat16", "float32"):
     sized = [r for r in rows if r["dtype"] == dtype]
     name = fastest(sized[-1], "Pallas, ") if sized else "-"
     if name != "-":
-      launch.append((width, None, tuple(int(x) for x in name.split()[-1].split(":"))))
+      launch.append(dv.launch_rows(dtype, tuple(int(x) for x in name.split()[-1].split(":"))))
   return (f"Measured rows: `_blocks._BLOCKS['gpu'] = {tuple(blocks)!r}`; "
-          f"`_triton_tiles.LAUNCH = {tuple(launch)!r}`")
+          + "; ".join(f"`{row}`" for rows_ in launch for row in rows_))
 
 
 def _cases(args, report, label: str, dtypes, sizes):
-  """`(dtype, N, _inputs(N, D, dtype))` for each dtype and size that `--budget_minutes` leaves
+  """`(dtype, N, dv.inputs(N, D, dtype))` for each dtype and size that `--budget_minutes` leaves
   time for (the others are skipped and said so)."""
   for dtype in dtypes:
     for n in sizes:
       if not _out_of_time(args, report, f"{label}, N = {n}, {dtype}"):
-        yield dtype, n, _inputs(n, args.dim, dtype)
+        yield dtype, n, dv.inputs(n, args.dim, dtype)
 
 
 def _out_of_time(args, report, what: str) -> bool:
@@ -283,46 +263,6 @@ def _out_of_time(args, report, what: str) -> bool:
     return False
   report.note(f"{what}: skipped, --budget_minutes {args.budget_minutes} spent")
   return True
-
-
-def _ms(seconds):
-  return "-" if seconds is None else f"{1e3 * seconds:.2f}"
-
-
-def _cell(value) -> str:
-  if value is None:
-    return "not run"
-  median, memory, note = value
-  text = _ms(median) + ("" if memory is None else f" ({memory / 2**30:.2f})")
-  return text + (f" {note}" if note else "")
-
-
-def _ratio(x, y):
-  return "-" if x is None or y is None else f"{x / y:.2f}"
-
-
-class Report:
-  """Markdown tables, printed as they come and written to `folder/device_bench.md`."""
-
-  def __init__(self, folder: str, header: str):
-    self.path = pathlib.Path(folder) / "device_bench.md"
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    self.parts = [f"# Device benchmark\n\n{header}\n"]
-    print(header, flush=True)
-
-  def note(self, text: str) -> None:
-    print(text, flush=True)
-    self.parts.append(f"\n{text}\n")
-    self.path.write_text("".join(self.parts))
-
-  def table(self, title: str, columns: list, rows: list) -> None:
-    lines = [f"\n## {title}\n", "| " + " | ".join(map(str, columns)) + " |",
-             "|---" * len(columns) + "|"]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    self.parts.append(text)
-    self.path.write_text("".join(self.parts))
 
 
 def _header(args) -> str:
@@ -341,7 +281,7 @@ def _header(args) -> str:
 def parse(argv: list[str] | None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", required=True, help="folder for device_bench.md")
-  parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=SUITES)
+  parser.add_argument("--suite", nargs="*", default=list(SUITES), choices=(*SUITES, "quick"))
   parser.add_argument("--sizes", type=int, nargs="*", default=[2**k for k in range(12, 18)])
   parser.add_argument("--check_sizes", type=int, nargs="*", default=[1000, 4096])
   parser.add_argument("--check_mappings", nargs="*", default=[spec for spec, _ in CHECKS],
@@ -355,8 +295,8 @@ def parse(argv: list[str] | None):
   parser.add_argument("--clip_mapping", default="tau=0.07", help="CLIP's mapping: tau=<value>")
   parser.add_argument("--blocks", type=int, nargs="*", default=[2048, 4096, 8192, 16384])
   parser.add_argument("--launches", nargs="*",
-                      default=["32:4:3", "64:8:2", "64:8:3", "64:8:4", "128:8:2"],
-                      help="the kernels' block:warps:stages to sweep")
+                      default=["64:4:1", "64:4:2", "64:8:2", "128:8:2"],
+                      help="the gradient kernels' block:warps:stages to sweep")
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--max_seconds", type=float, default=6.0)
   parser.add_argument("--floor_repeats", type=int, default=10)
@@ -365,8 +305,15 @@ def parse(argv: list[str] | None):
                       help="skip a contender whose memory estimate exceeds this")
   parser.add_argument("--pallas_cpu_max", type=int, default=128,
                       help="largest N for Pallas's interpreter on a CPU")
-  parser.add_argument("--budget_minutes", type=float, default=7.5,
-                      help="sizes not started by then are skipped (and said so)")
+  parser.add_argument("--budget_minutes", type=float, default=None,
+                      help="what is not started by then is skipped, and said so (default 7.5; "
+                      "4.5 for --suite quick alone)")
+  parser.add_argument("--quick_n", type=int, default=16384)
+  parser.add_argument("--quick_check_n", type=int, default=1000)
+  parser.add_argument("--quick_variants", nargs="*", default=list(device_quick.COLUMNS),
+                      choices=list(device_quick.COLUMNS))
+  parser.add_argument("--quick_launches", nargs="*", default=list(device_quick.LAUNCHES),
+                      help="the gradient kernels' block/warps with the default variant")
   parser.add_argument("--no_torch", action="store_true")
   parser.add_argument("--no_torch_compile", action="store_true")
   parser.add_argument("--no_inf_cl", action="store_true")
@@ -375,11 +322,15 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> dict:
   args = parse(argv)
+  if args.budget_minutes is None:
+    args.budget_minutes = 4.5 if args.suite == ["quick"] else 7.5
   args.deadline = time.monotonic() + 60 * args.budget_minutes
-  report = Report(args.out, _header(args))
+  report = tables.Report(args.out, _header(args))
   suites = {"correctness": correctness, "ntxent": lambda a, r: speed("ntxent", a, r),
-            "clip": lambda a, r: speed("clip", a, r), "sweep": sweep}
-  results = {name: suites[name](args, report) for name in SUITES if name in args.suite}
+            "clip": lambda a, r: speed("clip", a, r), "sweep": sweep,
+            "quick": lambda a, r: device_quick.quick(a, r, _pallas_runs(a.quick_n, a))}
+  results = {name: suites[name](args, report) for name in (*SUITES, "quick")
+             if name in args.suite}
   print(f"Written: {report.path}")
   return results
 

@@ -16,6 +16,7 @@ A contender that runs out of memory while compiling, warming up or timing is rep
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import torch_ntxent
+from benchmarks import timing, torch_ntxent
 from tfcl_jax import losses, mappings
 from tfcl_jax.losses import _triton_tiles
 
@@ -38,6 +39,35 @@ class Variant(NamedTuple):
   run: object
   memory: int | None
   note: str = ""
+
+
+def inputs(n: int, d: int, dtype: str, seed: int = 0):
+  """`(a, b, z1, z2)`: two correlated `[n, d]` views as `dtype` arrays (`z1`, `z2`) and their
+  float32 copies, which hold exactly the values the device sees (bfloat16-rounded)."""
+  rng = np.random.default_rng(seed + n + d)
+  a = rng.normal(size=(n, d)).astype(np.float32)
+  b = (a + 0.5 * rng.normal(size=(n, d))).astype(np.float32)
+  z1, z2 = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
+  return np.asarray(z1, np.float32), np.asarray(z2, np.float32), z1, z2
+
+
+def relative(got, expected) -> float:
+  """Worst relative error: max |error| / max |expected value|."""
+  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+  return float(np.max(np.abs(got - expected)) / max(np.max(np.abs(expected)), 1e-30))
+
+
+def time_variants(variants: dict, repeats: int, max_seconds: float) -> dict:
+  """name -> (median seconds or None, bytes or None, note) of `Variant`s, timed interleaved."""
+  results = {name: (None, v.memory, v.note) for name, v in variants.items()}
+  live = {name: (v.run, ()) for name, v in variants.items() if v.run is not None}
+  if not live:
+    return results
+  timed, note = guarded(lambda: timing.time_interleaved(live, repeats, max_seconds=max_seconds))
+  for name in live:
+    median = None if note else timed[name][0]
+    results[name] = (median, variants[name].memory, note or variants[name].note)
+  return results
 
 
 def is_oom(error: BaseException) -> bool:
@@ -90,15 +120,45 @@ def reference_loss(z1: np.ndarray, z2: np.ndarray, spec: str, loss: str):
     return np.asarray(value), jax.tree.map(np.asarray, grads)
 
 
+GRADIENT_FAMILIES = ("backward", "pairs")  # the `_triton_tiles.LAUNCH` rows a launch sets
+
+
 @contextlib.contextmanager
-def launch_options(block: int, warps: int, stages: int):
-  """The fused kernels traced with `(block, warps, stages)` for every D and dtype."""
-  saved = _triton_tiles.LAUNCH
-  _triton_tiles.LAUNCH = tuple((width, None, (block, warps, stages)) for width in (2, 4))
+def kernel_options(*, columns=None, launch=None):
+  """The fused kernels traced with `columns`, `(forward, backward)` of
+  `_triton_tiles.COLUMN_SIDE`, and `launch`, `(block, warps)` or `(block, warps, stages)` of
+  the gradient kernels for every dtype; None keeps the table's."""
+  saved_launch, saved_columns = dict(_triton_tiles.LAUNCH), dict(_triton_tiles.COLUMN_SIDE)
+  if columns is not None:
+    _triton_tiles.COLUMN_SIDE.update(forward=columns[0], backward=columns[1])
+  if launch is not None:
+    for key, value in saved_launch.items():
+      if key[0] in GRADIENT_FAMILIES:
+        _triton_tiles.LAUNCH[key] = dataclasses.replace(
+            value, block=launch[0], num_warps=launch[1],
+            num_stages=launch[2] if len(launch) > 2 else value.num_stages)
   try:
     yield
   finally:
-    _triton_tiles.LAUNCH = saved
+    _triton_tiles.LAUNCH.update(saved_launch)
+    _triton_tiles.COLUMN_SIDE.update(saved_columns)
+
+
+def default_columns() -> tuple[str, str]:
+  """`_triton_tiles.COLUMN_SIDE` as it is: `(forward, backward)`."""
+  return _triton_tiles.COLUMN_SIDE["forward"], _triton_tiles.COLUMN_SIDE["backward"]
+
+
+def launch_rows(dtype: str, launch) -> list[str]:
+  """`_triton_tiles.LAUNCH` rows, as Python, with the gradient kernels' `launch` for `dtype`."""
+  width = 2 if dtype == "bfloat16" else 4
+  rows = []
+  for family in GRADIENT_FAMILIES:
+    row = _triton_tiles.LAUNCH[family, width]
+    stages = launch[2] if len(launch) > 2 else row.num_stages
+    rows.append(f"LAUNCH[{family!r}, {width}] = Launch({launch[0]}, {row.block_d}, {launch[1]}, "
+                f"{stages})")
+  return rows
 
 
 def compiled(loss_fn, shape, mapping):
@@ -112,24 +172,25 @@ def compiled(loss_fn, shape, mapping):
 
 
 def jax_variants(loss: str, *, pallas: bool, dense: bool, blocks=(), launches=()) -> dict:
-  """name -> `(loss_fn, launch or None)` of the JAX contenders for `loss`."""
+  """name -> `(loss_fn, kernel_options or None)` of the JAX contenders for `loss`."""
   mapping_kw = LOSSES[loss]
-  out = {"tiled XLA": (functools.partial(_info_nce, kw=mapping_kw), None)}
+  out = {"tiled XLA": (functools.partial(call_info_nce, kw=mapping_kw), None)}
   for block in blocks:
     out[f"tiled XLA, block {block}"] = (
-        functools.partial(_info_nce, kw=dict(mapping_kw, block_size=block)), None)
+        functools.partial(call_info_nce, kw=dict(mapping_kw, block_size=block)), None)
   if pallas:
-    out["Pallas"] = (functools.partial(_info_nce, kw=dict(mapping_kw,
+    out["Pallas"] = (functools.partial(call_info_nce, kw=dict(mapping_kw,
                                                           implementation="pallas")), None)
     for launch in launches:
       out["Pallas, " + ":".join(map(str, launch))] = (
-          functools.partial(_info_nce, kw=dict(mapping_kw, implementation="pallas")), launch)
+          functools.partial(call_info_nce, kw=dict(mapping_kw, implementation="pallas")),
+          {"launch": launch})
   if dense:
     out["dense XLA"] = (functools.partial(_dense, loss=loss), None)
   return out
 
 
-def _info_nce(a, b, m, *, kw):
+def call_info_nce(a, b, m, *, kw):
   return losses.info_nce(a, b, mapping=m, **kw)
 
 
@@ -137,10 +198,10 @@ def _dense(a, b, m, *, loss):
   return dense_info_nce(a, b, mapping=m, loss=loss)
 
 
-def build_jax(loss_fn, launch, shape, mapping, z1, z2, *, max_bytes: float) -> Variant:
-  """Compiles one JAX contender; skipped (run None) when XLA's estimate exceeds `max_bytes`."""
-  context = launch_options(*launch) if launch else contextlib.nullcontext()
-  with context:
+def build_jax(loss_fn, options, shape, mapping, z1, z2, *, max_bytes: float) -> Variant:
+  """Compiles one JAX contender (the kernels with `kernel_options(**options)`); skipped (run
+  None) when XLA's estimate exceeds `max_bytes`."""
+  with kernel_options(**(options or {})):
     program, memory = compiled(loss_fn, shape, mapping)
   if memory is not None and memory > max_bytes:
     return Variant(None, memory, f"skipped: {memory / 2**30:.1f} GiB estimated")

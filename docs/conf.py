@@ -82,7 +82,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(jax|jaxlib|flax|optax|chex|numpy|np|jnp|sparse|orbax|ml_collections|grain|"
                r"tensorflow_datasets|matplotlib|sklearn|torch|nbformat)(\..*)?"),
-    (r"py:.*", r"(abc|collections\.abc|contextlib|typing|os|pathlib|numbers)\..*"),  # the stdlib
+    (r"py:.*", r"(abc|collections\.abc|contextlib|typing|os|pathlib|numbers|re)\..*"),  # the stdlib
     (r"py:class", r"ArrayTree"),  # chex.ArrayTree (optax's state types) prints without its module
 ]
 

@@ -8,8 +8,8 @@ config (the config file, or the experiment's `default_config`, with the command'
 experiment's other command (`Experiment.command_tables`, e.g. `experiments.grace.probe`) is
 rebuilt by that command's table, which may read other committed tables.
 
-The regret study (`experiments.regret`: `regret.md`, `.csv`, `.png`) is rebuilt after the
-tables, from the same CSVs.
+The regret study (`experiments.regret`: `regret.md`, `.csv`, `.png`, `regret_scales.png`) is
+rebuilt after the tables, from the same CSVs.
 
 Run: python -m experiments.regenerate            (rewrites every table's generated part)
      python -m experiments.regenerate --check    (exit 1 naming each table that differs)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {os.path.join(RESULTS, name + '.md')}")
   if with_regret:
     regret.write(RESULTS)
-    print(f"wrote {os.path.join(RESULTS, regret.NAME)}.md, .csv, .png")
+    print(f"wrote {os.path.join(RESULTS, regret.NAME)}.md, .csv, .png and {regret.SCALES}.png")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ the same programs again: it changes no result, only skips repeated compilations.
 given in `JAX_COMPILATION_CACHE_DIR` is used as is and kept.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -56,6 +57,32 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_sessionfinish(session):
+  """In a pytest-xdist worker, the end-of-session work done before the worker reports finished.
+
+  Once every worker has reported, the controller ends their gateways, and execnet gives a worker
+  5 s to return before it interrupts it with SIGINT; the KeyboardInterrupt then lands wherever
+  the worker is, typically in JAX's garbage-collection callback (`jax._src.lib._xla_gc_callback`,
+  called by the collections that pytest and the process's teardown make), and pytest reports it
+  as an unraisable exception. What takes a worker that long after its last test: freeing the
+  compiled programs of several hundred tests at those collections, and the hypothesis plugin's
+  terminal summary, which imports `hypothesis` (rewriting its asserts) in a worker that ran no
+  hypothesis test. Both are done here, before the worker reports (this hook runs inside xdist's
+  wrapper, which reports after it), so that what follows the report is quick.
+  """
+  del session
+  if "PYTEST_XDIST_WORKER" not in os.environ:
+    return
+  import gc  # noqa: PLC0415
+
+  import jax  # noqa: PLC0415
+
+  jax.clear_caches()
+  gc.collect()
+  if importlib.util.find_spec("hypothesis") is not None:
+    import hypothesis.internal.observability  # noqa: F401, PLC0415
 
 
 def pytest_unconfigure(config):

@@ -53,6 +53,39 @@ def test_help_names_the_command_as_it_is_typed():
       result.stdout[:200])
 
 
+COUNTING_CONFIG = """
+import ml_collections, os
+
+def get_config():
+  with open(os.environ["CONFIG_RUNS"], "a") as f:
+    f.write("ran\\n")
+  return ml_collections.ConfigDict(dict(losses="free", seeds=2, nested=dict(steps=3)))
+"""
+MAIN = """
+import sys
+from experiments.framework import cli
+cli.run_main(lambda config, workdir: print("trained", config.seeds, config.nested.steps),
+             check_config=lambda config: print("checked", config.losses), usage="u")
+"""
+
+
+@pytest.mark.parametrize("extra, printed", [
+    ((), "checked free\ntrained 2 3"),
+    (("--config.seeds=5", "--config.nested.steps=7"), "checked free\ntrained 5 7"),
+])
+def test_the_config_file_runs_once_per_command(tmp_path, extra, printed):
+  config = tmp_path / "config.py"
+  config.write_text(COUNTING_CONFIG)
+  runs = tmp_path / "runs.txt"
+  result = subprocess.run(
+      [sys.executable, "-c", MAIN, "--config", str(config), f"--workdir={tmp_path / 'w'}",
+       *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "CONFIG_RUNS": str(runs)})
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith(printed)
+  assert runs.read_text() == "ran\n"
+
+
 # Each wait ends as soon as its condition holds; the limit only has to outlast a machine whose
 # cores are shared with other jobs (the child compiles the SimCLR step before its first step).
 WAIT_S = 600

@@ -98,7 +98,7 @@ def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):
   assert "| 32 | bfloat16 |" in written
   # The sweep's winners in the form of the tables they would replace.
   assert "_blocks._BLOCKS['gpu'] = ((None, " in written
-  assert "_triton_tiles.LAUNCH = ((4, None, (" in written
+  assert "LAUNCH['backward', 4] = Launch(16, " in written
 
 
 def test_device_bench_reports_out_of_memory_and_goes_on(tmp_path, monkeypatch):
@@ -139,23 +139,25 @@ def test_loss_bench_prints_its_tables(capsys):
   assert "loss / tile limit" in out and "| 64 |" in out
 
 
-def test_kernel_resources_finds_each_triton_kernel_and_its_options():
-  from benchmarks import kernel_resources
-  from tfcl_jax.losses import _triton_tiles
-
-  names = {("free", "two-tower"): ["info_nce_lse_two_sided", "info_nce_lse_grads"],
-           ("learnable=0.07", "two-tower"): ["info_nce_lse", "info_nce_lse",
-                                             "info_nce_lse_grads"],
-           ("free", "all"): ["info_nce_lse_symmetric", "info_nce_lse_symmetric_grad"],
-           ("tau=0.1", "cross"): ["info_nce_lse", "info_nce_lse_grads"]}
-  for (spec, mode), expected in names.items():
-    kernels = kernel_resources.triton_modules(spec, mode, 256, 64, jnp.float32)
-    assert [k["name"] for k in kernels] == expected, (spec, mode)
-  for dtype in (jnp.float32, jnp.bfloat16):
-    kernels = kernel_resources.triton_modules("free", "two-tower", 256, 64, dtype)
-    _, warps, stages = _triton_tiles.launch(64, dtype)
-    for kernel in kernels:
-      assert kernel["ir"].startswith(f"module @{kernel['name']}") and "tt.func" in kernel["ir"]
-      assert (kernel["num_warps"], kernel["num_stages"]) == (warps, stages)
-    # bfloat16 inputs: the products take bfloat16 operands (raw rows), float32 otherwise.
-    assert ("bf16" in kernels[0]["ir"]) == (dtype == jnp.bfloat16)
+def test_quick_suite_checks_times_and_names_the_winners_on_cpu(tmp_path, capsys):
+  results = device_bench.main(["--out", str(tmp_path), "--suite", "quick", "--quick_n", "32",
+                               "--quick_check_n", "24", "--dim", "24", "--dtypes", "float32",
+                               "--quick_variants", "partials", "--quick_launches",
+                               "16/4", "--repeats", "1", "--floor_repeats", "1",
+                               "--max_seconds", "0.1", "--pallas_cpu_max", "32", "--no_torch",
+                               "--no_inf_cl"])
+  rows = results["quick"]
+  assert [(row["dtype"], row["loss"]) for row in rows] == [("float32", "ntxent"),
+                                                          ("float32", "clip")]
+  names = ["tiled XLA", "Pallas partials", "Pallas default, 16/4"]
+  for row in rows:
+    assert list(row["checked"]) == names and row["floor"] > 0
+    for name in names:
+      errors, note = row["checked"][name]
+      assert note == "" and max(errors) < 1e-5, (row["loss"], name, errors)
+      assert row["timed"][name][0] > 0, (row["loss"], name)
+  written = (tmp_path / "device_bench.md").read_text()
+  assert "Quick suite: N = 32, D = 24" in written
+  assert "| float32 | clip | Pallas partials |" in written
+  assert "float32: fastest Pallas " in written and "COLUMN_SIDE = {'forward': " in written
+  assert "Winning rows" in capsys.readouterr().out

@@ -74,8 +74,9 @@ def test_the_refused_string_would_never_have_trained():
   z1, z2 = _views()
   at_start = mappings.from_spec("learnable_free=100")
   at_start = at_start.bind(params=at_start.params)
-  np.testing.assert_array_equal(losses.info_nce(z1, z2, mapping=at_start),
-                                losses.info_nce(z1, z2, mapping="free"))
+  # Equal to the last bits free's closed form and the learnable mapping's own path allow.
+  np.testing.assert_allclose(losses.info_nce(z1, z2, mapping=at_start),
+                             losses.info_nce(z1, z2, mapping="free"), rtol=1e-6)
 
 
 @pytest.mark.parametrize("spec", LEARNABLE + ("sigmoid/learnable_free=100/learn_b=0",

@@ -4,6 +4,7 @@ call against the losses it names."""
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,21 +15,22 @@ from tfcl_jax import losses, mappings
 
 
 @pytest.mark.parametrize("text, family, mapping, bias, learn", [
-    ("free", "info_nce", "free", 0.0, False),
-    (" tau = 0.5 ", "info_nce", "tau=0.5", 0.0, False),
-    ("sigmoid/free", "sigmoid", "free", 0.0, False),
-    ("sigmoid/tau=1/b=-2.5", "sigmoid", "tau=1", -2.5, False),
-    ("sigmoid/free/learn_b=0", "sigmoid", "free", 0.0, True),
-    ("sigmoid/learnable=0.1/learn_b=siglip", "sigmoid", "learnable=0.1", -10.0, True),
-    ("sigmoid/tau=0.1/learn_b=prior", "sigmoid", "tau=0.1", math.log(1 / 99), True),
+    ("free", losses.InfoNCELoss, "free", 0.0, False),
+    (" tau = 0.5 ", losses.InfoNCELoss, "tau=0.5", 0.0, False),
+    ("sigmoid/free", losses.SigmoidLoss, "free", 0.0, False),
+    ("sigmoid/tau=1/b=-2.5", losses.SigmoidLoss, "tau=1", -2.5, False),
+    ("sigmoid/free/learn_b=0", losses.SigmoidLoss, "free", 0.0, True),
+    ("sigmoid/learnable=0.1/learn_b=siglip", losses.SigmoidLoss, "learnable=0.1", -10.0, True),
+    ("sigmoid/tau=0.1/learn_b=prior", losses.SigmoidLoss, "tau=0.1", math.log(1 / 99), True),
 ])
 def test_parse(text, family, mapping, bias, learn):
   spec = losses.from_spec(text, num_candidates=100)
-  assert (spec.family, spec.mapping.spec, spec.learn_bias) == (family, mapping, learn)
-  np.testing.assert_allclose(spec.bias, bias, rtol=1e-12)
+  assert type(spec) is family and spec.mapping.spec == mapping
+  assert getattr(spec, "learn_bias", False) == learn
+  np.testing.assert_allclose(getattr(spec, "bias", 0.0), bias, rtol=1e-12)
   again = losses.from_spec(spec.spec, num_candidates=100)  # the canonical spec round-trips
-  assert (again.spec, again.mapping.spec, again.bias, again.learn_bias) == (
-      spec.spec, spec.mapping.spec, spec.bias, spec.learn_bias)
+  assert (again.spec, again.mapping.spec, getattr(again, "bias", 0.0)) == (
+      spec.spec, spec.mapping.spec, getattr(spec, "bias", 0.0))
   assert ("bias" in spec.params) == learn
 
 
@@ -55,16 +57,21 @@ def test_call_is_the_named_loss():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("tau=0.1/b=1", "only a sigmoid loss"),
-    ("sigmoid", "expected sigmoid/<mapping>"),
-    ("sigmoid/free/c=1", "not b=<init> or learn_b=<init>"),
-    ("sigmoid/free/b=x", "not a number"),
-    ("sigmoid/tau=0.1/learn_b=prior", "needs num_candidates"),
-    ("sigmoid/tau=-1", "tau"),
+    ("tau=0.1/b=1", "'/' belongs to sigmoid/<mapping>[/b=INIT], sigmoid/<mapping>/learn_b=INIT"),
+    ("dot/free", "expected dot[+logq]; '/' belongs to sigmoid/<mapping>"),
+    ("sigmoid", "expected sigmoid/<mapping>[/b=INIT] or sigmoid/<mapping>/learn_b=INIT"),
+    ("sigmoid/free/c=1", "expected sigmoid/<mapping>[/b=INIT] or sigmoid/<mapping>/learn_b=INIT"),
+    ("sigmoid/free/b=x", "INIT is a number, siglip or prior"),
+    ("sigmoid/free/b=nan", "INIT is a number, siglip or prior"),
+    ("sigmoid/tau=0.1/learn_b=prior", "a prior bias needs num_candidates"),
+    ("sigmoid/free_n/learn_b=prior", "the mapping 'free_n' and a prior bias need num_candidates"),
+    ("sigmoid/tau=-1", "tau must be a finite number > 0, got -1.0"),
     ("sigmoid/free/b=1/c", "expected sigmoid/<mapping>"),
+    ("sigmod/free", "did you mean 'sigmoid'?"),
+    ("+logq", "nothing precedes +logq"),
 ])
 def test_bad_specs_name_the_problem(text, message):
-  with pytest.raises(ValueError, match=message):
+  with pytest.raises(ValueError, match=re.escape(message)):
     losses.from_spec(text)
 
 
@@ -111,17 +118,21 @@ def test_canonical_spec_builds_no_map(monkeypatch):
 
 
 @pytest.mark.parametrize("text, family, symmetric, logq, params", [
-    ("clip:learnable=0.07:100", "info_nce", True, False, ["t"]),
-    ("tau=0.1+logq", "info_nce", False, True, []),
-    ("dot", "dot", False, False, []),
-    ("dot+logq", "dot", False, True, []),
+    ("clip:learnable=0.07:100", losses.InfoNCELoss, True, False, ["t"]),
+    ("tau=0.1+logq", losses.InfoNCELoss, False, True, []),
+    ("dot", losses.DotProductLoss, False, False, []),
+    ("dot+logq", losses.DotProductLoss, False, True, []),
 ])
 def test_parse_retrieval_forms(text, family, symmetric, logq, params):
   loss = losses.from_spec(text)
-  assert (loss.family, loss.symmetric, loss.logq, sorted(loss.params)) == (
-      family, symmetric, logq, params)
-  assert loss.scores_cosines == (family != "dot")
-  assert (loss.mapping is None) == (family == "dot")
+  assert type(loss) is family
+  assert (getattr(loss, "symmetric", False), loss.logq, sorted(loss.params)) == (
+      symmetric, logq, params)
+  assert loss.scores_cosines == (family is not losses.DotProductLoss)
+  assert (loss.mapping is None) == (family is losses.DotProductLoss)
+  assert loss.supervised_form == (family is losses.InfoNCELoss and not (symmetric or logq))
+  assert loss.softmax  # each anchor's candidates in one softmax; the sigmoid loss's pairs are not
+  assert not losses.from_spec("sigmoid/free").softmax
 
 
 def _unit(z):
@@ -165,29 +176,28 @@ def test_call_checks_log_q_and_negatives():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("clip:sigmoid/free", "clip: takes a mapping spec"),
-    ("clip:free+logq", "scores both directions"),
-    ("sigmoid/free+logq", "scores both directions"),
-    ("clip:dot", "'dot' is not a mapping spec"),
-    ("tua=1", "Accepted forms"),
+    ("clip:sigmoid/free", "expected clip:<mapping>[+logq]; '/' belongs to sigmoid/<mapping>"),
+    ("sigmoid/free+logq", "sigmoid/<mapping>[/b=INIT] (sigmoid loss, scoring both directions"),
+    ("clip:dot", "'dot' is not a mapping spec: no mapping is named 'dot'"),
+    ("tua=1", "no mapping is named 'tua'; did you mean 'tau'?\nAccepted forms"),
     ("tua=1", "where <mapping> is a mapping spec"),
 ])
 def test_bad_retrieval_forms_name_the_problem(text, message):
-  with pytest.raises(ValueError, match=message):
+  with pytest.raises(ValueError, match=re.escape(message)):
     losses.canonical_spec(text)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"family": "softmax", "mapping": mappings.temperature_free()}, "family must be one of"),
-    ({"family": "dot", "mapping": mappings.temperature_free()}, "mapping must be None"),
-    ({"family": "info_nce", "mapping": None}, "mapping must be None"),
-    ({"family": "info_nce", "mapping": mappings.temperature_free(), "bias": 1.0},
-     "bias and learn_bias belong to the sigmoid family"),
-    ({"family": "sigmoid", "mapping": mappings.temperature_free(), "symmetric": True},
-     "symmetric is InfoNCE's"),
-    ({"family": "info_nce", "mapping": mappings.temperature_free(), "symmetric": True,
-      "logq": True}, "logq corrects"),
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: losses.InfoNCELoss("x", None), TypeError, "mapping of InfoNCELoss must be"),
+    (lambda: losses.SigmoidLoss("x", "free"), TypeError, "mapping of SigmoidLoss must be"),
+    # What belongs to one family is no field of another.
+    (lambda: losses.InfoNCELoss("x", mappings.temperature_free(), bias=1.0), TypeError, "bias"),
+    (lambda: losses.SigmoidLoss("x", mappings.temperature_free(), symmetric=True), TypeError,
+     "symmetric"),
+    (lambda: losses.DotProductLoss("x", mapping=mappings.temperature_free()), TypeError,
+     "mapping"),
+    (lambda: losses.Loss(), TypeError, "abstract"),
 ])
-def test_loss_spec_fields_are_checked(kwargs, message):
-  with pytest.raises(ValueError, match=message):
-    losses.Loss("x", **kwargs)
+def test_loss_fields_are_checked(make, error, message):
+  with pytest.raises(error, match=message):
+    make()

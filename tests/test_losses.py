@@ -234,8 +234,10 @@ class InvariantTest(chex.TestCase):
 
     @jax.jit
     def run(z):
+      held = {spec: mappings.from_spec(spec) for spec in specs}  # at their initial params, step 0
+      held = {spec: m.bind(params=m.params, step=0) for spec, m in held.items()}
       return {(spec, negatives, symmetric): losses.info_nce(
-          z, z, mapping=mappings.from_spec(spec), negatives=negatives, symmetric=symmetric,
+          z, z, mapping=held[spec], negatives=negatives, symmetric=symmetric,
           block_size=3) for spec in specs for negatives, symmetric in MODES}
 
     for (_, negatives, _), value in run(z).items():

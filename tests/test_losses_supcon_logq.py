@@ -77,6 +77,12 @@ def numpy_logq(z1, z2, logits_of, bias, where=None):
   return np.where(keep, per_row, 0.0)
 
 
+def _held(spec):
+  """The mapping of `spec` held at its initial params (a learnable one bound to them)."""
+  mapping = mappings.from_spec(spec)
+  return mapping.bind(params=mapping.params)
+
+
 def _data(n, d=8, seed=0):
   rng = np.random.default_rng(seed)
   return rng.normal(size=(n, d)).astype(np.float32)
@@ -88,7 +94,7 @@ class SupConTest(parameterized.TestCase):
   def test_equals_pytorch_metric_learning_transcription(self, spec, block_size):
     z = _data(24)
     labels = np.arange(24) % 4
-    got = losses.supervised_info_nce(z, labels, mapping=mappings.from_spec(spec), form="supcon",
+    got = losses.supervised_info_nce(z, labels, mapping=_held(spec), form="supcon",
                                      block_size=block_size)
     np.testing.assert_allclose(got, numpy_supcon(z, labels, NUMPY_MAPPINGS[spec]), rtol=2e-5)
 
@@ -143,7 +149,7 @@ class LogQTest(parameterized.TestCase):
   def test_equals_numpy_corrected_softmax(self, spec, block_size):
     z1, z2 = _data(13, seed=1), _data(13, seed=2)
     log_q = np.log(np.random.default_rng(3).uniform(0.01, 0.5, 13)).astype(np.float32)
-    got = losses.info_nce(z1, z2, mapping=mappings.from_spec(spec), candidate_bias=-log_q,
+    got = losses.info_nce(z1, z2, mapping=_held(spec), candidate_bias=-log_q,
                           block_size=block_size, reduction="none")
     np.testing.assert_allclose(got, numpy_logq(z1, z2, NUMPY_MAPPINGS[spec], -log_q), rtol=1e-4,
                                atol=1e-5)
@@ -184,6 +190,26 @@ class LogQTest(parameterized.TestCase):
     want = jax.jit(jax.grad(dense, argnums=(0, 1, 2, 3)))(z1, z2, mapping.params, bias)
     chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(got[3], 0.0)
+
+  @parameterized.product(spec=("tau=0.1", "free"), block_size=(None, 4))
+  def test_symmetric_loss_corrects_each_direction(self, spec, block_size):
+    # CLIP's loss with the logQ correction: z1 -> z2 against z2's biases, z2 -> z1 against z1's;
+    # the per-row losses are the two one-directional corrected softmaxes.
+    z1, z2 = _data(9, seed=1), _data(9, seed=2)
+    b2 = np.linspace(-2, 1, 9).astype(np.float32)
+    b1 = np.linspace(1.5, -1, 9).astype(np.float32)
+    where = np.array([1, 1, 0, 1, 1, 1, 1, 0, 1], bool)
+    got = losses.info_nce(z1, z2, mapping=_held(spec), symmetric=True,
+                          candidate_bias=(b2, b1), where=where, block_size=block_size,
+                          reduction="none")
+    logits_of = NUMPY_MAPPINGS[spec]
+    want = np.concatenate([numpy_logq(z1, z2, logits_of, b2, where),
+                           numpy_logq(z2, z1, logits_of, b1, where)])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    with self.assertRaisesRegex(ValueError, "is a pair"):
+      losses.info_nce(z1, z2, symmetric=True, candidate_bias=b2)
+    with self.assertRaisesRegex(ValueError, "is for symmetric=True"):
+      losses.info_nce(z1, z2, candidate_bias=(b2, b1))
 
   def test_engine_biases_both_directions(self):
     """The engine's `rows_and_columns` tiles: a column's statistics see the rows' bias."""

@@ -1,12 +1,13 @@
 """Every loss and every experiment's train step lowers for GPUs (`cuda`) and TPUs from this CPU
 host (`tfcl_jax.training.lowering`), nothing is run: the Pallas path as compiled kernels
 (Triton's on `cuda`, Mosaic's on `tpu`: their custom calls, not Pallas's interpreter), nothing
-in float64, no host callbacks or CPU-only calls. Sizes are those users run: N up to 2^17,
-D = 128 and 768, float32 and bfloat16."""
+in float64, no host callbacks or CPU-only calls; the kernels also with `jax_enable_x64` on.
+Sizes are those users run: N up to 2^17, D = 128 and 768, float32 and bfloat16."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -43,19 +44,21 @@ BANK = 4096
 
 
 def expected_kernels(mode: str, platform: str, mapping) -> int:
-  """`KERNELS` on TPUs. On GPUs (Triton) one backward kernel serves both sides of every tile
-  (the column-gradient kernel is gone), and with a closed form (`Mapping.exp_form`) the
-  two-tower loss's two forward kernels are one."""
-  if platform == "tpu":
-    return KERNELS[mode]
+  """`KERNELS` on TPUs. On GPUs (Triton, `_triton_tiles.COLUMN_SIDE`'s default: tiles that
+  serve both their sides forward, separate row and column kernels backward) the same, except
+  that with a closed form (`Mapping.exp_form`) one forward kernel serves both directions of the
+  two-tower loss."""
   closed_form = mapping.exp_form(jnp.float32) is not None
-  in_batch = {"all": 2, "cross": 2, "two-tower": 2 if closed_form else 3}[mode.split("+")[0]]
-  sides = 2 if mode.startswith("two-tower") else 1
-  return in_batch + (2 * sides if mode.endswith("+bank") else 0)
+  paired = platform != "tpu" and closed_form and mode.startswith("two-tower")
+  return KERNELS[mode] - paired
 
 
-def _check(report: lowering.LoweringReport, *, kernels: int = 0):
-  assert report.problems() == [], report.problems()
+def _check(report: lowering.LoweringReport, *, kernels: int = 0, x64: bool = False):
+  if x64:  # Python floats become float64 scalars, converted where used; no float64 array
+    assert report.problems() in ([], [f"{report.float64} float64 tensor types"])
+    assert not re.search(r"tensor<[0-9x]+xf64>", report.text)
+  else:
+    assert report.problems() == [], report.problems()
   assert report.kernels == kernels, report.custom_calls
   if kernels:  # the grid is in the kernel, not a loop of Pallas's interpreter
     assert "stablehlo.while" not in report.text
@@ -78,21 +81,25 @@ def _info_nce_report(mapping, mode, implementation, n, d, dtype, platform):
 # The mapping is code inside the tile, the mode the kernels around it: each mapping lowers in two
 # modes, the k-th mapping in mode k for GPUs and in mode k + 2 for TPUs (cyclically), both by each
 # implementation. Every mapping and every mode is so lowered for both platforms by both
-# implementations, and every mode with three or four mappings.
+# implementations, and every mode with three or four mappings. The kernels lower with
+# `jax_enable_x64` on for every other mapping (x64 in the id): every mode on each platform, and
+# every platform in each mode, both ways.
 _MODE_NAMES = list(MODES)
-CASES = [(name, _MODE_NAMES[(k + shift) % len(MODES)], implementation, platform)
+CASES = [(name, _MODE_NAMES[(k + shift) % len(MODES)], implementation, platform,
+          implementation == "pallas" and k % 2 == 1)
          for k, name in enumerate(MAPPINGS)
          for shift, platform in zip((0, 2), PLATFORMS, strict=True)
          for implementation in ("xla", "pallas")]
 
 
-@pytest.mark.parametrize("name, mode, implementation, platform", CASES,
-                         ids=["-".join(case) for case in CASES])
-def test_info_nce_every_mapping_and_mode_lowers(name, mode, implementation, platform):
-  report = _info_nce_report(MAPPINGS[name], mode, implementation, 1000, 768, jnp.float32,
-                            platform)
+@pytest.mark.parametrize("name, mode, implementation, platform, x64", CASES,
+                         ids=["-".join(case[:4]) + ("-x64" if case[4] else "") for case in CASES])
+def test_info_nce_every_mapping_and_mode_lowers(name, mode, implementation, platform, x64):
+  with jax.enable_x64(x64):
+    report = _info_nce_report(MAPPINGS[name], mode, implementation, 1000, 768, jnp.float32,
+                              platform)
   _check(report, kernels=expected_kernels(mode, platform, MAPPINGS[name])
-         if implementation == "pallas" else 0)
+         if implementation == "pallas" else 0, x64=x64)
 
 
 SIZES = [(n, d, dtype) for n in (1000, 4096, 2**17) for d in (128, 768)
@@ -110,10 +117,15 @@ def _size_platform(index: int) -> str:
 def test_info_nce_every_size_lowers(n, d, dtype):
   index = SIZES.index((n, d, dtype))
   mode, platform = ("all", "cross", "two-tower")[index % 3], _size_platform(index)
+  # The kernels with x64 on at (1000, 768), (4096, 128), (2^17, 768), both dtypes: each N, D,
+  # dtype and platform.
+  x64 = (index // 2 + index // 4) % 2 == 1
   for implementation in ("xla", "pallas"):
-    report = _info_nce_report(MAPPINGS["free"], mode, implementation, n, d, dtype, platform)
+    x64_here = x64 and implementation == "pallas"
+    with jax.enable_x64(x64_here):
+      report = _info_nce_report(MAPPINGS["free"], mode, implementation, n, d, dtype, platform)
     _check(report, kernels=expected_kernels(mode, platform, MAPPINGS["free"])
-           if implementation == "pallas" else 0)
+           if implementation == "pallas" else 0, x64=x64_here)
 
 
 def test_pallas_is_interpreted_when_lowered_for_the_cpu():

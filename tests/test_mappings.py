@@ -273,8 +273,9 @@ def test_mappings_are_pytrees_whose_leaves_are_the_learnable_scalars():
   traced(mappings.from_spec("free"), 0.5)
   traced(mappings.temperature_free(), 0.25)
   assert traced._cache_size() == 1
-  scaled = jax.vmap(lambda m: m(0.5))(
-      mappings.learnable_temperature().bind(params={"t": jnp.log(jnp.array([1.0, 2.0, 4.0]))}))
+  # Several values of t: bound one at a time under vmap (bind checks that t is a scalar).
+  scaled = jax.vmap(lambda t: mappings.learnable_temperature().bind(params={"t": t})(0.5))(
+      jnp.log(jnp.array([1.0, 2.0, 4.0])))
   np.testing.assert_allclose(scaled, [0.5, 1.0, 2.0], rtol=1e-6)
 
 

@@ -151,6 +151,9 @@ def test_random_split_and_padded_batches():
                                                              np.array([0, 0, 1, 0], np.int32)),
                                           num_items=3)
   np.testing.assert_allclose(np.exp(log_q), [0.75, 0.25, 0.125], rtol=1e-6)
+  users_log_q = interactions.log_user_frequency(
+      interactions.Pairs(np.array([1, 1, 1, 0], np.int32), np.zeros(4, np.int32)), num_users=3)
+  np.testing.assert_allclose(np.exp(users_log_q), [0.25, 0.75, 0.125], rtol=1e-6)
 
 
 # -- ranking ----------------------------------------------------------------------------------
@@ -207,6 +210,7 @@ def test_ids_only_tower_is_its_table_and_bags_average_their_tokens():
 @pytest.mark.parametrize("text, symmetric", [
     ("free+logq", False),
     ("clip:tau=0.1", True),
+    ("clip:free+logq", True),
     ("sigmoid/learnable=0.1/learn_b=siglip", False),
 ])
 def test_objective_feeds_the_library_loss(text, symmetric):
@@ -217,10 +221,11 @@ def test_objective_feeds_the_library_loss(text, symmetric):
       towers.Tower(vocab_sizes={"item_id": 9}, categorical=("item_id",), dim=8))
   users, items = {"user_id": jnp.arange(1, 5)}, {"item_id": jnp.arange(1, 9)}
   log_q = jnp.log(jnp.linspace(0.05, 0.3, 8))
+  users_log_q = jnp.log(jnp.array([0.4, 0.3, 0.2, 0.1]))
   loss = losses.from_spec(text, num_candidates=6)
-  assert loss.symmetric == symmetric
+  assert getattr(loss, "symmetric", False) == symmetric  # InfoNCE's flag (CLIP's loss)
   loss_fn = retrieval.make_retrieval_loss(model, loss, user_features=users, item_features=items,
-                                          log_q=log_q)
+                                          log_q=log_q, users_log_q=users_log_q)
   batch = {"user": jnp.array([0, 1, 2, 3, 0, 1]), "item": jnp.array([7, 2, 2, 5, 0, 1]),
            "valid": jnp.array([1, 1, 1, 1, 1, 0], bool)}
   variables = model.init(jax.random.key(0), retrieval.gather(users, batch["user"]),
@@ -232,6 +237,8 @@ def test_objective_feeds_the_library_loss(text, symmetric):
   c = np.asarray(variables["params"]["candidate_tower"]["embed_item_id"]["embedding"])[
       np.asarray(items["item_id"])[batch["item"]]]
   item_log_q = np.asarray(log_q)[np.asarray(batch["item"])] if loss.logq else None
+  if loss.log_q_sides == 2:  # CLIP's loss corrects each direction: items', then users' log q
+    item_log_q = (item_log_q, np.asarray(users_log_q)[np.asarray(batch["user"])])
   want = loss(q, c, params=loss.params, negatives="cross", where=batch["valid"],
               reduction="sum", log_q=item_log_q)
   np.testing.assert_allclose(value, want, rtol=1e-5)
@@ -299,7 +306,7 @@ def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, 
     ("candidate_features", "item_id,title", "config.data_dir: MovieLens items"),
     ("query_features", "user_id,shoe_size", "config.query_features: unknown feature"),
     ("batch_size", 100_000, "config.batch_size=100000"),
-    ("losses", "clip:free+logq", "config.losses"),
+    ("losses", "sigmoid/free+logq", "config.losses"),
     ("split", "temporal", "config.split"),
     ("hidden_dims", "64,x", "config.hidden_dims"),
 ])

@@ -17,6 +17,7 @@ import pytest
 
 from experiments.framework import plan, sweep, tables
 from experiments.framework import workdir as workdirs
+from tfcl_jax import losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +268,7 @@ def test_train_run_keys_the_run_by_its_seed_and_builds_its_row(tmp_path, monkeyp
                            options={"eval_every": 0})
 
   monkeypatch.setattr(sweep.training, "train", fake_train)
-  run = plan.Run("learnable=0.2", 7)
+  run = plan.Run("learnable=0.2", 7, loss=losses.spec.parse("learnable=0.2"))
   row = sweep.train_run(_config(num_devices=1, log_every=1), run, str(tmp_path),
                         num_candidates=3, build=build, keys=keys, mesh=object())
   seed_key = jax.random.key(7)
@@ -284,5 +285,43 @@ def test_train_run_keys_the_run_by_its_seed_and_builds_its_row(tmp_path, monkeyp
 
 def test_train_run_refuses_no_keys(tmp_path):
   with pytest.raises(ValueError, match="keys must be >= 1, got 0"):
-    sweep.train_run(_config(num_devices=1, log_every=1), plan.Run("free", 0), str(tmp_path),
+    sweep.train_run(_config(num_devices=1, log_every=1),
+                    plan.Run("free", 0, loss=losses.spec.parse("free")), str(tmp_path),
                     num_candidates=3, build=None, keys=0, mesh=object())  # type: ignore[arg-type]
+
+
+def test_a_run_carries_its_loss_parsed_once_from_the_plan(tmp_path, monkeypatch):
+  reads = []
+  read = losses.SPECS.read
+  monkeypatch.setattr(losses.SPECS, "read", lambda text: reads.append(text) or read(text))
+  config = ml_collections.ConfigDict({"losses": "sigmoid/free_n/learn_b=prior, tau=0.50, tau=0.5",
+                                      "seeds": 2})
+  runs = plan.plan(config, axes={"batch_size": [4, 8]},
+                   order=("batch_size", "spec", "seed"))
+  assert reads == ["sigmoid/free_n/learn_b=prior", "tau=0.50", "tau=0.5"]  # the config's text
+  assert [run.loss.spec for run in runs[:4]] == [run.spec for run in runs[:4]] == [
+      "sigmoid/free_n/learn_b=prior"] * 2 + ["tau=0.5"] * 2
+
+  class Built(Exception):
+    """The loss is all this test needs: training stops there."""
+
+  def build(loss, run_keys, mesh):
+    seen.append(loss)
+    raise Built
+
+  seen = []
+  for run in runs[:2]:
+    with pytest.raises(Built):
+      sweep.train_run(_config(num_devices=1, log_every=1), run, str(tmp_path),
+                      num_candidates=run["batch_size"] - 1, build=build, mesh=object())
+  assert len(reads) == 3  # built from the parsed spec, not parsed again
+  assert [loss.mapping.spec for loss in seen] == ["free_n=3", "free_n=3"]
+  assert seen[0].bias == pytest.approx(np.log(1 / 2))
+
+
+def test_train_run_refuses_a_run_without_a_loss(tmp_path):
+  with pytest.raises(ValueError, match="run 'popularity' carries no parsed loss"):
+    sweep.train_run(_config(num_devices=1, log_every=1), plan.Run("popularity", 0),
+                    str(tmp_path), num_candidates=3, build=None, mesh=object())  # type: ignore
+  with pytest.raises(ValueError, match="run 'free' carries the loss of 'tau=0.5'"):
+    plan.Run("free", 0, loss=losses.spec.parse("tau=0.5"))

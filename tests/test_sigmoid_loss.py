@@ -59,7 +59,8 @@ def test_equals_big_vision_and_open_clip_transcriptions():
   t, b = np.log(10.0), -10.0  # SigLIP's init
   with jax.enable_x64(True):
     for t_value, b_value in ((t, b), (1.0, -2.0)):
-      ours = losses.sigmoid_loss(z1, z2, mapping=mappings.learnable_temperature(t=t_value),
+      scaled = mappings.learnable_temperature(t=t_value)
+      ours = losses.sigmoid_loss(z1, z2, mapping=scaled.bind(params=scaled.params),
                                  bias=b_value, block_size=5)
       expected = big_vision_siglip(z1, z2, t_value, b_value)
       np.testing.assert_allclose(ours, expected, rtol=1e-12)

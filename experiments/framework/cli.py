@@ -51,7 +51,6 @@ def run_main(
   from absl import app, flags, logging
   from ml_collections import config_flags
 
-  config = config_flags.DEFINE_config_file("config", default_config, "experiment config file")
   workdir = flags.DEFINE_string("workdir", None, "output directory")
   distributed = flags.DEFINE_bool(
       "distributed", False, "call jax.distributed.initialize() first (one process per host; "
@@ -63,7 +62,8 @@ def run_main(
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments {argv[1:]}; {usage}")
-    if config.value is None or not workdir.value:
+    config = flags.FLAGS["config"] if "config" in flags.FLAGS else None
+    if config is None or not workdir.value:
       raise app.UsageError(usage)
     if quiet_logs:
       logging.set_verbosity(logging.WARNING)
@@ -119,13 +119,22 @@ def run_main(
       except BrokenPipeError:  # `--help | head`: the reader has all it wants
         os._exit(0)
       sys.exit(0)
-    problem = check_overrides(argv, default_config=default_config)
-    if problem:
-      print(f"error: {problem}", file=sys.stderr)
-      sys.exit(2)
     try:
+      # The config file runs once: its fields checked here, then overridden by the flags.
+      path = _config_path(argv, default_config)
+      config = None
+      if path is not None and os.path.isfile(path.partition(":")[0]):
+        config = load_config(path)
+      problem = check_overrides(argv, default_config=default_config, config=config)
+      if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+      argv = _without_config_file(argv)
+      if config is not None:  # `--config.FIELD=VALUE` overrides its fields
+        config_flags.DEFINE_config_dict("config", config, "experiment config file",
+                                        sys_argv=argv)
       return flags.FLAGS(argv)
-    except (flags.Error, ValueError, TypeError, AttributeError, KeyError) as error:
+    except (flags.Error, ValueError, TypeError, AttributeError, KeyError, OSError) as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
 
@@ -166,6 +175,21 @@ def _config_path(argv: list[str], default_config: str | None) -> str | None:
   return default_config
 
 
+def _without_config_file(argv: list[str]) -> list[str]:
+  """`argv` without `--config=FILE` (or `--config FILE`): the file is read already."""
+  kept, skip = [], False
+  for index, arg in enumerate(argv):
+    if skip:
+      skip = False
+    elif arg.startswith("--config="):
+      continue
+    elif arg == "--config" and index + 1 < len(argv):
+      skip = True
+    else:
+      kept.append(arg)
+  return kept
+
+
 def load_config(path: str):
   """`get_config()` of a config file (`FILE` or `FILE:ARG`), as `--config` loads it."""
   import importlib.util  # noqa: PLC0415
@@ -190,11 +214,13 @@ def _fields(config, prefix: str = "") -> dict[str, object]:
   return out
 
 
-def check_overrides(argv: list[str], *, default_config: str | None = None) -> str | None:
+def check_overrides(argv: list[str], *, default_config: str | None = None,
+                    config=None) -> str | None:
   """A one-line problem with the `--config.FIELD=VALUE` overrides in `argv`, or None.
 
   Names an unknown field with the closest known ones (`difflib`), a missing config file, and
-  a negative value for an int field whose default is >= 0.
+  a negative value for an int field whose default is >= 0. `config`: the config file's
+  `get_config()` where it is loaded already (else it is loaded here).
   """
   import difflib  # noqa: PLC0415
 
@@ -208,7 +234,7 @@ def check_overrides(argv: list[str], *, default_config: str | None = None) -> st
     return f"--config={path}: no such file."
   if not overrides:
     return None
-  fields = _fields(load_config(path))
+  fields = _fields(load_config(path) if config is None else config)
   for name in overrides:
     if name not in fields:
       initials = [f for f in fields

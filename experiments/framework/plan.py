@@ -3,10 +3,11 @@ of the fields that choose them.
 
 A run is one loss spec × seed × value of each axis an experiment adds (`Run`); `plan` lists a
 config's runs in the experiment's order and `Run.directory` gives each its folder,
-`runs/<spec>[/<axis>_<value>...]/seed<seed>`. `recorded` is the config as a workdir and each
-of its runs record it: without the fields that only choose which runs exist (`PLAN_FIELDS`),
-so a sweep grows by rerunning it with more seeds or losses, and without those that change
-nothing in a run (`NOT_RECORDED`).
+`runs/<spec>[/<axis>_<value>...]/seed<seed>`. The config holds loss specs as strings; `plan`
+reads each once (`parse_losses`), and its runs carry the parsed loss (`Run.loss`) to training.
+`recorded` is the config as a workdir and each of its runs record it: without the fields that
+only choose which runs exist (`PLAN_FIELDS`), so a sweep grows by rerunning it with more seeds
+or losses, and without those that change nothing in a run (`NOT_RECORDED`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tfcl_jax import losses
+from tfcl_jax.specs import ParsedSpec
 
 RUNS_DIR = "runs"
 MAX_RUNS = 100_000  # a plan larger than this is a typo (seeds=1e9), not a sweep
@@ -44,7 +46,9 @@ class ConfigTypeError(ConfigError, TypeError):
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One run of a sweep: its loss spec (canonical), its seed, and the axes an experiment adds,
-  e.g. `(("batch_size", 256),)`.
+  e.g. `(("batch_size", 256),)`; `loss`: the spec as `plan` parsed it, which builds the run's
+  `Loss` given its candidates per anchor (None: a name the experiment runs itself, such as
+  retrieval's `popularity`, or a run read back from its folder).
 
   Examples:
     >>> from experiments.framework.plan import Run
@@ -56,6 +60,11 @@ class Run:
   spec: str
   seed: int
   axes: tuple[tuple[str, Any], ...] = ()
+  loss: ParsedSpec | None = dataclasses.field(default=None, compare=False, repr=False)
+
+  def __post_init__(self):
+    if self.loss is not None and self.loss.spec != self.spec:
+      raise ValueError(f"run {self.spec!r} carries the loss of {self.loss.spec!r}.")
 
   def __getitem__(self, name: str):
     return dict(self.axes)[name]
@@ -158,12 +167,12 @@ def check_fields(config, *, positive: Sequence[str] = (), non_negative: Sequence
                         f"{config[field]!r}.")
 
 
-def loss_specs(config, *, example: str, field: str = "losses",
-               others: Sequence[str] = ()) -> list[str]:
-  """The canonical loss specs of `config.<field>`, each once, in order: the one parser of
+def parse_losses(config, *, example: str, field: str = "losses",
+                 others: Sequence[str] = ()) -> list[ParsedSpec | str]:
+  """The loss specs of `config.<field>` read once, each once, in order: the one parser of
   every experiment's losses (`free`, `tau=0.5`, `clip:learnable=0.07:100`,
-  `sigmoid/learnable=0.1/learn_b=siglip`, ...: `tfcl_jax.losses.canonical_spec`). `others` are
-  names an experiment runs beside its losses, taken as they are (retrieval's untrained
+  `sigmoid/learnable=0.1/learn_b=siglip`, ...: `tfcl_jax.losses.spec.parse`). `others` are
+  names an experiment runs beside its losses, kept as strings (retrieval's untrained
   `popularity`).
 
   Raises:
@@ -173,29 +182,54 @@ def loss_specs(config, *, example: str, field: str = "losses",
   Examples:
     >>> import ml_collections
     >>> from experiments.framework import plan
+    >>> config = ml_collections.ConfigDict({"losses": " tau=0.50, free, tau=0.5"})
+    >>> [parsed.spec for parsed in plan.parse_losses(config, example="free")]
+    ['tau=0.5', 'free']
+  """
+  parsed = {}
+  for text in split_list(config[field], name=field):
+    try:
+      spec = text if text in others else losses.spec.parse(text)
+    except ValueError as error:
+      raise ConfigError(f"config.{field}: {error} (e.g. --config.{field}={example})") from error
+    parsed.setdefault(spec if isinstance(spec, str) else spec.spec, spec)
+  return list(parsed.values())
+
+
+def loss_specs(config, *, example: str, field: str = "losses",
+               others: Sequence[str] = ()) -> list[str]:
+  """The canonical loss specs of `config.<field>`, each once, in order (`parse_losses`): how
+  the tables order their rows.
+
+  Examples:
+    >>> import ml_collections
+    >>> from experiments.framework import plan
     >>> plan.loss_specs(ml_collections.ConfigDict({"losses": " tau=0.50, free"}), example="free")
     ['tau=0.5', 'free']
   """
-  specs = split_list(config[field], name=field)
-  try:
-    return list(dict.fromkeys(spec if spec in others else losses.canonical_spec(spec)
-                              for spec in specs))
-  except ValueError as error:
-    raise ConfigError(f"config.{field}: {error} (e.g. --config.{field}={example})") from error
+  return [spec_of(parsed) for parsed in parse_losses(config, example=example, field=field,
+                                                      others=others)]
+
+
+def spec_of(loss: ParsedSpec | str) -> str:
+  """The canonical spec of a parsed loss, or the name an experiment runs itself."""
+  return loss if isinstance(loss, str) else loss.spec
 
 
 def plan(config, *, order: Sequence[str] = ("seed", "spec"),
-         axes: Mapping[str, Sequence] | None = None, specs: Sequence[str] | None = None,
+         axes: Mapping[str, Sequence] | None = None,
+         specs: Sequence[ParsedSpec | str] | None = None,
          example: str = "free,tau=0.5") -> list[Run]:
   """The runs of `config`: every spec × seed × axis value, nested in `order` (the first name
   varies slowest; e.g. `("seed", "spec")`: seed-major, so an interrupted sweep has as many
-  seeds of every spec).
+  seeds of every spec). Each run carries its parsed loss (`Run.loss`).
 
   Args:
     config: with `losses` (or `specs` given), `seeds` and optionally `seed_offset`.
     order: `"spec"`, `"seed"` and the names of `axes`.
     axes: the experiment's own axes, name -> values.
-    specs: the canonical specs, when the experiment reads them itself.
+    specs: the parsed losses (`parse_losses`), when the experiment reads them itself; a str
+      is a name it runs itself (its runs carry no loss).
     example: shown in the error for a bad `config.losses`.
 
   Raises:
@@ -205,7 +239,7 @@ def plan(config, *, order: Sequence[str] = ("seed", "spec"),
   axes = dict(axes or {})
   if sorted(order) != sorted(["spec", "seed", *axes]):
     raise ValueError(f"order must name 'spec', 'seed' and the axes {sorted(axes)}, got {order}.")
-  specs = loss_specs(config, example=example) if specs is None else list(specs)
+  specs = parse_losses(config, example=example) if specs is None else list(specs)
   check_fields(config, positive=("seeds",),
                non_negative=("seed_offset",) if "seed_offset" in config else ())
   count = len(specs) * config.seeds * math.prod(len(values) for values in axes.values())
@@ -217,7 +251,9 @@ def plan(config, *, order: Sequence[str] = ("seed", "spec"),
   runs = []
   for combination in itertools.product(*(values[name] for name in order)):
     named = dict(zip(order, combination, strict=True))
-    runs.append(Run(named["spec"], named["seed"], tuple((name, named[name]) for name in axes)))
+    loss = named["spec"]
+    runs.append(Run(spec_of(loss), named["seed"], tuple((name, named[name]) for name in axes),
+                    None if isinstance(loss, str) else loss))
   return runs
 
 

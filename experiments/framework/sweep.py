@@ -36,7 +36,7 @@ import numpy as np
 
 from experiments.framework import plan
 from experiments.framework import workdir as workdirs
-from tfcl_jax import losses, training
+from tfcl_jax import training
 from tfcl_jax.training import files
 from tfcl_jax.training import outputs as run_outputs
 
@@ -146,8 +146,9 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
               plan_fields: Sequence[str] = ()) -> dict:
   """Trains `run` as every sweep does, and returns its result row.
 
-  The run's loss is `losses.from_spec(run.spec, num_candidates=...)` (the candidates per
-  anchor of the experiment's batch, `losses.num_candidates`); its seed splits into `keys`
+  The run's loss is the one its plan parsed, built for the candidates per anchor of the
+  experiment's batch (`run.loss.build(num_candidates)`, `losses.num_candidates`); its seed
+  splits into `keys`
   keys (initialisation, training, then evaluation ones), or with `keys=1` is itself the one
   key, the training key (a run with nothing else to draw: MSC fine-tunes a pretrained
   encoder and scores deterministically); `mesh` (default: one over the first
@@ -161,7 +162,10 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
     trained values (`final_t`, `final_bias`), `train_seconds` and the columns of
     `Trainable.result`.
   """
-  loss = losses.from_spec(run.spec, num_candidates=num_candidates)
+  if run.loss is None:
+    raise ValueError(f"run {run.spec!r} carries no parsed loss: plan.plan makes the runs of "
+                     "the losses of a config.")
+  loss = run.loss.build(num_candidates)
   if keys < 1:
     raise ValueError(f"keys must be >= 1, got {keys}.")
   seed_key = jax.random.key(run.seed)

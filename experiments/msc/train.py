@@ -58,11 +58,13 @@ def plan_runs(config: ml_collections.ConfigDict) -> list[plan.Run]:
   Raises:
     ConfigError: naming the field.
   """
-  specs = plan.loss_specs(config, example="tau=0.25,free")
-  sigmoid = [spec for spec in specs if spec.startswith("sigmoid/")]
-  if sigmoid:
+  specs = plan.parse_losses(config, example="tau=0.25,free")
+  with plan.config_errors("config.losses: "):
+    candidates = losses.num_candidates(config.batch_size, negatives="all")
+    pairwise = [parsed.spec for parsed in specs if not parsed.build(candidates).softmax]
+  if pairwise:
     raise plan.ConfigError(f"config.losses: MSC fine-tunes with its InfoNCE loss (free, "
-                           f"tau=0.25, ...), got {sigmoid}.")
+                           f"tau=0.25, ...), got {pairwise}.")
   with plan.config_errors():
     num_classes = data.get_info(config.dataset).num_classes
   classes = parse_classes(config.classes, num_classes)

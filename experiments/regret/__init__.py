@@ -1,10 +1,12 @@
-"""The regret study of `docs/regret.md`: each candidate default against every benchmark's best
-fixed τ, from the committed per-seed CSVs.
+"""The regret study of `docs/regret.md`: each candidate default of both rounds against every
+benchmark's best fixed τ, from the committed per-seed CSVs.
 
-`study`: the rows, the candidates, the pairing by seed and the rules of `docs/regret.md`;
-`report`: `results/regret.md`, `.csv` and `.png`.
+`rows`: the candidates, rows, tables and sets of rows fixed before the runs; `runs`: a row's
+runs, its grid and reference, and the pairing by seed; `study`: the summaries and the rules of
+`docs/regret.md`; `scales`: what each scale did over training; `report` and `figures`:
+`results/regret.md`, `.csv`, `.png` and `regret_scales.png`.
 
-Run: python -m experiments.regret            (writes results/regret.md, .csv, .png)
+Run: python -m experiments.regret            (writes results/regret.md, .csv and the figures)
      python -m experiments.regret --check    (exit 1 when regret.md or regret.csv differ)
 `python -m experiments.regenerate` runs it after every other table.
 """

@@ -37,8 +37,8 @@ def reference(spec: str, present) -> str:
   `clip:free`, corrected ones against `free+logq`, the others against `free`."""
   if spec.startswith(("clip:", "sigmoid/")) and "clip:free" in present:
     return "clip:free"
-  if spec.endswith(losses.spec.LOGQ_SUFFIX) and f"free{losses.spec.LOGQ_SUFFIX}" in present:
-    return f"free{losses.spec.LOGQ_SUFFIX}"
+  if spec.endswith("+logq") and "free+logq" in present:
+    return "free+logq"
   return "free"
 
 

@@ -33,6 +33,7 @@ class Data:
   items: movielens_features.Encoded
   seen: np.ndarray | None  # [U, I] left out of the ranking, or None
   log_q: np.ndarray  # [I] log item frequency in the training pairs
+  users_log_q: np.ndarray  # [U] log user frequency (the candidates of CLIP's movie -> user)
 
 
 def _features(config, field: str, allowed) -> list[str]:
@@ -89,7 +90,8 @@ def load_data(config) -> Data:
   seen = interactions.seen(train, num_users=data.num_users, num_items=data.num_items) if (
       config.exclude_seen) else None
   return Data(train, test, data.num_users, data.num_items, encoded_users, encoded_items, seen,
-              interactions.log_item_frequency(train, num_items=data.num_items))
+              interactions.log_item_frequency(train, num_items=data.num_items),
+              interactions.log_user_frequency(train, num_users=data.num_users))
 
 
 def _hidden_dims(config) -> tuple[int, ...]:
@@ -174,6 +176,7 @@ def build(config, data: Data, loss: losses.Loss, example: dict, key: jax.Array, 
                                  weight_decay=config.weight_decay))
   loss_fn = retrieval.make_retrieval_loss(model, loss, user_features=users,
                                           item_features=items, log_q=jnp.asarray(data.log_q),
+                                          users_log_q=jnp.asarray(data.users_log_q),
                                           reduction=config.reduction)
   return model, state, training.make_train_step(loss_fn, mesh=mesh)
 
@@ -204,7 +207,8 @@ def abstract_step(config, mesh, *, spec: str = "free", num_users: int = 943,
   pairs = interactions.Pairs(rng.integers(0, num_users, num_pairs).astype(np.int32),
                              rng.integers(0, num_items, num_pairs).astype(np.int32))
   data = Data(pairs, pairs, num_users, num_items, side(config.query_features, num_users),
-              side(config.candidate_features, num_items), None, np.zeros(num_items, np.float32))
+              side(config.candidate_features, num_items), None, np.zeros(num_items, np.float32),
+              np.zeros(num_users, np.float32))
   example = next(interactions.batches(pairs, batch_size=config.batch_size, seed=seed, start=0,
                                       num_steps=1))
   loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
@@ -265,7 +269,8 @@ def plan_runs(config) -> list[plan.Run]:
   Raises:
     ConfigError: an empty or malformed `config.losses`, or seeds below 1.
   """
-  return plan.plan(config, order=("seed", "spec"), specs=report.specs_of(config))
+  return plan.plan(config, order=("seed", "spec"), specs=plan.parse_losses(
+      config, example=report.EXAMPLE, others=(report.POPULARITY,)))
 
 
 def check_config(config) -> None:

@@ -46,9 +46,9 @@ def plan_runs(config: ml_collections.ConfigDict) -> list[plan.Run]:
   """
   plan.check_fields(config, choices={"mode": MODES})
   if config.mode == "sweep":
-    specs, batch_sizes = plan.loss_specs(config, example="free,tau=0.5"), [config.batch_size]
+    specs, batch_sizes = plan.parse_losses(config, example="free,tau=0.5"), [config.batch_size]
   else:
-    specs = plan.loss_specs(config, example="free,tau=0.1", field="n_losses")
+    specs = plan.parse_losses(config, example="free,tau=0.1", field="n_losses")
     try:
       batch_sizes = [int(b) for b in plan.split_list(config.n_batch_sizes, name="n_batch_sizes")]
     except ValueError as error:
@@ -87,8 +87,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                        f"{sorted(augment.RECIPES)}")
     model = make_model(config)
   for run in runs:  # the objective's own checks (SupCon: an InfoNCE spec, negatives="all")
-    loss = losses.from_spec(run.spec, num_candidates=losses.num_candidates(
-        run["batch_size"], negatives=config.negatives))
+    assert run.loss is not None  # every run of the plan is a loss's
+    loss = run.loss.build(losses.num_candidates(run["batch_size"], negatives=config.negatives))
     with plan.config_errors(f"config.objective={config.objective!r}: "):
       make_loss_fn(config, model, loss, augment_fn=None)
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, losses, mappings
-from tfcl_jax.analysis.pattern import cosine_mapping, paper_pattern, pattern_embeddings
+from tfcl_jax.analysis.pattern import as_given, paper_pattern, pattern_embeddings
 
 
 def _row0_loss(cosines: jax.Array, mapping: mappings.Mapping) -> jax.Array:
@@ -46,8 +46,7 @@ def gradient_scale(mapping: mappings.MappingLike, C: jax.typing.ArrayLike, N: in
     [2.0, 0.5333]
 
   Args:
-    mapping: a `tfcl_jax.mappings.Mapping`, a mapping spec or a callable `cos -> logits`; a
-      batch-scaled mapping bound to its scale (`pattern.cosine_mapping`).
+    mapping: a `tfcl_jax.mappings.Mapping`, a mapping spec or a callable `cos -> logits`.
     C: float or floating array of cosines in the open interval `(-1, 1)`.
     N: number of candidates, a Python int `>= 2` (static: it sets shapes).
 
@@ -57,7 +56,7 @@ def gradient_scale(mapping: mappings.MappingLike, C: jax.typing.ArrayLike, N: in
   References:
     Kim & Kim, arXiv 2501.17683, Eq. 4, 7 and 13.
   """
-  mapping = cosine_mapping(mapping)
+  mapping = as_given(mapping)
   C = _checks.cosine(C, low_open=True, high_open=True)
   n = _checks.static_count(N)
   C = C.astype(_checks.float_dtype(C))
@@ -124,7 +123,7 @@ def optimum_probability(mapping: mappings.MappingLike, *, N: int = 2) -> jax.Arr
   Returns:
     A float32 scalar (float64 under x64).
   """
-  mapping = cosine_mapping(mapping)
+  mapping = as_given(mapping)
   n = _checks.static_count(N)
   cosines = jnp.concatenate([jnp.ones((1,)), -jnp.ones((n - 1,))])
   return jax.nn.softmax(mapping(cosines))[0]
@@ -174,7 +173,7 @@ def negative_weights(
   References:
     Wang & Liu, Understanding the Behaviour of Contrastive Loss, CVPR 2021.
   """
-  mapping = cosine_mapping(mapping)
+  mapping = as_given(mapping)
   cos_positive, cos_negatives = _hardness_inputs(cos_positive, cos_negatives)
   logits = mapping(jnp.concatenate([cos_positive[..., None], cos_negatives], axis=-1))
   return jax.nn.softmax(logits, axis=-1)[..., 1:]
@@ -211,7 +210,7 @@ def negative_gradients(
   References:
     Wang & Liu, CVPR 2021.
   """
-  mapping = cosine_mapping(mapping)
+  mapping = as_given(mapping)
   _checks.cosine(cos_positive, name="cos_positive", low_open=True, high_open=True)
   _checks.cosine(cos_negatives, name="cos_negatives", low_open=True, high_open=True)
   cos_positive, cos_negatives = _hardness_inputs(cos_positive, cos_negatives)

@@ -10,27 +10,6 @@ from tfcl_jax import mappings
 from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 
-def cosine_mapping(mapping: mappings.MappingLike) -> mappings.Mapping:
-  """`mapping` as a `Mapping` (`mappings.as_mapping`) with logits of its own, as the analyses
-  use it on the pattern.
-
-  A batch-scaled mapping (`mappings.calibrated_free()` ...) must be bound, `m.bind(scale=s)`: it
-  is then `s 2 artanh(c)`. Unbound, its scale is solved by a loss from its batch, and the
-  pattern `[C, -C, ..., -C]` is no such batch (`pattern_embeddings`' other rows only carry the
-  pattern's candidates): refused.
-
-  Raises:
-    ValueError: an unbound batch-scaled mapping, with the fix.
-  """
-  mapping = mappings.as_mapping(mapping)
-  if isinstance(mapping.fn, BatchScaled) and mapping.fn.scale is None:
-    raise ValueError(
-        f"mapping {mapping.spec!r} has a scale that a loss solves from its batch, and the "
-        f"pattern [C, -C, ..., -C] is no such batch: bind the scale to analyse, "
-        f"mapping.bind(scale=s) (s 2 artanh(c); losses.batch_scale gives a batch's s).")
-  return mapping
-
-
 def paper_pattern(C: jax.Array, n: int) -> jax.Array:
   """The cosines `[C, -C, ..., -C]` of Sections 3-4: the positive at `C`, `n - 1` negatives at
   `-C` (Eq. 3's setting).
@@ -72,3 +51,28 @@ def pattern_embeddings(cosines: jax.Array) -> tuple[jax.Array, jax.Array]:
   z2 = cosines[:, None] * eye[0] + sines[:, None] * eye[1:]
   z1 = z2.at[0].set(eye[0])
   return z1, z2
+
+
+def as_given(mapping: mappings.MappingLike) -> mappings.Mapping:
+  """`mapping` as the `Mapping` the analysis evaluates: at its params and its bound step (0 when
+  none), bound so that the losses take it (they refuse an unbound learnable or scheduled one,
+  which in training would silently not train or not anneal).
+
+  A batch-scaled mapping (`mappings.calibrated_free()` ...) must be bound, `m.bind(scale=s)`: it
+  is then `s 2 artanh(c)`. Unbound, its scale is solved by a loss from its batch, and the pattern
+  `[C, -C, ..., -C]` is no such batch (`pattern_embeddings`' other rows only carry the pattern's
+  candidates): refused with a `ValueError` that names the fix.
+
+  Examples:
+    >>> from tfcl_jax.analysis import pattern
+    >>> held = pattern.as_given("learnable=0.5")
+    >>> held.bound, round(float(held(0.25)), 4)
+    (True, 0.5)
+  """
+  mapping = mappings.as_mapping(mapping)
+  if isinstance(mapping.fn, BatchScaled) and mapping.fn.scale is None:
+    raise ValueError(
+        f"mapping {mapping.spec!r} has a scale that a loss solves from its batch, and the "
+        f"pattern [C, -C, ..., -C] is no such batch: bind the scale to analyse, "
+        f"mapping.bind(scale=s) (s 2 artanh(c); losses.batch_scale gives a batch's s).")
+  return mapping.bind(params=mapping.params, step=mapping.bound_step())

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, losses, mappings
-from tfcl_jax.analysis.pattern import cosine_mapping, paper_pattern, pattern_embeddings
+from tfcl_jax.analysis.pattern import as_given, paper_pattern, pattern_embeddings
 
 
 def _cast(*arrays):
@@ -192,7 +192,7 @@ def sigmoid_gradient_scale(mapping: mappings.MappingLike, C: jax.typing.ArrayLik
   Returns:
     `|dL/dC|`, with the shape of `C`.
   """
-  mapping = cosine_mapping(mapping)
+  mapping = as_given(mapping)
   C = _checks.cosine(C, low_open=True, high_open=True)
   n = _checks.static_count(N)
   C = C.astype(_checks.float_dtype(C))

@@ -134,8 +134,18 @@ def log_item_frequency(pairs: Pairs, *, num_items: int) -> np.ndarray:
   """`[I] float32` `log q_j`, `q_j` the share of the pairs whose item is `j` (the probability
   that a uniformly drawn training pair brings item `j` into a batch, up to the batch size,
   a constant that cancels in the softmax); `log(0.5 / M)` for items never seen."""
-  counts = np.bincount(pairs.item, minlength=num_items).astype(np.float64)
-  return np.log(np.maximum(counts, 0.5) / len(pairs)).astype(np.float32)
+  return _log_share(pairs.item, num_items, len(pairs))
+
+
+def log_user_frequency(pairs: Pairs, *, num_users: int) -> np.ndarray:
+  """`[U] float32` `log q_u`, as `log_item_frequency` for the users: the users' logQ correction
+  when they are the candidates (CLIP's loss, movie -> user)."""
+  return _log_share(pairs.user, num_users, len(pairs))
+
+
+def _log_share(ids: np.ndarray, num: int, total: int) -> np.ndarray:
+  counts = np.bincount(ids, minlength=num).astype(np.float64)
+  return np.log(np.maximum(counts, 0.5) / total).astype(np.float32)
 
 
 def batches(pairs: Pairs, *, batch_size: int, seed: int, start: int, num_steps: int,

@@ -4,31 +4,37 @@ InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with th
 temperature-free mapping), with extra negatives from a queue; SigLIP's sigmoid loss; the same
 losses across devices; the supervised contrastive loss; the softmax over raw dot products;
 `batch_scale`, the scale a batch-scaled mapping (`mappings.calibrated_free` ...) takes on a batch.
-`from_spec` reads a loss spec (docs/specs.md) into a `Loss`, a loss with its mapping and its
-parameters. Every cosine loss runs the tiled engine: dense logits are its one-tile case, chosen
-automatically where they are faster.
+`from_spec` reads a loss spec (docs/specs.md) into a `Loss`, a loss family (`InfoNCELoss`,
+`SigmoidLoss`, `DotProductLoss`) with its mapping and its parameters; each family registers its
+spec forms in `SPECS`. Every cosine loss runs the tiled engine: dense logits are its one-tile
+case, chosen automatically where they are faster.
 """
 
 from tfcl_jax.losses import queue
 from tfcl_jax.losses._batch_scale import batch_scale, supervised_batch_scale
 from tfcl_jax.losses._blocks import auto_block_size, balanced_tile
 from tfcl_jax.losses._devices import STRATEGIES
-from tfcl_jax.losses._dot import dot_product_softmax
-from tfcl_jax.losses._info_nce import info_nce
+from tfcl_jax.losses._dot import DotProductLoss, dot_product_softmax
+from tfcl_jax.losses._info_nce import InfoNCELoss, info_nce
 from tfcl_jax.losses._layout import check_block_size, l2_normalize, norm_floor
 from tfcl_jax.losses._sharded import info_nce_on_mesh, sharded_info_nce
 from tfcl_jax.losses._sigmoid import (
+    SigmoidLoss,
     sharded_sigmoid_loss,
     sigmoid_bias_init,
     sigmoid_loss,
     sigmoid_loss_on_mesh,
 )
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.losses.spec import Loss, as_loss, canonical_spec, from_spec, num_candidates
+from tfcl_jax.losses.spec import SPECS, Loss, as_loss, canonical_spec, from_spec, num_candidates
 
 __all__ = [
+    "SPECS",
+    "DotProductLoss",
+    "InfoNCELoss",
     "Loss",
     "STRATEGIES",
+    "SigmoidLoss",
     "as_loss",
     "auto_block_size",
     "balanced_tile",

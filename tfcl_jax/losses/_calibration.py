@@ -71,18 +71,24 @@ def _constant(side: Side) -> Side:
 def _negatives(layout: _layout.Layout, bank: Side | None, *, bias: bool, reduce_fn,
                block_size) -> tuple[_moments.Moments, jax.Array]:
   """Each anchor's moments over its negatives (in-batch, then the bank), in the loss's anchor
-  order, and the shift taken off the candidates' bias (0 without one): the largest valid bias,
-  so that every weight `exp(s (l - m) + b - shift)` is at most 1."""
+  order, and the shift taken off the candidates' bias (0 without one): the largest valid bias
+  (of either direction's candidates in CLIP's symmetric loss), so that every weight
+  `exp(s (l - m) + b - shift)` is at most 1. Without `bias` the candidates' bias is dropped."""
   rows = _constant(layout.rows)
   columns = None if layout.columns is None else _constant(layout.columns)
   shift = jnp.zeros((), rows.vectors.dtype)
-  if columns is not None and columns.bias is not None:
-    if bias:
-      top = jnp.max(jnp.where(columns.valid, columns.bias, -jnp.inf))
-      shift = jnp.where(jnp.isfinite(top), top, 0.0)
-      columns = columns._replace(bias=columns.bias - shift)
-    else:
-      columns = columns._replace(bias=None)
+  biased = [side for side in (rows, columns) if side is not None and side.bias is not None]
+  if biased and bias:  # one shift for both directions of CLIP's symmetric loss
+    top = jnp.max(jnp.stack([jnp.max(jnp.where(side.valid, side.bias, -jnp.inf))
+                             for side in biased]))
+    shift = jnp.where(jnp.isfinite(top), top, 0.0)
+
+  def shifted(side: Side | None) -> Side | None:
+    if side is None or side.bias is None:
+      return side
+    return side._replace(bias=side.bias - shift if bias else None)
+
+  rows, columns = shifted(rows), shifted(columns)
   reduction = _moments.ScaleMoments()
   row_out, col_out = reduce_fn(rows, columns, mapping=_FREE, kind=layout.kind,
                                block_size=block_size, tile_reduction=reduction)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
 from tfcl_jax.losses import _layout
+from tfcl_jax.losses._loss import SPECS, Loss
 
 
 def dot_product_softmax(
@@ -62,3 +65,33 @@ def dot_product_softmax(
   logits = jnp.where(mask[None, :], logits, -jnp.inf)
   per_row = jax.nn.logsumexp(logits, axis=1) - jnp.diagonal(logits)
   return _layout.reduce(per_row, mask, reduction, masked=valid is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class DotProductLoss(Loss):
+  """The softmax over raw dot products (`dot_product_softmax`) as a `Loss`: no mapping, no
+  normalisation, one direction `z1 -> z2` (`negatives="cross"`).
+
+  Attributes:
+    spec, logq: as `Loss`'s.
+  """
+
+  spec: str
+  logq: bool = False
+  mapping = None
+  scores_cosines = False
+  softmax = True
+
+  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
+    del params, step  # no mapping, nothing learnt
+    negatives = kwargs.pop("negatives", "cross")
+    if negatives != "cross":
+      raise ValueError("the dot loss scores each row of z1 against the rows of z2: "
+                       f"negatives must be 'cross', got {negatives!r}.")
+    return dot_product_softmax(z1, z2, candidate_bias=None if log_q is None
+                               else -jnp.asarray(log_q), **kwargs)
+
+
+SPECS.register("dot[+logq]", DotProductLoss,
+               help="raw dot products, no normalisation and no mapping; +logq: the logQ "
+                    "correction")

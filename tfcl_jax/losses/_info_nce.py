@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -10,6 +12,8 @@ import jax.numpy as jnp
 from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _calibration, _layout, _pallas
 from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
+from tfcl_jax.losses._supervised import supervised_info_nce
 from tfcl_jax.losses._tiles import Side
 
 IMPLEMENTATIONS = ("xla", "pallas")
@@ -61,19 +65,33 @@ def row_losses(layout: _layout.Layout, lse: jax.Array, mapping, positive_bias=No
 
 
 def check_candidate_bias(candidate_bias, n: int, *, negatives: str, symmetric: bool,
-                         extra_negatives, implementation: str) -> jax.Array | None:
-  """Checks `candidate_bias`: None, or `[N]` floats for the one-directional `cross` loss."""
+                         extra_negatives, implementation: str
+                         ) -> tuple[jax.Array, jax.Array | None] | None:
+  """Checks `candidate_bias`: None; `[N]` floats, the bias of `z2`'s rows as candidates of the
+  one-directional `cross` loss; or, for CLIP's symmetric loss, a pair `(z2's, z1's)`, each
+  direction's candidates. Returns `(bias of z2's rows, bias of z1's rows or None)`, constants.
+  """
   if candidate_bias is None:
     return None
-  bias = _layout.check_bias_row(candidate_bias, n, rows="z2")
-  if negatives != "cross" or symmetric:
-    raise ValueError("candidate_bias corrects the candidates of the z1 -> z2 direction: it needs "
-                     "negatives='cross' and symmetric=False.")
+  if negatives != "cross":
+    raise ValueError("candidate_bias corrects the candidates of a two-tower loss: it needs "
+                     "negatives='cross'.")
   if extra_negatives is not None:
     raise ValueError("candidate_bias is not defined for extra_negatives (they carry no bias).")
   if implementation != "xla":
     raise ValueError("candidate_bias needs implementation='xla'.")
-  return jax.lax.stop_gradient(bias)
+  if symmetric:
+    if not isinstance(candidate_bias, (tuple, list)) or len(candidate_bias) != 2:
+      raise ValueError("with symmetric=True, candidate_bias is a pair (bias of z2's rows as the "
+                       "candidates of z1 -> z2, bias of z1's rows as the candidates of z2 -> z1), "
+                       f"e.g. (-log q_items, -log q_users); got {type(candidate_bias).__name__}.")
+    columns = _layout.check_bias_row(candidate_bias[0], n, rows="z2")
+    rows = _layout.check_bias_row(candidate_bias[1], n, rows="z1")
+    return jax.lax.stop_gradient(columns), jax.lax.stop_gradient(rows)
+  if isinstance(candidate_bias, (tuple, list)):
+    raise ValueError("a pair of candidate biases is for symmetric=True (CLIP's loss); the "
+                     "one-directional loss takes the [N] bias of z2's rows.")
+  return jax.lax.stop_gradient(_layout.check_bias_row(candidate_bias, n, rows="z2")), None
 
 
 def info_nce(
@@ -112,11 +130,13 @@ def info_nce(
     then `z2` rows.
   * `extra_negatives` (a memory bank or queue, e.g. `losses.queue`): `K` more candidates for
     every anchor, under `stop_gradient`, masked by `extra_where`.
-  * `candidate_bias` (`cross`, one direction): `b_j` added to the logit of candidate `z2[j]`
-    for every anchor, its own positive included: `f(c_ij) + b_j`. With `b_j = -log q_j`,
-    `q_j` the probability that item `j` is in a batch, this is the sampling-bias (logQ)
-    correction of in-batch negatives (Yi et al. 2019; TFRS's
-    `candidate_sampling_probability`). It acts in logit space after the mapping: under
+  * `candidate_bias` (`cross`): `b_j` added to the logit of candidate `z2[j]` for every
+    anchor, its own positive included: `f(c_ij) + b_j`. With `b_j = -log q_j`, `q_j` the
+    probability that item `j` is in a batch, this is the sampling-bias (logQ) correction of
+    in-batch negatives (Yi et al. 2019; TFRS's `candidate_sampling_probability`). With
+    `symmetric=True` it is a pair, one bias per direction's candidates: `(b, b')`, `b` of
+    `z2`'s rows in `z1 -> z2`, `b'` of `z1`'s rows in `z2 -> z1` (e.g. `-log q` of the items
+    and of the users). It acts in logit space after the mapping: under
     `cos / tau` it is the usual `cos/tau - log q`; under the free map the corrected logit is
     `2 artanh(c) - log q`, the cosine's log-odds shifted by the same amount. Under `cos/tau`
     the correction weighs less against the similarity as `tau` shrinks; the free mapping has no
@@ -141,7 +161,8 @@ def info_nce(
     >>> bool(loss < jnp.log(8))
     True
     >>> nt_xent = losses.info_nce(z1, z2, mapping=mappings.temperature(0.5), negatives="all")
-    >>> clip = losses.info_nce(z1, z2, mapping=mappings.learnable_temperature(tau=0.07),
+    >>> clip_scale = mappings.learnable_temperature(tau=0.07)  # t = log(1 / 0.07), bound:
+    >>> clip = losses.info_nce(z1, z2, mapping=clip_scale.bind(params=clip_scale.params),
     ...                        symmetric=True)
     >>> nt_xent.shape, clip.shape
     ((), ())
@@ -178,8 +199,9 @@ def info_nce(
       tile), or None: chosen from the sizes and the backend (`losses.auto_block_size`).
     extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient).
     extra_where: optional `[K]` bool mask of valid extra negatives.
-    candidate_bias: optional `[N]` float logit offsets of the rows of `z2` as candidates (see
-      above; no gradient); `negatives="cross"`, `symmetric=False`, `implementation="xla"`.
+    candidate_bias: optional `[N]` float logit offsets of the rows of `z2` as candidates, or
+      with `symmetric=True` the pair `(z2's, z1's)` (see above; no gradient);
+      `negatives="cross"`, `implementation="xla"`.
     implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
       Pallas interpreter elsewhere, which is slow and meant for tests). A per-anchor scale
@@ -227,7 +249,8 @@ def info_nce(
 
 class Batch(NamedTuple):
   """A checked InfoNCE batch: the inputs, the loss's mapping, the layout of its similarity
-  matrix, the bank's side (or None), the candidate bias (or None) and the tile side."""
+  matrix, the bank's side (or None), each anchor's positive candidate's bias (or None) and the tile
+  side."""
 
   z1: jax.Array
   z2: jax.Array
@@ -262,9 +285,80 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
                               symmetric=symmetric, extra_negatives=bank,
                               implementation=implementation)
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
+  positive_bias = None
   if bias is not None:
     assert rows.columns is not None  # negatives="cross": z2's rows are the candidates
-    bias = bias.astype(dtype)
-    rows = rows._replace(columns=rows.columns._replace(bias=bias))
+    column_bias, row_bias = (None if b is None else b.astype(dtype) for b in bias)
+    rows = rows._replace(columns=rows.columns._replace(bias=column_bias))
+    positive_bias = column_bias  # anchor z1[i]'s positive is the candidate z2[i]
+    if row_bias is not None:  # and z2[j]'s is z1[j], a candidate of the direction z2 -> z1
+      rows = rows._replace(rows=rows.rows._replace(bias=row_bias))
+      positive_bias = jnp.concatenate([column_bias, row_bias])
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
-  return Batch(z1, z2, mapping, rows, bank, bias, block_size)
+  return Batch(z1, z2, mapping, rows, bank, positive_bias, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class InfoNCELoss(Loss):
+  """InfoNCE under a mapping (Eq. 1; Eq. 11-12 under `free`): `info_nce` as a `Loss`.
+
+  CLIP's symmetric loss is this family with `symmetric=True` (`clip:<mapping>`), not a family of
+  its own: the same function (`info_nce(..., symmetric=True)`), parameters and checks, scoring
+  both directions; with `+logq` it corrects each direction's candidates (`log_q` a pair, the
+  log sampling probabilities of `z2`'s rows and of `z1`'s).
+  Its supervised form is SupCon (`supervised`: `supervised_info_nce` under its mapping).
+
+  Examples:
+    >>> from tfcl_jax import losses
+    >>> clip = losses.from_spec("clip:learnable=0.07:100")
+    >>> type(clip).__name__, clip.symmetric, clip.mapping.spec
+    ('InfoNCELoss', True, 'learnable=0.07:100')
+
+  Attributes:
+    spec, mapping, logq: as `Loss`'s.
+    symmetric: both directions, `z1 -> z2` and `z2 -> z1` (CLIP's loss, `clip:`).
+  """
+
+  spec: str
+  mapping: mappings.Mapping
+  symmetric: bool = False
+  logq: bool = False
+  softmax = True
+
+  def __post_init__(self):
+    check_mapping(self.mapping, "InfoNCELoss")
+
+  @property
+  def supervised_form(self) -> bool:
+    return not (self.symmetric or self.logq)
+
+  @property
+  def log_q_sides(self) -> int:
+    return int(self.logq) * (2 if self.symmetric else 1)
+
+  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
+    if log_q is not None:
+      if self.symmetric:
+        if not isinstance(log_q, (tuple, list)) or len(log_q) != 2:
+          raise ValueError(f"loss {self.spec!r} corrects both directions: log_q must be a pair, "
+                           "the log sampling probabilities of z2's rows and of z1's rows "
+                           f"(e.g. items' and users'), got {type(log_q).__name__}.")
+        kwargs["candidate_bias"] = tuple(-jnp.asarray(q) for q in log_q)
+      else:
+        kwargs["candidate_bias"] = -jnp.asarray(log_q)
+    return info_nce(z1, z2, mapping=self.bound_mapping(params, step), symmetric=self.symmetric,
+                    **kwargs)
+
+  def supervised(self, z, labels, *, form, params, step=None) -> jax.Array:
+    """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`."""
+    if not self.supervised_form:
+      return super().supervised(z, labels, form=form, params=params, step=step)
+    return supervised_info_nce(z, labels, form=form, mapping=self.bound_mapping(params, step))
+
+
+SPECS.register("<mapping>[+logq]", InfoNCELoss,
+               help="InfoNCE under the mapping (free, tau=0.5, learnable=0.07); +logq: each "
+                    "candidate's logit minus log q, its log sampling probability (logQ)")
+SPECS.register("clip:<mapping>[+logq]", functools.partial(InfoNCELoss, symmetric=True),
+               help="CLIP's symmetric InfoNCE, scoring both directions, e.g. "
+                    "clip:learnable=0.07:100; +logq: each direction's candidates corrected")

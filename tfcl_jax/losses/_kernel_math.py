@@ -35,6 +35,15 @@ class KernelMapping:
   num_theta: int
 
 
+INDEX = jnp.int32  # every id, block index and loop counter in a kernel, with x64 on or off
+
+
+def loop(lower, upper, body, init):
+  """`jax.lax.fori_loop` with an int32 counter: Python bounds would make it int64 under
+  `jax_enable_x64`, and a kernel's indices must share one integer type."""
+  return jax.lax.fori_loop(jnp.asarray(lower, INDEX), jnp.asarray(upper, INDEX), body, init)
+
+
 def load_theta(mapping: KernelMapping, theta_ref) -> tuple[jax.Array, ...]:
   # One scalar load each: Triton lowers `ref[k]`, not slices of a loaded vector.
   return tuple(theta_ref[k] for k in range(mapping.num_theta))

@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tfcl_jax.losses._kernel_math import (
+    INDEX,
     KernelMapping,
     compiled_or_interpreted,
     keep_mask,
@@ -200,12 +201,11 @@ def _by_cols(block: int, axis: int):
 
 
 def _row_values(side: Side):
-  return (side.ids[:, None], side.positive_ids[:, None],
-          side.valid.astype(jnp.int32)[:, None])
+  return tuple(x.astype(INDEX)[:, None] for x in (side.ids, side.positive_ids, side.valid))
 
 
 def _col_values(side: Side):
-  return side.ids[None, :], side.valid.astype(jnp.int32)[None, :]
+  return tuple(x.astype(INDEX)[None, :] for x in (side.ids, side.valid))
 
 
 def forward(mapping: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:

@@ -1,29 +1,21 @@
-r"""The fused InfoNCE kernels for GPUs (Triton): one program per row (or column) block.
+r"""The fused InfoNCE kernels for GPUs (Triton) in which no program writes another's rows.
 
-A program holds one block of `block` rows and walks every block of the other side,
-FlashAttention-2's layout:
-
-* its own block of embeddings is loaded once, before the loop, and each tile
-  `S = U_i V_j^T` is one matrix product over the whole embedding dimension when `D` (padded to
-  a power of two) is at most `WHOLE_D` (256 for bfloat16 inputs, 128 for float32); wider
-  embeddings are walked in chunks of `CHUNK_D`;
-* the mapping is applied inside the tile, and the tile is folded into per-row statistics or,
-  backward, into the program's gradient block, which is a loop carry (registers) when `D` is
-  held whole and the program's own output block beyond that;
-* here no program writes another's output: no atomics.
-
-Kernels:
+A program holds one block of its own side and walks blocks of the other side, FlashAttention-2's
+layout; at small `N` the other side's blocks are split between several programs
+(`_triton_tiles.splits`, so that every SM has two), whose partial results XLA combines:
 
 * `forward`: `lse_i = log sum_{j negative of i} exp(f(S_ij))`, an online logsumexp, or a plain
   sum of `w(S_ij) = exp(f(S_ij) - shift)` for mappings with a closed form (`Mapping.exp_form`;
-  Eq. 11's `w = (1 + c) / (1 - c)`);
+  Eq. 11's `w = (1 + c) / (1 - c)`); tiled as a matrix product (`_triton_tiles.LAUNCH`'s
+  "forward": 128 x 128 tiles, `D` in steps, the reduction loop), no `D`-sized accumulator;
 * `row_grads`: each tile recomputed and its cotangent (`_kernel_math`), then
-  `dU_i = sum_j dS_ij V_j` with the mapping's parameter gradients (the anchors' gradient against a
-  bank of extra negatives, which takes none).
+  `dU_i = sum_j dS_ij V_j` with the mapping's parameter gradients, the gradient block a loop
+  carry (registers) when `D` is held whole and the program's own output block beyond that;
+* `col_grads`: the same for a column block, `dV_j = sum_i dS_ij^T U_i` (the candidates'
+  gradient where no tile serves both sides, `_triton_tiles.COLUMN_SIDE` "separate").
 
-The kernels that serve both sides of a tile, writing across programs, are
-`_kernel_triton_pairs`'s: `negatives="all"`'s symmetric tiles, the two-tower loss's row and
-column statistics from one pass, and one backward for both sides.
+No atomics and no fences: the sums' order, and so every bit, is the same from run to run.
+The kernels whose tiles serve both their sides are `_kernel_triton_pairs`'s.
 
 Raw rows (bfloat16 inputs, `_pallas`): a side's vectors may be the raw rows `z` with float32
 inverse norms `r = 1 / ||z||`, so that `S_ij = r_i r_j (z_i . z_j)`: the products run on
@@ -34,174 +26,71 @@ the normalisation. Float32 sides are unit rows (`r = 1`), and their products are
 XLA's default on the same GPUs.
 
 Every shape a kernel touches is a power of two (Triton's rule): `N` is padded to whole blocks
-with rows that are never anyone's candidate, and `D` with zeros. Tiles and launch options are
-`_triton_tiles`'s.
+with rows that are never anyone's candidate, and `D` with zeros.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
+from tfcl_jax.losses import _triton_blocks as tb
 from tfcl_jax.losses._kernel_math import (
     KernelMapping,
-    compiled_or_interpreted,
     keep_mask,
     load_theta,
+    loop,
     tile_cotangent,
     without_empty,
 )
 from tfcl_jax.losses._tiles import Side
 from tfcl_jax.losses._triton_tiles import (  # noqa: F401 - `tiles`: the backend's, for _pallas
+    Launch,
     Tiles,
-    inverse_norms,
-    is_raw,
+    splits,
     stats_dtype,
     tiles,
 )
 
-PLATFORMS = ("cuda", "rocm")
+
+def _first(g: tb.Geometry):
+  """The first block of the other side in this program's share (its split, `program_id(1)`):
+  read at the kernel's top level, where Pallas's interpreter gives program ids."""
+  return pl.program_id(1) * g.steps
 
 
-@dataclasses.dataclass(frozen=True)
-class _Geometry:
-  """Static tile geometry: `block` rows per program and per step, `D` in `chunks` of
-  `block_d` columns, `steps` blocks of the other side; `scaled`: raw rows with inverse
-  norms."""
-
-  block: int
-  block_d: int
-  chunks: int
-  steps: int
-  scaled: bool
-
-  @property
-  def whole(self) -> bool:
-    return self.chunks == 1
-
-
-def _geometry(tiles_: Tiles, dim: int, other: int, vectors, block_d: int | None = None
-              ) -> _Geometry:
-  block_d = block_d or tiles_.block_d
-  return _Geometry(tiles_.block, block_d, dim // block_d, other // tiles_.block,
-                   is_raw(vectors))
-
-
-def _span(g: _Geometry, j):
-  return pl.ds(pl.multiple_of(j * g.block, g.block), g.block)
-
-
-def _columns(g: _Geometry, c):
-  return pl.ds(pl.multiple_of(c * g.block_d, g.block_d), g.block_d)
-
-
-def _over_chunks(g: _Geometry, body, init):
-  """`body(c, carry)` for each chunk `c` of `D`, as a loop: one chunk's buffers serve them all
-  (unrolled, every chunk's operands would take their own shared memory)."""
-  return jax.lax.fori_loop(0, g.chunks, body, init)
-
-
-def _dot_t(a, b) -> jax.Array:
-  """`a b^T` with float32 accumulation."""
-  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-
-
-def _raw_products(g: _Geometry, a_ref, a_span, b_ref, b_span, a, b) -> jax.Array:
-  """`A B^T` of the blocks `a_ref[a_span]` and `b_ref[b_span]`: `a` and `b` are those blocks
-  already loaded (whole `D`), else `D` is walked in chunks."""
-  if g.whole:
-    return _dot_t(a, b)
-
-  def add(c, acc):
-    d = _columns(g, c)
-    return acc + _dot_t(a_ref[a_span, d], b_ref[b_span, d])
-
-  return _over_chunks(g, add, jnp.zeros((g.block, g.block), jnp.float32))
-
-
-def _cos(g: _Geometry, raw, r_scale, c_scale) -> jax.Array:
-  # Scaling after the product: the unit rows are never rounded to the inputs' precision.
-  return raw * r_scale * c_scale if g.scaled else raw
-
-
-def _whole_block(g: _Geometry, ref, span):
-  return ref[span, :] if g.whole else None
-
-
-def _zero(out_ref, g: _Geometry):
-  def clear(c, carry):
-    out_ref[:, _columns(g, c)] = jnp.zeros((g.block, g.block_d), out_ref.dtype)
-    return carry
-
-  _over_chunks(g, clear, 0)
-
-
-def _accumulate(out_ref, product, g: _Geometry):
-  """`out += product(d)` chunk by chunk, for `D > WHOLE_D` where a `[block, D]` float32
-  accumulator would not fit in registers: the program's own output block is its accumulator
-  (no other program writes it)."""
-  def add(c, carry):
-    d = _columns(g, c)
-    out_ref[:, d] = out_ref[:, d] + product(d)
-    return carry
-
-  _over_chunks(g, add, 0)
-
-
-def _add_product(acc, lhs, cols, c_ref, span, out_ref, g: _Geometry):
-  """`acc + lhs @ columns`: with the columns loaded whole (`cols`) into the loop carry `acc`,
-  else chunk by chunk into the program's own output block `out_ref` (`_accumulate`)."""
-  if g.whole:
-    assert cols is not None  # loaded whole by the caller
-    return acc + jnp.dot(lhs, cols, preferred_element_type=jnp.float32)
-  _accumulate(out_ref, lambda d: jnp.dot(lhs, c_ref[span, d],
-                                         preferred_element_type=jnp.float32), g)
-  return acc
-
-
-def _rows(x):
-  return x[:, None]
-
-
-def _cols(x):
-  return x[None, :]
-
-
-_ALL = slice(None)
-
-
-def _forward_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, r_ref, r_scale_ref, r_ids_ref,
-                   r_pos_ref, r_valid_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, lse_ref):
-  """One row block's logsumexp over every column block (grid: row blocks)."""
+def _forward_kernel(mapping: KernelMapping, g: tb.Geometry, theta_ref, r_ref, r_scale_ref,
+                    r_ids_ref, r_pos_ref, r_valid_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref,
+                    lse_ref):
+  """One row block's logsumexp over its share of the column blocks (grid: row blocks, splits)."""
   block, dtype = g.block, lse_ref.dtype
   theta = load_theta(mapping, theta_ref)
-  r_ids, r_pos, r_valid = (_rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
-  r_scale = _rows(r_scale_ref[...])
-  rows = _whole_block(g, r_ref, _ALL)  # loaded once, for every column block
+  r_ids, r_pos, r_valid = (tb.rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
+  r_scale = tb.rows(r_scale_ref[...])
+  rows = tb.whole_block(g, r_ref, tb.ALL)  # loaded once when D is whole
+  first = _first(g)
 
-  def tile(j):
-    span = _span(g, j)
-    raw = _raw_products(g, r_ref, _ALL, c_ref, span, rows, _whole_block(g, c_ref, span))
-    cos = _cos(g, raw, r_scale, _cols(c_scale_ref[span])).astype(dtype)
-    return cos, keep_mask(r_ids, r_pos, r_valid, _cols(c_ids_ref[span]),
-                          _cols(c_valid_ref[span]))
+  def tile(t):
+    span = tb.span(g, first + t)
+    raw = tb.products(g, r_ref, tb.ALL, c_ref, span, rows, tb.whole_block(g, c_ref, span))
+    cos = tb.scaled(g, raw, r_scale, tb.cols(c_scale_ref[span])).astype(dtype)
+    return cos, keep_mask(r_ids, r_pos, r_valid, tb.cols(c_ids_ref[span]),
+                          tb.cols(c_valid_ref[span]))
 
   if mapping.fast is not None:
-    def add(j, total):
-      cos, keep = tile(j)
+    def add(t, total):
+      cos, keep = tile(t)
       return total + jnp.sum(jnp.where(keep, mapping.fast.weight(cos), 0.0), axis=1)
 
-    total = jax.lax.fori_loop(0, g.steps, add, jnp.zeros((block,), dtype))
+    total = loop(0, g.steps, add, jnp.zeros((block,), dtype))
     shift = jnp.full((block,), mapping.fast.shift, dtype)
   else:
-    def fold(j, carry):
+    def fold(t, carry):
       m, total = carry
-      cos, keep = tile(j)
+      cos, keep = tile(t)
       logits = jnp.where(keep, mapping.fn(cos, theta), -jnp.inf)
       new_m = jnp.maximum(m, jnp.max(logits, axis=1))
       # A row with no candidate yet keeps m = -inf: shift by 0 there to avoid inf - inf.
@@ -210,114 +99,138 @@ def _forward_kernel(mapping: KernelMapping, g: _Geometry, theta_ref, r_ref, r_sc
           jnp.where(keep, jnp.exp(logits - safe[:, None]), 0.0), axis=1)
       return new_m, total
 
-    shift, total = jax.lax.fori_loop(
-        0, g.steps, fold, (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype)))
+    shift, total = loop(0, g.steps, fold,
+                        (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype)))
   nonempty = total > 0
   lse_ref[...] = jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, total, 1.0)),
                            -jnp.inf)
 
 
-def _finish(g: _Geometry, out_ref, acc):
-  if g.whole:
-    out_ref[...] = acc.astype(out_ref.dtype)
+def _split_out(block: int, dim: int | None, parts: int):
+  """Program `(i, s)`'s block of a `[splits, M]` (or `[splits, M, dim]`) output; of `[M]` (or
+  `[M, dim]`) without splits."""
+  if parts == 1:
+    return tb.own_block(block, dim)
+  if dim is None:
+    return pl.BlockSpec((pl.squeezed, block), lambda i, s: (s, i))
+  return pl.BlockSpec((pl.squeezed, block, dim), lambda i, s: (s, i, 0))
 
 
-def _row_grad_kernel(mapping: KernelMapping, g: _Geometry, columns: bool, theta_from_columns: bool,
-                    theta_ref, r_ref, r_scale_ref, r_ids_ref, r_pos_ref, r_valid_ref, r_lse_ref,
-                    r_g_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref, c_lse_ref, c_g_ref,
-                    dr_ref, dtheta_ref):
-  """`dU_i = sum_j dS_ij V_j` for one row block, and its share of `dtheta`."""
-  dtype = dtheta_ref.dtype
-  theta = load_theta(mapping, theta_ref)
-  r_ids, r_pos, r_valid = (_rows(r[...]) for r in (r_ids_ref, r_pos_ref, r_valid_ref))
-  r_lse, r_g = without_empty(_rows(r_lse_ref[...]), _rows(r_g_ref[...]))
-  r_scale = _rows(r_scale_ref[...])
-  rows = _whole_block(g, r_ref, _ALL)
-  if not g.whole:
-    _zero(dr_ref, g)
-
-  def body(j, carry):
-    acc, dtheta = carry
-    span = _span(g, j)
-    cols = _whole_block(g, c_ref, span)  # one load for the tile and for the product
-    c_scale = _cols(c_scale_ref[span])
-    cos = _cos(g, _raw_products(g, r_ref, _ALL, c_ref, span, rows, cols), r_scale,
-               c_scale).astype(dtype)
-    keep = keep_mask(r_ids, r_pos, r_valid, _cols(c_ids_ref[span]), _cols(c_valid_ref[span]))
-    c_lse, c_g = (without_empty(_cols(c_lse_ref[span]), _cols(c_g_ref[span])) if columns
-                  else (None, None))
-    dcos, dth = tile_cotangent(mapping, theta, cos, keep, r_lse, r_g, c_lse, c_g,
-                               columns=columns, theta_from_columns=theta_from_columns)
-    # Raw columns: G_i = sum_j dS_ij r_j z_j, the gradient for the unit rows.
-    dcos = (dcos * c_scale if g.scaled else dcos).astype(c_ref.dtype)
-    acc = _add_product(acc, dcos, cols, c_ref, span, dr_ref, g)
-    if dth is not None:
-      dtheta = tuple(t + x for t, x in zip(dtheta, dth, strict=True))
-    return acc, dtheta
-
-  acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
-  acc, dtheta = jax.lax.fori_loop(
-      0, g.steps, body, (acc, tuple(jnp.zeros((), dtype) for _ in range(mapping.num_theta))))
-  _finish(g, dr_ref, acc)
-  for k, value in enumerate(dtheta):
-    dtheta_ref[0, k] = value
-
-
-def _call(kernel, tiles_: Tiles, **kwargs):
-  return compiled_or_interpreted(
-      kernel, platforms=PLATFORMS,
-      compiler_params=pltriton.CompilerParams(num_warps=tiles_.num_warps,
-                                              num_stages=tiles_.num_stages),
-      **kwargs)
-
-
-def _block_rows(block: int, dim: int | None = None):
-  shape = (block,) if dim is None else (block, dim)
-  return pl.BlockSpec(shape, lambda i: (i,) + (0,) * (len(shape) - 1))
-
-
-def _whole(shape):
-  return pl.BlockSpec(shape, lambda i: (0,) * len(shape))
-
-
-def _anchor_arrays(side: Side):
-  return (side.vectors, inverse_norms(side.vectors), side.ids, side.positive_ids,
-          side.valid.astype(jnp.int32))
-
-
-def _candidate_arrays(side: Side):
-  return (side.vectors, inverse_norms(side.vectors), side.ids, side.valid.astype(jnp.int32))
+def _grid(launch: Launch, tiles_: Tiles, own: int, other: int) -> tuple[int, int]:
+  """(blocks of the program's own side, splits of the other side's blocks)."""
+  blocks = own // launch.block
+  return blocks, splits(blocks, other // launch.block, tiles_.min_programs)
 
 
 def forward(mapping: KernelMapping, tiles_: Tiles, theta, a: Side, b: Side) -> jax.Array:
   """Each row of `a`: the logsumexp of its negatives among the rows of `b`."""
-  (m, d), k = a.vectors.shape, b.vectors.shape[0]
-  g = _geometry(tiles_, d, k, a.vectors)
-  row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
-  return _call(
-      functools.partial(_forward_kernel, mapping, g), tiles_, grid=(m // tiles_.block,),
-      in_specs=[_whole(theta.shape), row, vec, vec, vec, vec, _whole((k, d)), _whole((k,)),
-                _whole((k,)), _whole((k,))],
-      out_specs=vec, out_shape=jax.ShapeDtypeStruct((m,), stats_dtype(a.vectors)),
-      name="info_nce_lse")(theta, *_anchor_arrays(a), *_candidate_arrays(b))
+  (m, d), k, launch = a.vectors.shape, b.vectors.shape[0], tiles_.forward
+  blocks, parts = _grid(launch, tiles_, m, k)
+  g = tb.geometry(launch, d, k // launch.block // parts, a.vectors)
+  row, vec = tb.own_block(launch.block, d), tb.own_block(launch.block)
+  lse = tb.call(
+      functools.partial(_forward_kernel, mapping, g), launch, grid=(blocks, parts),
+      in_specs=[tb.whole(theta.shape), row, vec, vec, vec, vec, tb.whole((k, d))]
+      + [tb.whole((k,))] * 3,
+      out_specs=_split_out(launch.block, None, parts),
+      out_shape=jax.ShapeDtypeStruct((parts, m)[parts == 1:], stats_dtype(a.vectors)),
+      name="info_nce_lse")(theta, *tb.anchor_arrays(a), *tb.candidate_arrays(b))
+  return lse if parts == 1 else jax.nn.logsumexp(lse, axis=0)
+
+
+def _grad_kernel(mapping: KernelMapping, g: tb.Geometry, own_rows: bool, columns: bool,
+                 theta_from_columns: bool, theta_ref, r_ref, r_scale_ref, r_ids_ref, r_pos_ref,
+                 r_valid_ref, r_lse_ref, r_g_ref, c_ref, c_scale_ref, c_ids_ref, c_valid_ref,
+                 c_lse_ref, c_g_ref, out_ref, *dtheta_ref):
+  """`dU_i = sum_j dS_ij V_j` for one row block (`own_rows`) with its share of `dtheta`, or
+  `dV_j = sum_i dS_ij^T U_i` for one column block; tiles in the rows' orientation."""
+  theta = load_theta(mapping, theta_ref)
+
+  def row_values(index):
+    lse, g_ = without_empty(tb.rows(r_lse_ref[index]), tb.rows(r_g_ref[index]))
+    return (tb.rows(r_scale_ref[index]), tb.rows(r_ids_ref[index]), tb.rows(r_pos_ref[index]),
+            tb.rows(r_valid_ref[index]), lse, g_)
+
+  def col_values(index):
+    lse, g_ = (without_empty(tb.cols(c_lse_ref[index]), tb.cols(c_g_ref[index])) if columns
+               else (None, None))
+    return (tb.cols(c_scale_ref[index]), tb.cols(c_ids_ref[index]), None,
+            tb.cols(c_valid_ref[index]), lse, g_)
+
+  own_ref, other_ref = (r_ref, c_ref) if own_rows else (c_ref, r_ref)
+  # The program's own block and its values, loaded once (the block only when D is whole).
+  own = tb.whole_block(g, own_ref, tb.ALL)
+  own_values = (row_values if own_rows else col_values)(tb.ALL)
+  if not g.whole:
+    tb.zero(out_ref, g)
+  first = _first(g)
+
+  def body(t, carry):
+    acc, dtheta = carry
+    span = tb.span(g, first + t)
+    r_index, c_index = (tb.ALL, span) if own_rows else (span, tb.ALL)
+    other = tb.whole_block(g, other_ref, span)  # one load for the tile and for the product
+    r_scale, r_ids, r_pos, r_valid, r_lse, r_g = own_values if own_rows else row_values(span)
+    c_scale, c_ids, _, c_valid, c_lse, c_g = col_values(span) if own_rows else own_values
+    raw = tb.products(g, r_ref, r_index, c_ref, c_index, *((own, other) if own_rows
+                                                           else (other, own)))
+    keep = keep_mask(r_ids, r_pos, r_valid, c_ids, c_valid)
+    dcos, dth = tile_cotangent(mapping, theta, tb.scaled(g, raw, r_scale, c_scale), keep, r_lse,
+                               r_g, c_lse, c_g, columns=columns,
+                               theta_from_columns=theta_from_columns)
+    # Raw rows: G_i = sum_j dS_ij r_j z_j, the gradient for the unit rows (and so for columns).
+    lhs = dcos * (c_scale if own_rows else r_scale) if g.scaled else dcos
+    acc = tb.add_product(g, acc, lhs.astype(other_ref.dtype), other, other_ref, span, out_ref,
+                         transposed=not own_rows)
+    if dth is not None and own_rows:
+      dtheta = tuple(x + y for x, y in zip(dtheta, dth, strict=True))
+    return acc, dtheta
+
+  acc = jnp.zeros((g.block, g.block_d), jnp.float32) if g.whole else None
+  zeros = tuple(jnp.zeros((), jnp.float32) for _ in range(mapping.num_theta))
+  acc, dtheta = loop(0, g.steps, body, (acc, zeros))
+  if g.whole:
+    out_ref[...] = acc.astype(out_ref.dtype)
+  for ref in dtheta_ref:
+    tb.write_dtheta(ref, dtheta)
+
+
+def _grads(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g,
+           c_lse, c_g, *, own_rows: bool, columns: bool, theta_from_columns: bool = False):
+  (m, d), k, launch = rows.vectors.shape, cols.vectors.shape[0], tiles_.backward
+  own, other = (m, k) if own_rows else (k, m)
+  blocks, parts = _grid(launch, tiles_, own, other)
+  g = tb.geometry(launch, d, other // launch.block // parts, rows.vectors)
+  block, dtype = launch.block, stats_dtype(rows.vectors)
+  mine, theirs = (tb.own_block(block, d), tb.whole((other, d)))
+  row_specs = [mine] + [tb.own_block(block)] * 6 if own_rows else [theirs] + [tb.whole((m,))] * 6
+  col_specs = [theirs] + [tb.whole((k,))] * 5 if own_rows else [mine] + [tb.own_block(block)] * 5
+  width = theta.shape[0]
+  out_specs, out_shape = [_split_out(block, d, parts)], [jax.ShapeDtypeStruct(
+      (parts, own, d)[parts == 1:], dtype)]
+  if own_rows:
+    out_specs.append(pl.BlockSpec((1, width), lambda i, s: (i * parts + s, 0)))
+    out_shape.append(jax.ShapeDtypeStruct((blocks * parts, width), theta.dtype))
+  out = tb.call(
+      functools.partial(_grad_kernel, mapping, g, own_rows, columns, theta_from_columns), launch,
+      grid=(blocks, parts), in_specs=[tb.whole(theta.shape), *row_specs, *col_specs],
+      out_specs=out_specs, out_shape=out_shape,
+      name="info_nce_lse_row_grad" if own_rows else "info_nce_lse_col_grad")(
+          theta, *tb.anchor_arrays(rows), r_lse, r_g, *tb.candidate_arrays(cols), c_lse, c_g)
+  grads = out[0] if parts == 1 else jnp.sum(out[0], axis=0)
+  return grads, jnp.sum(out[1], axis=0) if own_rows else None
 
 
 def row_grads(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g,
               c_lse, c_g, *, columns: bool, theta_from_columns: bool):
   """`(G_rows, dtheta)`: the row blocks' gradients with respect to their unit rows (in the
   statistics' dtype), and the mapping's summed over row blocks."""
-  (m, d), k = rows.vectors.shape, cols.vectors.shape[0]
-  g = _geometry(tiles_, d, k, rows.vectors)
-  row, vec = _block_rows(tiles_.block, d), _block_rows(tiles_.block)
-  blocks, width = m // tiles_.block, theta.shape[0]
-  kernel = functools.partial(_row_grad_kernel, mapping, g, columns, theta_from_columns)
-  drows, dtheta = _call(
-      kernel, tiles_, grid=(blocks,),
-      in_specs=[_whole(theta.shape), row, vec, vec, vec, vec, vec, vec, _whole((k, d)),
-                _whole((k,)), _whole((k,)), _whole((k,)), _whole((k,)), _whole((k,))],
-      out_specs=[row, pl.BlockSpec((1, width), lambda i: (i, 0))],
-      out_shape=[jax.ShapeDtypeStruct((m, d), stats_dtype(rows.vectors)),
-                 jax.ShapeDtypeStruct((blocks, width), theta.dtype)],
-      name="info_nce_lse_row_grad")(theta, *_anchor_arrays(rows), r_lse, r_g,
-                                    *_candidate_arrays(cols), c_lse, c_g)
-  return drows, jnp.sum(dtheta, axis=0)
+  return _grads(mapping, tiles_, theta, rows, cols, r_lse, r_g, c_lse, c_g, own_rows=True,
+                columns=columns, theta_from_columns=theta_from_columns)
+
+
+def col_grads(mapping: KernelMapping, tiles_: Tiles, theta, rows: Side, cols: Side, r_lse, r_g,
+              c_lse, c_g, *, columns: bool) -> jax.Array:
+  """`G_cols`: the column blocks' gradients with respect to their unit rows."""
+  return _grads(mapping, tiles_, theta, rows, cols, r_lse, r_g, c_lse, c_g, own_rows=False,
+                columns=columns)[0]

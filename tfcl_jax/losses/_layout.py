@@ -71,8 +71,10 @@ def scaled_rows(z: jax.Array, *, eps: float, axis: int = -1) -> tuple[jax.Array,
   """
   dtype = z.dtype
   largest = jax.lax.stop_gradient(jnp.max(jnp.abs(z), axis=axis, keepdims=True))
-  _, exponent = jnp.frexp(largest)  # largest = m 2^e, m in [1/2, 1); 0, inf, NaN: e = 0
-  exponent = jnp.maximum(exponent, int(np.frexp(eps)[1]))
+  _, exponent = jnp.frexp(largest)  # largest = m 2^e, m in [1/2, 1); inf, NaN: e = 0
+  # A zero row takes the floor's exponent, as every row below the floor does.
+  floor_exponent = int(np.frexp(eps)[1])
+  exponent = jnp.where(largest > 0, jnp.maximum(exponent, floor_exponent), floor_exponent)
   r = z * _power_of_two(-exponent, dtype)
   return r, eps * _power_of_two(-exponent, dtype)
 
@@ -92,7 +94,8 @@ def l2_normalize(z: jax.typing.ArrayLike, *, axis: int = -1,
     >>> from tfcl_jax import losses
     >>> losses.l2_normalize(jnp.array([[3.0, 4.0], [0.0, 0.0]])).tolist()
     [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
-    >>> losses.l2_normalize(jnp.array([[3e30, 4e30], [3e-30, 4e-30]])).tolist()
+    >>> row = jnp.array([3.0, 4.0])
+    >>> losses.l2_normalize(jnp.stack([row * 2.0**100, row * 2.0**-30])).tolist()
     [[0.6000000238418579, 0.800000011920929], [0.6000000238418579, 0.800000011920929]]
 
   Args:

@@ -4,20 +4,25 @@ Mosaic kernels on TPUs, the same kernels interpreted on a CPU.
 `info_nce(..., implementation="pallas")` hands the logsumexp of every row's (and, for CLIP's
 two-tower loss, every column's) negatives to Pallas kernels built as FlashAttention-2's: the
 forward walks the column blocks of each row block with the mapping applied inside the tile
-and an online logsumexp; the backward recomputes each tile. On TPUs it takes two kernels, one
-over row blocks (`dU`, and the mapping's parameter gradients) and one over column blocks (`dV`),
-no program writing another's output; on GPUs each tile serves both of its sides, the other
-side's share added atomically (`_kernel_triton_pairs`: `"all"`'s symmetric tiles, the two
-directions of the two-tower loss in one pass, one backward kernel). Two backends:
+and an online logsumexp; the backward recomputes each tile. The backward takes two kernels,
+one over row blocks (`dU`, and the mapping's parameter gradients) and one over column blocks
+(`dV`), no program writing another's output. On GPUs a tile can also serve both of its sides
+(`_kernel_triton_pairs`: `"all"`'s symmetric tiles, the two directions of the two-tower loss
+in one pass, one backward kernel), its column side sent as partial results that XLA sums or
+by atomic adds; `_triton_tiles.COLUMN_SIDE` chooses, forward and backward (by default: pairs
+with partial sums forward, separate kernels backward, no atomics). Two backends:
 
-* GPUs (`_kernel_triton`): Triton, chosen explicitly (`pallas.triton.CompilerParams`) rather
-  than JAX's default GPU backend, Mosaic GPU. Triton's block refs are pointers into global
-  memory, so a program loads its own block once and reads the other side tile by tile where
-  its loop needs it (Triton pipelines those loads); Mosaic GPU stages every block of a
-  `BlockSpec` in shared memory (228 KiB on an H100), where the whole other side would not
-  fit, and its pipelining is specific to Hopper/Blackwell. Triton also compiles for AMD GPUs
-  (`rocm`). With bfloat16 inputs the Triton kernels take the raw rows and their float32
-  inverse norms (`with_raw_rows`): bfloat16 products, cosines as exact as float32's.
+* GPUs (`_kernel_triton`): Pallas's Triton backend, named by its compiler parameters
+  (`pallas.triton.CompilerParams`; a `pallas_call` without them meant Mosaic GPU up to jax
+  0.11.1 and means Triton from 0.11.2). Triton's block refs are pointers into global memory,
+  so a program loads its own block once and reads the other side tile by tile where its loop
+  needs it (Triton pipelines those loads); Mosaic GPU stages every block of a `BlockSpec` in
+  shared memory (228 KiB on an H100), where the whole other side would not fit. Triton also
+  compiles for AMD GPUs (`rocm`). JAX deprecates this backend from 0.11.2 and will remove it:
+  where it cannot be imported, or cannot compile a kernel on the GPU, the kernels are refused
+  with an error naming `implementation="xla"` (`_triton_blocks.unavailable`). With bfloat16
+  inputs the Triton kernels take the raw rows and their float32 inverse norms
+  (`with_raw_rows`): bfloat16 products, cosines as exact as float32's.
 * TPUs (`_kernel_tpu`): Mosaic, the column blocks a sequential grid axis with the statistics
   and accumulators in VMEM, as JAX's own TPU flash attention.
 
@@ -50,9 +55,10 @@ from tfcl_jax.losses import (
     _kernel_triton,
     _kernel_triton_pairs,
     _layout,
+    _triton_blocks,
     _triton_tiles,
 )
-from tfcl_jax.losses._kernel_math import KernelMapping
+from tfcl_jax.losses._kernel_math import INDEX, KernelMapping
 from tfcl_jax.losses._tiles import LogSumExp, Side
 
 BACKENDS = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
@@ -74,9 +80,20 @@ class _Plan:
   def call(self, name: str, *args, **kwargs):
     return getattr(BACKENDS[self.backend], name)(self.kernel_mapping, self.tiles, *args, **kwargs)
 
-  def pairs(self):
-    """The backend's kernels that serve both sides of a tile (atomics), or None."""
-    return PAIRS.get(self.backend)
+  def pairs(self, direction: int):
+    """The backend's kernels that serve both sides of a tile and how they send a tile's column
+    side (`_triton_tiles.COLUMN_SIDE`, `direction` 0 forward, 1 backward), or None where the
+    row and column kernels serve them (`"separate"`, and the TPU backend)."""
+    column_side = getattr(self.tiles, "columns", ("separate",) * 2)[direction]
+    pairs = PAIRS.get(self.backend)
+    if pairs is None or column_side == "separate":
+      return None
+    return functools.partial(_pair_call, pairs, self, column_side)
+
+
+def _pair_call(pairs, plan: _Plan, column_side: str, name: str, *args, **kwargs):
+  return getattr(pairs, name)(plan.kernel_mapping, plan.tiles, *args, column_side=column_side,
+                              **kwargs)
 
 
 def _as_anchors(side: Side) -> Side:
@@ -86,15 +103,15 @@ def _as_anchors(side: Side) -> Side:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _lse(plan: _Plan, theta, rows: Side, cols: Side | None):
-  pairs = plan.pairs()
+  pairs = plan.pairs(0)
   fast = plan.kernel_mapping.fast is not None  # sums with a fixed shift add across programs exactly
   if plan.kind == "symmetric":
     if pairs is not None and fast:
-      return pairs.symmetric_forward(plan.kernel_mapping, plan.tiles, theta, rows), None
+      return pairs("symmetric_forward", theta, rows), None
     return plan.call("forward", theta, rows, rows), None
   assert cols is not None  # "rows" and "rows_and_columns" have a column side
   if plan.kind == "rows_and_columns" and pairs is not None and fast:
-    return pairs.two_sided_forward(plan.kernel_mapping, plan.tiles, theta, rows, cols)
+    return pairs("two_sided_forward", theta, rows, cols)
   row_lse = plan.call("forward", theta, rows, cols)
   if plan.kind == "rows":
     return row_lse, None
@@ -109,11 +126,10 @@ def _lse_fwd(plan, theta, rows, cols):
 def _lse_bwd(plan, residuals, cotangents):
   theta, rows, cols, (row_lse, col_lse) = residuals
   row_g, col_g = cotangents
-  pairs = plan.pairs()
+  pairs = plan.pairs(1)
   dcols = None
   if plan.kind == "symmetric" and pairs is not None:
-    drows, dtheta = pairs.symmetric_grads(plan.kernel_mapping, plan.tiles, theta, rows, row_lse,
-                                          row_g)
+    drows, dtheta = pairs("symmetric_grads", theta, rows, row_lse, row_g)
   elif plan.kind == "symmetric":
     # S = U U^T: dU = (G + G^T) U, the column term being row j's own statistics.
     drows, dtheta = plan.call("row_grads", theta, rows, rows, row_lse, row_g, row_lse, row_g,
@@ -123,9 +139,8 @@ def _lse_bwd(plan, residuals, cotangents):
     if not two_sided:
       col_lse = col_g = jnp.zeros(cols.ids.shape, row_lse.dtype)
     if plan.column_grad and pairs is not None:
-      drows, dcols, dtheta = pairs.both_grads(plan.kernel_mapping, plan.tiles, theta, rows, cols,
-                                              row_lse, row_g, col_lse, col_g,
-                                              columns=two_sided)
+      drows, dcols, dtheta = pairs("both_grads", theta, rows, cols, row_lse, row_g, col_lse,
+                                   col_g, columns=two_sided)
     else:
       drows, dtheta = plan.call("row_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
                                 columns=two_sided, theta_from_columns=two_sided)
@@ -167,17 +182,30 @@ def supports(mapping) -> bool:
       jnp.ndim(leaf) == 0 for leaf in jax.tree.leaves(mapping.params))
 
 
-def _kernel_mapping(mapping, dtype, tile_shape) -> tuple[KernelMapping, jax.Array, int]:
+def _typed(x, dtype) -> jax.Array:
+  """A scalar as the kernels hold it, whether `jax_enable_x64` is on or off: floats in the
+  tile math's `dtype`, integers as the kernels' index type (int32)."""
+  x = jnp.asarray(x)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    return x.astype(dtype)
+  return x.astype(INDEX) if jnp.issubdtype(x.dtype, jnp.integer) else x
+
+
+def _kernel_mapping(mapping, dtype, tile_shapes) -> tuple[KernelMapping, jax.Array, int]:
   """The mapping as the kernels call it, `theta` and the step's index in it.
 
   `theta`: the mapping's parameters, the step and the scalars it closes over (e.g. a scheduled
   `tau` computed outside, which then gets its gradient), as one vector of `dtype` (padded to
   a power of two). A kernel holds no arrays but its inputs: a mapping that closes over a
-  non-scalar array is refused.
+  non-scalar array is refused. Every scalar enters the tile math as `_typed` makes it (float32
+  and int32 with x64 on, as with it off).
   """
-  params = jax.tree.map(jnp.asarray, dict(mapping.params))
-  step = mapping.bound_step()
-  closed = jax.make_jaxpr(mapping.fn)(jnp.zeros(tile_shape, dtype), params, step)
+  params = jax.tree.map(lambda x: _typed(x, dtype), dict(mapping.params))
+  step = _typed(mapping.bound_step(), dtype)
+  # One jaxpr per tile shape the kernels use (a mapping may broadcast to its input's shape).
+  traced = {shape: jax.make_jaxpr(mapping.fn)(jnp.zeros(shape, dtype), params, step)
+            for shape in tile_shapes}
+  closed = next(iter(traced.values()))
   shapes = [jnp.shape(c) for c in closed.consts]
   if any(shape != () for shape in shapes):
     raise ValueError(f"implementation='pallas' needs a mapping that closes over scalars only; "
@@ -185,16 +213,25 @@ def _kernel_mapping(mapping, dtype, tile_shape) -> tuple[KernelMapping, jax.Arra
                      "implementation='xla'.")
   leaves = jax.tree.leaves(params)
   scalars = [*leaves, step, *closed.consts]
-  dtypes = [jnp.asarray(x).dtype for x in scalars]
+  dtypes = [_typed(x, dtype).dtype for x in scalars]
   num_args = len(leaves) + 1
 
   def kernel_fn(cos, theta):
     values = [t.astype(dt) for t, dt in zip(theta, dtypes, strict=True)]
-    return jax.core.eval_jaxpr(closed.jaxpr, values[num_args:], cos, *values[:num_args])[0]
+    jaxpr = traced[cos.shape].jaxpr
+    return jax.core.eval_jaxpr(jaxpr, values[num_args:], cos, *values[:num_args])[0].astype(
+        cos.dtype)
 
   width = 1 << max(0, len(scalars) - 1).bit_length()
   theta = jnp.stack([jnp.asarray(x, dtype) for x in scalars]
                     + [jnp.zeros((), dtype)] * (width - len(scalars)))
+  try:
+    for shape in tile_shapes:
+      jax.eval_shape(kernel_fn, jnp.zeros(shape, dtype), tuple(theta))
+  except TypeError as error:
+    raise ValueError(f"implementation='pallas' computes the mapping in {jnp.dtype(dtype).name}; "
+                     f"{mapping.spec!r} closes over a value of another dtype that it uses as is "
+                     f"({error}). Use implementation='xla'.") from error
   fast = LogSumExp().fast_form(mapping, jnp.dtype(dtype))
   return KernelMapping(kernel_fn, fast, len(scalars)), theta, len(leaves)
 
@@ -222,9 +259,10 @@ def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
   num_rows, dim = rows.vectors.shape
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   tiles = BACKENDS[backend].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
-  kernel_mapping, theta, step_index = _kernel_mapping(mapping,
-                                                      _triton_tiles.stats_dtype(rows.vectors),
-                                        (tiles.block, tiles.block))
+  blocks = {launch.block for launch in (getattr(tiles, family, tiles)
+                                        for family in _triton_tiles.ROLES)}
+  kernel_mapping, theta, step_index = _kernel_mapping(
+      mapping, _triton_tiles.stats_dtype(rows.vectors), [(block, block) for block in blocks])
   plan = _Plan(backend, kernel_mapping, kind, tiles, column_grad, step_index)
   padded_dim = tiles.padded_dim(dim)
   padded_rows = _pad(rows, tiles.block, padded_dim)
@@ -274,6 +312,19 @@ def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
   if _engine.has_scale(rows, columns):
     raise ValueError("implementation='pallas' takes a mapping's scalars, not a scale per anchor "
                      "(mappings.perplexity_free); use implementation='xla'.")
+  for side in (rows, columns):
+    if side is not None and jnp.dtype(side.vectors.dtype).itemsize > 4:
+      raise ValueError(f"implementation='pallas' computes in float32 (bfloat16, float16 or "
+                       f"float32 embeddings); got {jnp.dtype(side.vectors.dtype).name} ones. Use "
+                       "implementation='xla' (the default), which computes in their dtype.")
+
+  if backend != "mosaic_tpu" and (problem := _triton_blocks.unavailable()) is not None:
+    if backend is not None or jax.default_backend() != "tpu":
+      raise ValueError(
+          f"implementation='pallas' runs Pallas's Triton backend on GPUs (and in Pallas's "
+          f"interpreter on CPUs), and {problem}. Use implementation='xla' (the default), which "
+          "needs no Pallas backend.")
+    backend = "mosaic_tpu"  # the Triton branch cannot even be traced
 
   def fused(backend, rows, columns):
     return _fused(backend, rows, columns, mapping, kind, block_size, column_grad)

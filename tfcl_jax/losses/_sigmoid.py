@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import _checks, mappings
+from tfcl_jax import _checks, mappings, specs
 from tfcl_jax.losses import _calibration, _layout
 from tfcl_jax.losses._devices import (
     STRATEGIES,
@@ -21,6 +21,7 @@ from tfcl_jax.losses._devices import (
     reduce_across_devices,
 )
 from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
 from tfcl_jax.losses._tiles import SigmoidSum
 from tfcl_jax.mappings._base import finite_check
 
@@ -176,8 +177,9 @@ def sigmoid_loss(
     >>> z1 = jax.random.normal(jax.random.key(0), (8, 16))
     >>> z2 = z1 + 0.1 * jax.random.normal(jax.random.key(1), (8, 16))
     >>> free = losses.sigmoid_loss(z1, z2)  # temperature-free, no bias
+    >>> scale = mappings.learnable_temperature(tau=0.1)   # t = log 10, bound to its value
     >>> siglip = losses.sigmoid_loss(z1, z2, bias=jnp.array(-10.0),
-    ...     mapping=mappings.learnable_temperature(tau=0.1))
+    ...     mapping=scale.bind(params=scale.params))
     >>> free.shape, bool(siglip > 0)
     ((), True)
     >>> losses.sigmoid_loss(z1, z2.at[0, 0].set(jnp.inf), check_finite=True)
@@ -341,3 +343,77 @@ def sigmoid_loss_on_mesh(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
   return on_mesh(sharded_sigmoid_loss, z1, z2, mesh=mesh, axis_name=axis_name, where=where,
                  reduction=reduction, **kwargs)
 
+
+@dataclasses.dataclass(frozen=True)
+class SigmoidLoss(Loss):
+  """SigLIP's sigmoid loss under a mapping, with its bias: `sigmoid_loss` as a `Loss`.
+
+  Attributes:
+    spec, mapping: as `Loss`'s.
+    bias: the fixed bias, or the learnable bias's initial value.
+    learn_bias: whether `bias` is a trainable parameter (the `"bias"` entry of `params`).
+  """
+
+  spec: str
+  mapping: mappings.Mapping
+  bias: float = 0.0
+  learn_bias: bool = False
+  softmax = False
+
+  def __post_init__(self):
+    check_mapping(self.mapping, "SigmoidLoss")
+
+  @property
+  def params(self) -> dict:
+    return {**super().params, **({"bias": jnp.asarray(self.bias, jnp.float32)}
+                                 if self.learn_bias else {})}
+
+  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
+    del log_q  # a sigmoid loss takes none (`Loss.__call__`)
+    bias = params.pop("bias", self.bias)
+    return sigmoid_loss(z1, z2, mapping=self.bound_mapping(params, step), bias=bias, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BiasInit(specs.Deferred):
+  """A bias init as a spec writes it: a number, or one of `BIAS_INITS` (`prior` needs the
+  candidates)."""
+
+  text: str
+
+  @property
+  def needs_candidates(self) -> bool:
+    return self.text == "prior"
+
+  def needing(self) -> str:
+    return f"a {self.text} bias"
+
+  def build(self, num_candidates):
+    if self.text in BIAS_INITS:
+      return sigmoid_bias_init(self.text, num_candidates=num_candidates)
+    return float(self.text)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BiasArg(specs.Arg):
+  name: str = "bias"
+
+  @property
+  def regex(self) -> str:
+    return "|".join([*BIAS_INITS, specs.NUMBER])
+
+  def read(self, text):
+    return _BiasInit(text)
+
+  def write(self, value):
+    return value.text
+
+  def note(self):
+    return "INIT is a number, siglip or prior"
+
+
+SPECS.register("sigmoid/<mapping>[/b=INIT]", SigmoidLoss, INIT=_BiasArg(),
+               help="sigmoid loss, scoring both directions, with the fixed bias INIT (default 0): "
+                    "a number, siglip (-10) or prior")
+SPECS.register("sigmoid/<mapping>/learn_b=INIT", functools.partial(SigmoidLoss, learn_bias=True),
+               INIT=_BiasArg(), help="the same with a learnable bias starting at INIT")

@@ -18,11 +18,15 @@ losses:
   by the loss from its own batch (the maximum-likelihood scale; per anchor, perplexity
   `sqrt(N)`; the entropy the batch's top-1 accuracy earns), bounded to `[S_MIN, S_MAX]`;
 - `from_spec("tau=0.25")`: any of them from its mapping spec (the grammar: docs/specs.md); the
-  losses also take the spec itself (`mapping="free"`);
+  losses also take the spec itself (`mapping="free"`); each module registers the forms of its
+  mappings in `SPECS`, from which the parser, the errors and the docs' table are read;
 - `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature mapping,
   `s` of a scaled free mapping (None for an unbound batch-scaled one); `max_logit_scale(mapping)`
   its cap.
 """
+
+import importlib
+import pkgutil
 
 from tfcl_jax.mappings._base import (
     ExpForm,
@@ -42,8 +46,9 @@ from tfcl_jax.mappings._batch_scaled import (
 )
 from tfcl_jax.mappings._dynamic import dynamic_tau, dynamic_temperature
 from tfcl_jax.mappings._free import max_free_logit, temperature_free
+from tfcl_jax.mappings._registry import SPEC_FORMS, SPECS
 from tfcl_jax.mappings._scaled_free import free_scale, learnable_free, n_aware_free
-from tfcl_jax.mappings._spec import SPEC_FORMS, as_mapping, from_spec
+from tfcl_jax.mappings._spec import as_mapping, from_spec
 from tfcl_jax.mappings._temperature import (
     annealed_temperature,
     learnable_temperature,
@@ -54,6 +59,7 @@ from tfcl_jax.mappings._temperature import (
 
 __all__ = [
     "GRID_EXPONENTS",
+    "SPECS",
     "SPEC_FORMS",
     "S_MAX",
     "S_MIN",
@@ -81,3 +87,9 @@ __all__ = [
     "temperature",
     "temperature_free",
 ]
+
+# A mapping's module registers its spec forms when it is imported: every module of the package
+# is, so that a new mapping is its module (and its test) alone; exporting its constructor here
+# is up to it.
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f"{__name__}.{_module.name}")

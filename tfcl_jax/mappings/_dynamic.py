@@ -8,7 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import _checks
+from tfcl_jax import _checks, specs
 from tfcl_jax.mappings._base import (
     FIXED_SHIFT_RANGE,
     ExpForm,
@@ -16,6 +16,7 @@ from tfcl_jax.mappings._base import (
     MappingFunction,
     format_number,
 )
+from tfcl_jax.mappings._registry import SPECS
 
 
 def dynamic_tau(cos: jax.typing.ArrayLike, *, tau_min: float, tau_max: float) -> jax.Array:
@@ -125,3 +126,8 @@ def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
   check_range(tau_min, tau_max)
   return Mapping(f"dynamic={format_number(tau_min)}:{format_number(tau_max)}",
                  _Dynamic(float(tau_min), float(tau_max)))
+
+
+SPECS.register("dynamic=TMIN:TMAX", dynamic_temperature, check=check_range,
+               TMIN=specs.Positive("tau_min"), TMAX=specs.Positive("tau_max"),
+               help="DySTreSS per-pair temperature between TMIN and TMAX, e.g. dynamic=0.1:0.2")

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax.mappings._base import ExpForm, LogSigmoidForm, Mapping, MappingFunction
+from tfcl_jax.mappings._registry import SPECS
 
 # How many units in the last place below 1 the temperature-free mapping saturates.
 # A normalised dot product of a vector with itself lands within a few ulps of 1
@@ -120,3 +121,6 @@ def temperature_free() -> Mapping:
     arXiv 2501.17683, Eq. 11.
   """
   return Mapping("free", _Free())
+
+
+SPECS.register("free", temperature_free, help="temperature-free 2 artanh(cos) (Eq. 11)")

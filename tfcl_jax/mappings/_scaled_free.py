@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import _checks
+from tfcl_jax import _checks, specs
 from tfcl_jax.mappings._base import (
   ExpForm,
   LearntScale,
@@ -20,6 +20,7 @@ from tfcl_jax.mappings._base import (
   format_number,
 )
 from tfcl_jax.mappings._free import _clip_slope, _Free, _free_margin, max_free_logit
+from tfcl_jax.mappings._registry import SPECS
 
 # The range of log w, w = exp(s f(c) - shift), that a fixed shift must keep the weights in, per
 # dtype size. Float32: below e^60 the weights leave room for sums over 2^30 candidates and for
@@ -162,6 +163,12 @@ def n_aware_free(*, num_candidates: int) -> Mapping:
   return Mapping(f"free_n={int(num_candidates)}", _ScaledFree(scale))
 
 
+SPECS.register("free_n[=N]", n_aware_free,
+               N=specs.Count("num_candidates", minimum=2, default=specs.CANDIDATES),
+               help="N-aware free (1 + log(N - 1)/log 9) 2 artanh(cos), N >= 2 candidates; "
+                    "N left out: the loss's candidates per anchor (in a loss only)")
+
+
 @dataclasses.dataclass(frozen=True)
 class _LearnableFree(LearntScale):
   """`min(exp(t), max_scale) * 2 artanh(c)`, `t` in `params`."""
@@ -210,3 +217,8 @@ def learnable_free(*, max_scale: float | None = None) -> Mapping:
     max_scale = float(np.asarray(max_scale))
     spec = f"{spec}={format_number(max_scale)}"
   return Mapping(spec, _LearnableFree(max_scale), params={"t": jnp.zeros((), float)})
+
+
+SPECS.register("learnable_free[=MAX]", learnable_free, MAX=specs.Positive("max_scale"),
+               help="free with a learnable scale exp(t) 2 artanh(cos), t = 0 at the start, "
+                    "the scale capped at MAX")

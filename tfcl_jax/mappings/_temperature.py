@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax import _checks, schedules
+from tfcl_jax import _checks, schedules, specs
 from tfcl_jax.mappings._base import (
   FIXED_SHIFT_RANGE,
   ExpForm,
@@ -21,6 +21,7 @@ from tfcl_jax.mappings._base import (
   positive_check,
 )
 from tfcl_jax.mappings._batch_scaled import BatchScaled
+from tfcl_jax.mappings._registry import SPECS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +171,14 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
                  params={"t": jnp.asarray(t, float) if concrete else t})
 
 
+SPECS.register("tau=T", temperature, T=specs.Positive("tau"),
+               help="fixed temperature T > 0: cos / T (Eq. 1), e.g. tau=0.25")
+SPECS.register("learnable[=T0[:MAX]]", learnable_temperature,
+               T0=specs.Positive("tau", default=0.07), MAX=specs.Positive("max_scale"),
+               help="learnable exp(t) cos (Eq. 8) from temperature T0 (default 0.07), the scale "
+                    "capped at MAX (CLIP: learnable=0.07:100)")
+
+
 def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array | None:
   r"""A temperature mapping's factor on the cosines: `1 / tau`, or `min(exp(t), max_scale)`.
 
@@ -271,3 +280,22 @@ def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") 
   if not callable(schedule):
     raise TypeError(f"schedule must be a callable step -> tau, got {type(schedule).__name__}.")
   return Mapping(spec, _Annealed(schedule), scheduled=True)
+
+
+def _log_annealed(*, tau0: float, spec: str) -> Mapping:
+  return annealed_temperature(schedules.logarithmic(tau0=tau0), spec=spec)
+
+
+def _interpolated(*, kind: str, tau_start: float, tau_end: float, steps: int,
+                  spec: str) -> Mapping:
+  schedule = schedules.SCHEDULES[kind](tau_start=tau_start, tau_end=tau_end, steps=steps)
+  return annealed_temperature(schedule, spec=spec)
+
+
+SPECS.register("anneal=log:T0", _log_annealed, named=True, T0=specs.Positive("tau0"),
+               help="cos / tau(step), tau = T0 / log(step + 2)")
+SPECS.register("anneal=KIND:T0:T1:S", _interpolated, named=True,
+               KIND=specs.Choice("kind", ("linear", "exp", "cosine")),
+               T0=specs.Positive("tau_start"), T1=specs.Positive("tau_end"),
+               S=specs.Count("steps"),
+               help="cos / tau(step), tau from T0 to T1 over S steps, KIND linear, exp or cosine")

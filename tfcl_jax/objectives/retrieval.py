@@ -32,6 +32,7 @@ def make_retrieval_loss(
     user_features: Mapping[str, jax.Array],
     item_features: Mapping[str, jax.Array],
     log_q: jax.Array | None = None,
+    users_log_q: jax.Array | None = None,
     reduction: str = "sum",
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
   """`loss_fn(params, model_state, batch, key, step)` on a batch of `{"user", "item",
@@ -69,14 +70,20 @@ def make_retrieval_loss(
     loss: a `losses.Loss` (`losses.from_spec(...)`), or a `Mapping` (InfoNCE under it).
     user_features, item_features: `{name: [rows, ...] int}` tables (`data.movielens_features`).
     log_q: `[I]` log sampling probabilities of the items, needed by a `+logq` loss.
+    users_log_q: `[U]` log sampling probabilities of the users, the candidates of the direction
+      item -> user, needed by CLIP's symmetric loss with `+logq` (`clip:<mapping>+logq`).
     reduction: `"sum"` or `"mean"` over the valid anchors.
 
   Raises:
-    ValueError: a `+logq` loss without `log_q`.
+    ValueError: a `+logq` loss without `log_q` (or, symmetric, `users_log_q`).
   """
   loss = losses.as_loss(loss)
   if loss.logq and log_q is None:
     raise ValueError(f"loss {loss.spec!r} needs log_q, the items' log sampling probabilities.")
+  both = loss.log_q_sides == 2
+  if both and users_log_q is None:
+    raise ValueError(f"loss {loss.spec!r} corrects both directions: it needs users_log_q, the "
+                     "users' log sampling probabilities, as well as log_q.")
 
   def loss_fn(params, model_state, batch, key, step):
     del key
@@ -84,8 +91,10 @@ def make_retrieval_loss(
     q, c = cast("tuple[jax.Array, jax.Array]", model.apply(
         {"params": params["model"]}, gather(user_features, batch["user"]),
         gather(item_features, batch["item"])))
-    items_log_q = log_q[batch["item"]] if loss.logq and log_q is not None else None
-    value = loss(q, c, params=params["loss"], step=step, log_q=items_log_q, negatives="cross",
+    batch_log_q = log_q[batch["item"]] if loss.logq and log_q is not None else None
+    if both:
+      batch_log_q = (batch_log_q, users_log_q[batch["user"]])
+    value = loss(q, c, params=params["loss"], step=step, log_q=batch_log_q, negatives="cross",
                  where=batch["valid"], reduction=reduction)
     return value, (model_state, {})
 

@@ -99,7 +99,7 @@ def make_simclr_loss(
     if form not in FORMS:
       raise ValueError(f"form must be None (SimCLR) or one of {', '.join(map(repr, FORMS))} "
                        f"(SupCon), got {form!r}.")
-    if loss.family != "info_nce" or loss.symmetric or loss.logq:
+    if not loss.supervised_form:
       raise ValueError(f"form={form!r} takes an InfoNCE loss (a mapping spec), got "
                        f"{loss.spec!r}.")
     if negatives != "all":
@@ -118,10 +118,8 @@ def make_simclr_loss(
       value = loss(z1, z2, params=params["loss"], step=step, negatives=negatives)
     else:
       labels = jnp.concatenate([batch["label"], batch["label"]])
-      assert loss.mapping is not None  # an InfoNCE loss, checked above
-      value = losses.supervised_info_nce(
-          jnp.concatenate([z1, z2]), labels, form=form,
-          mapping=loss.mapping.bind(params=params["loss"], step=step))
+      value = loss.supervised(jnp.concatenate([z1, z2]), labels, form=form,
+                              params=params["loss"], step=step)
     return value, (new_model_state, views_lib.cosine_diagnostics(z1, z2))
 
   return loss_fn
