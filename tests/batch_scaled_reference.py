@@ -21,13 +21,14 @@ S_MIN, S_MAX = 0.01, 100.0
 
 class Dense(NamedTuple):
   """Anchors `[M]` against candidates `[C]`: cosines, which candidates are an anchor's, its
-  positive's column, whether the anchor counts, and each candidate's bias."""
+  positive's column, whether the anchor counts, and each candidate's bias as each anchor sees it
+  (CLIP's two directions correct their candidates by different biases)."""
 
   cos: jax.Array  # [M, C]
   candidate: jax.Array  # [M, C] bool, the positive included
   positive: jax.Array  # [M] int
   valid: jax.Array  # [M] bool
-  bias: jax.Array  # [C]
+  bias: jax.Array  # [M, C]
 
 
 def _unit(z):
@@ -52,23 +53,30 @@ def dense(z1, z2, *, mode="cross", where=None, bank=None, bank_where=None, bias=
     positive = jnp.concatenate([jnp.arange(n, 2 * n), jnp.arange(n)])
     # A row with itself (cosine 1, an infinite logit) is no candidate: 0 there, no NaN gradient.
     return Dense(jnp.where(itself, 0.0, rows @ columns.T), candidate, positive, anchor_valid,
-                 jnp.zeros(columns.shape[0]))
+                 jnp.zeros((rows.shape[0], columns.shape[0])))
 
   def direction(anchors, others):
     columns = jnp.concatenate([others, extra])
     column_valid = jnp.concatenate([valid, extra_valid])
     return anchors @ columns.T, valid[:, None] & column_valid[None, :]
 
+  def candidate_bias(b):  # [n, C]: the same for every anchor of a direction
+    b = jnp.zeros(n) if b is None else jnp.asarray(b, jnp.float64)
+    return jnp.broadcast_to(jnp.concatenate([b, jnp.zeros(extra.shape[0])]),
+                            (n, n + extra.shape[0]))
+
+  # `bias`: z2's rows' (the candidates of z1 -> z2), or with "symmetric" a pair (z2's, z1's).
+  forward_bias, back_bias = bias if isinstance(bias, tuple) else (bias, None)
   cos, candidate = direction(u1, u2)
-  column_bias = jnp.zeros(cos.shape[1]) if bias is None else jnp.concatenate(
-      [jnp.asarray(bias, jnp.float64), jnp.zeros(extra.shape[0])])
+  all_bias = candidate_bias(forward_bias)
   if mode == "symmetric":
     cos_back, candidate_back = direction(u2, u1)
     cos, candidate = jnp.concatenate([cos, cos_back]), jnp.concatenate([candidate,
                                                                           candidate_back])
+    all_bias = jnp.concatenate([all_bias, candidate_bias(back_bias)])
     valid = jnp.concatenate([valid, valid])
   positive = jnp.arange(cos.shape[0]) % n
-  return Dense(cos, candidate, positive, valid, column_bias)
+  return Dense(cos, candidate, positive, valid, all_bias)
 
 
 def free(cos):
@@ -81,7 +89,7 @@ def _anchors(d: Dense, *, with_bias: bool):
   out = []
   for i in np.flatnonzero(np.asarray(d.valid)):
     keep = np.flatnonzero(np.asarray(d.candidate[i]))
-    bias = np.asarray(d.bias)[keep] if with_bias else np.zeros(len(keep))
+    bias = np.asarray(d.bias)[i, keep] if with_bias else np.zeros(len(keep))
     where_positive = int(np.flatnonzero(keep == int(d.positive[i]))[0])
     out.append((logits[i, keep], bias, logits[i, int(d.positive[i])], where_positive))
   return out
@@ -149,7 +157,7 @@ def solve(target: str, d: Dense):
 def info_nce(d: Dense, scale, *, masked: bool):
   """Mean InfoNCE at `scale` (a scalar or `[M]`), dense JAX in float64."""
   scale = jnp.broadcast_to(jnp.asarray(scale, jnp.float64), d.valid.shape)[:, None]
-  logits = scale * free(d.cos) + d.bias[None, :]
+  logits = scale * free(d.cos) + d.bias
   # Rows that do not count score every column (finite, then zeroed): no NaN in the gradient.
   candidate = d.candidate | ~d.valid[:, None]
   lse = jax.nn.logsumexp(jnp.where(candidate, logits, -jnp.inf), axis=1)

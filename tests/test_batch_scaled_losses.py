@@ -41,6 +41,8 @@ INFO_NCE_CASES = [
     ("accuracy", "all", ("where", "bank")),
     ("perplexity", "cross", ("where", "bank")),
     ("perplexity", "symmetric", ()),
+    ("calibrated", "symmetric", ("bias",)),  # CLIP's logQ: a bias per direction
+    ("perplexity", "symmetric", ("bias",)),
     ("perplexity", "all", ("where",)),
 ]
 
@@ -54,7 +56,7 @@ def _kwargs(mode, extras, batch):
   if "bank" in extras:
     kwargs.update(extra_negatives=bank, extra_where=bank_where)
   if "bias" in extras:
-    kwargs["candidate_bias"] = bias
+    kwargs["candidate_bias"] = (bias, -bias[::-1]) if mode == "symmetric" else bias
   return kwargs
 
 
@@ -266,3 +268,63 @@ def test_pallas_equals_xla_for_the_global_scales(target, kwargs):
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
   chex.assert_trees_all_close(grad(z1, z2, "pallas"), grad(z1, z2, "xla"), atol=1e-5,
                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec, mode, extras", [
+    ("calibrated_free", "all", ("where",)),
+    ("clip:perplexity_free+logq", "symmetric", ("bias",)),
+    ("accuracy_free+logq", "cross", ("bias", "where")),
+    ("sigmoid/calibrated_free/b=-2", "cross", ()),
+])
+def test_with_scale_reports_the_solved_scale_at_the_calls_loss(spec, mode, extras):
+  """`Loss.with_scale`: the call's loss, and the scale the dense float64 solve gives."""
+  batch = _batch(1)
+  z1, z2 = batch[:2]
+  kwargs = _kwargs(mode, extras, batch)
+  loss = losses.from_spec(spec)
+  assert loss.batch_scaled
+  call = {k: v for k, v in kwargs.items() if k in ("negatives", "where")}
+  bias = kwargs.get("candidate_bias")
+  if loss.logq:  # the loss subtracts log q: the bias is -log q
+    call["log_q"] = tuple(-b for b in bias) if isinstance(bias, tuple) else -bias
+  value, scale = jax.jit(lambda a, b: loss.with_scale(a, b, params=loss.params, **call))(z1, z2)
+  np.testing.assert_allclose(value, loss(z1, z2, params=loss.params, **call), rtol=1e-6)
+  target = loss.mapping.spec.removesuffix("_free")
+  if spec.startswith("sigmoid"):  # the softmax over each anchor's candidates, without a bias
+    kwargs = {k: v for k, v in kwargs.items() if k != "candidate_bias"}
+  with jax.enable_x64(True):
+    z1_64, z2_64, kwargs_64 = _x64((z1, z2, kwargs))
+    np.testing.assert_allclose(scale, ref.solve(target, _dense(z1_64, z2_64, mode, kwargs_64)),
+                               rtol=1e-3)
+
+
+def test_with_scale_and_its_supervised_form_report_none_for_other_mappings():
+  z1, z2 = _batch()[:2]
+  labels = jnp.arange(2 * N) % 3
+  for spec in ("free", "tau=0.1", "learnable_free=100"):
+    loss = losses.from_spec(spec)
+    value, scale = loss.with_scale(z1, z2, params=loss.params)
+    assert scale is None and not loss.batch_scaled
+    np.testing.assert_allclose(value, loss(z1, z2, params=loss.params))
+    value, scale = loss.supervised_with_scale(jnp.concatenate([z1, z2]), labels, form="supcon",
+                                              params=loss.params)
+    assert scale is None
+  with pytest.raises(ValueError, match="solves no scale"):
+    losses.from_spec("free").solve_scale(z1, z2)
+
+
+@pytest.mark.parametrize("form", ["supcon", "ntxent"])
+def test_supervised_with_scale_reports_the_dense_solve(form):
+  z1, z2 = _batch(2)[:2]
+  z = jnp.concatenate([z1, z2])
+  labels = jnp.arange(2 * N) % 4
+  loss = losses.from_spec("calibrated_free")
+  value, scale = loss.supervised_with_scale(z, labels, form=form, params={})
+  np.testing.assert_allclose(value, loss.supervised(z, labels, form=form, params={}), rtol=1e-6)
+  with jax.enable_x64(True):  # the batch loss is flat near its minimum here (s ~ 0.03): its
+    z_64 = _x64(z)  # value at the solved scale is the minimum's, the scale itself within 5 %
+    want = ref.supervised_solve("calibrated", z_64, labels)
+    np.testing.assert_allclose(scale, want, rtol=0.05)
+    np.testing.assert_allclose(  # the minimum of L_out, whose scale both forms take
+        ref.supervised(z_64, labels, np.asarray(scale, np.float64), form="supcon"),
+        ref.supervised(z_64, labels, want, form="supcon"), rtol=1e-6)

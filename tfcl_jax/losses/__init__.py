@@ -26,12 +26,21 @@ from tfcl_jax.losses._sigmoid import (
     sigmoid_loss_on_mesh,
 )
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.losses.spec import SPECS, Loss, as_loss, canonical_spec, from_spec, num_candidates
+from tfcl_jax.losses.spec import (
+    SPECS,
+    LogQ,
+    Loss,
+    as_loss,
+    canonical_spec,
+    from_spec,
+    num_candidates,
+)
 
 __all__ = [
     "SPECS",
     "DotProductLoss",
     "InfoNCELoss",
+    "LogQ",
     "Loss",
     "STRATEGIES",
     "SigmoidLoss",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -79,16 +80,16 @@ def _negatives(layout: _layout.Layout, bank: Side | None, *, bias: bool, reduce_
   shift = jnp.zeros((), rows.vectors.dtype)
   biased = [side for side in (rows, columns) if side is not None and side.bias is not None]
   if biased and bias:  # one shift for both directions of CLIP's symmetric loss
-    top = jnp.max(jnp.stack([jnp.max(jnp.where(side.valid, side.bias, -jnp.inf))
+    top = jnp.max(jnp.stack([jnp.max(jnp.where(side.valid, cast(jax.Array, side.bias), -jnp.inf))
                              for side in biased]))
     shift = jnp.where(jnp.isfinite(top), top, 0.0)
 
-  def shifted(side: Side | None) -> Side | None:
-    if side is None or side.bias is None:
+  def shifted(side: Side) -> Side:
+    if side.bias is None:
       return side
     return side._replace(bias=side.bias - shift if bias else None)
 
-  rows, columns = shifted(rows), shifted(columns)
+  rows, columns = shifted(rows), None if columns is None else shifted(columns)
   reduction = _moments.ScaleMoments()
   row_out, col_out = reduce_fn(rows, columns, mapping=_FREE, kind=layout.kind,
                                block_size=block_size, tile_reduction=reduction)

@@ -17,6 +17,8 @@ from tfcl_jax.losses._supervised import supervised_info_nce
 from tfcl_jax.losses._tiles import Side
 
 IMPLEMENTATIONS = ("xla", "pallas")
+#: The arguments of `info_nce` that change the scale `losses.batch_scale` solves.
+_SCALE_ARGUMENTS = ("negatives", "where", "extra_negatives", "extra_where", "block_size")
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -293,6 +295,7 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
     positive_bias = column_bias  # anchor z1[i]'s positive is the candidate z2[i]
     if row_bias is not None:  # and z2[j]'s is z1[j], a candidate of the direction z2 -> z1
       rows = rows._replace(rows=rows.rows._replace(bias=row_bias))
+      assert column_bias is not None  # check_candidate_bias: a pair has z2's bias first
       positive_bias = jnp.concatenate([column_bias, row_bias])
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
   return Batch(z1, z2, mapping, rows, bank, positive_bias, block_size)
@@ -336,18 +339,31 @@ class InfoNCELoss(Loss):
   def log_q_sides(self) -> int:
     return int(self.logq) * (2 if self.symmetric else 1)
 
+  def _candidate_bias(self, log_q) -> dict:
+    """`info_nce`'s `candidate_bias` from the call's `log_q` (`-log q`; a pair for CLIP's)."""
+    if log_q is None:
+      return {}
+    if self.symmetric:
+      if not isinstance(log_q, (tuple, list)) or len(log_q) != 2:
+        raise ValueError(f"loss {self.spec!r} corrects both directions: log_q must be a pair, "
+                         "the log sampling probabilities of z2's rows and of z1's rows "
+                         f"(e.g. items' and users'), got {type(log_q).__name__}.")
+      return {"candidate_bias": tuple(-jnp.asarray(q) for q in log_q)}
+    return {"candidate_bias": -jnp.asarray(log_q)}
+
   def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
-    if log_q is not None:
-      if self.symmetric:
-        if not isinstance(log_q, (tuple, list)) or len(log_q) != 2:
-          raise ValueError(f"loss {self.spec!r} corrects both directions: log_q must be a pair, "
-                           "the log sampling probabilities of z2's rows and of z1's rows "
-                           f"(e.g. items' and users'), got {type(log_q).__name__}.")
-        kwargs["candidate_bias"] = tuple(-jnp.asarray(q) for q in log_q)
-      else:
-        kwargs["candidate_bias"] = -jnp.asarray(log_q)
     return info_nce(z1, z2, mapping=self.bound_mapping(params, step), symmetric=self.symmetric,
-                    **kwargs)
+                    **kwargs, **self._candidate_bias(log_q))
+
+  def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
+    """`losses.batch_scale` with the call's arguments (`info_nce`'s that set the scale)."""
+    from tfcl_jax.losses._batch_scale import batch_scale  # noqa: PLC0415
+
+    if not self.batch_scaled:
+      return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
+    kept = {k: v for k, v in kwargs.items() if k in _SCALE_ARGUMENTS}
+    return batch_scale(z1, z2, mapping=self.mapping, symmetric=self.symmetric, **kept,
+                       **self._candidate_bias(log_q))
 
   def supervised(self, z, labels, *, form, params, step=None) -> jax.Array:
     """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`."""

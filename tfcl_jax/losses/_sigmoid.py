@@ -373,6 +373,16 @@ class SigmoidLoss(Loss):
     bias = params.pop("bias", self.bias)
     return sigmoid_loss(z1, z2, mapping=self.bound_mapping(params, step), bias=bias, **kwargs)
 
+  def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
+    """`losses.batch_scale` over the sigmoid loss's pairs: each anchor's candidates as its softmax
+    would have them (the call's `negatives`, `where`, `block_size`)."""
+    from tfcl_jax.losses._batch_scale import batch_scale  # noqa: PLC0415
+
+    if not self.batch_scaled:
+      return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
+    kept = {k: v for k, v in kwargs.items() if k in ("negatives", "where", "block_size")}
+    return batch_scale(z1, z2, mapping=self.mapping, **kept)
+
 
 @dataclasses.dataclass(frozen=True)
 class _BiasInit(specs.Deferred):

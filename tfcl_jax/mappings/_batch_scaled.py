@@ -20,6 +20,7 @@ import numpy as np
 
 from tfcl_jax import _checks
 from tfcl_jax.mappings._base import Mapping, MappingFunction, ParameterCheck, positive_check
+from tfcl_jax.mappings._registry import SPECS
 from tfcl_jax.mappings._scaled_free import _free_logit
 
 #: The upper bound of every solved scale: CLIP's cap of its learnt scale.
@@ -406,3 +407,14 @@ def accuracy_free() -> Mapping:
     Kim & Kim, arXiv 2501.17683, Eq. 11-13.
   """
   return Mapping("accuracy_free", BatchScaled("accuracy"))
+
+
+SPECS.register("calibrated_free", calibrated_free,
+               help="free with the batch's maximum-likelihood scale s 2 artanh(cos), s solved "
+                    "by the loss from its batch (no gradient), in [1/100, 100]")
+SPECS.register("perplexity_free", perplexity_free,
+               help="free with a scale per anchor that sets its softmax's perplexity to "
+                    "sqrt(N), solved by the loss (no gradient), in [1/100, 100]")
+SPECS.register("accuracy_free", accuracy_free,
+               help="free with one scale whose mean softmax entropy matches the batch's top-1 "
+                    "accuracy, solved by the loss (no gradient), in [1/100, 100]")
