@@ -51,3 +51,43 @@ def test_cosine_diagnostics_matches_numpy():
   out = views.cosine_diagnostics(jnp.asarray(z1), jnp.asarray(z2))
   np.testing.assert_allclose(out["pos_cos"], np.diag(cos).mean(), rtol=1e-5)
   np.testing.assert_allclose(out["neg_cos"], off_diagonal.mean(), rtol=1e-5, atol=1e-7)
+
+
+def test_the_simclr_objective_logs_the_scale_its_loss_solved():
+  """`loss/scale`: the batch scale of the step's own projections (SimCLR, then SupCon's mean)."""
+  import flax.linen as nn  # noqa: PLC0415
+
+  from tfcl_jax import losses  # noqa: PLC0415
+  from tfcl_jax.objectives import simclr  # noqa: PLC0415
+
+  class Linear(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+      del train
+      z = nn.Dense(4)(x)
+      return z, z
+
+  model = Linear()
+  images = jax.random.normal(jax.random.key(0), (6, 3))
+  views_of = lambda key, x: (x, x + 0.3 * jax.random.normal(key, x.shape))  # noqa: E731
+  params = {"model": model.init(jax.random.key(1), images, train=False)["params"], "loss": {}}
+  key = jax.random.key(2)
+  z1, z2 = (model.apply({"params": params["model"]}, v, train=False)[1]
+            for v in views_of(key, images))
+  loss = losses.from_spec("perplexity_free")
+  mapping = loss.mapping
+  loss_fn = simclr.make_simclr_loss(model, loss=loss, augment=views_of)
+  value, (_, metrics) = loss_fn(params, {}, {"image": images}, key, 0)
+  want = losses.batch_scale(z1, z2, mapping=mapping, negatives="all")
+  np.testing.assert_allclose(metrics["loss/scale"], jnp.mean(want), rtol=1e-6)
+  np.testing.assert_allclose(value, losses.info_nce(z1, z2, mapping=mapping, negatives="all"),
+                             rtol=1e-6)
+  labels = jnp.array([0, 1, 0, 1, 2, 2])
+  supcon_fn = simclr.make_simclr_loss(model, loss=loss, augment=views_of, form="supcon")
+  _, (_, metrics) = supcon_fn(params, {}, {"image": images, "label": labels}, key, 0)
+  want = losses.supervised_batch_scale(jnp.concatenate([z1, z2]),
+                                       jnp.concatenate([labels, labels]), mapping=mapping)
+  np.testing.assert_allclose(metrics["loss/scale"], jnp.mean(want), rtol=1e-6)
+  _, (_, metrics) = simclr.make_simclr_loss(model, loss=losses.from_spec("free"), augment=views_of)(
+      params, {}, {"image": images}, key, 0)
+  assert "loss/scale" not in metrics

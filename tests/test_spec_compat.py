@@ -26,6 +26,9 @@ RECORD = json.loads((pathlib.Path(__file__).parent / "spec_parses.json").read_te
 FAMILY = {losses.InfoNCELoss: "info_nce", losses.SigmoidLoss: "sigmoid",
           losses.DotProductLoss: "dot"}
 STEPS = (0, 1, 10, 100, 1000, 5000)
+#: The targets of the mappings whose scale a loss solves from its batch (`<target>_free`),
+#: registered after the record was taken.
+BATCH_SCALED = ("calibrated", "perplexity", "accuracy")
 
 
 def _csv_specs() -> dict[str, list[str]]:
@@ -70,7 +73,8 @@ def _mapping(mapping: mappings.Mapping) -> dict:
   for field in dataclasses.fields(mapping.fn):  # pyright: ignore[reportArgumentType]
     value = getattr(mapping.fn, field.name)
     described[field.name] = ([round(float(value(step)), 7) for step in STEPS] if callable(value)
-                             else None if value is None else float(value))
+                             else value if value is None or isinstance(value, str)
+                             else float(value))
   return described
 
 
@@ -108,18 +112,25 @@ def test_committed_specs_are_canonical_and_recorded(name):
 def _expected(text: str) -> dict:
   """What `text` builds: the record's entry, or one composed from recorded entries.
 
-  Specs first run after the record was taken are a recorded spec with `+logq` added, or a
-  recorded fixed temperature with another value; anything else is missing from the record.
+  Specs first run after the record was taken are a recorded spec with `+logq` added, a
+  recorded fixed temperature with another value, or free with a scale solved from the batch
+  (`BATCH_SCALED`) in a recorded form of free; anything else is missing from the record.
   """
   if text in RECORD["loss"]:
     return RECORD["loss"][text]["built"]
   base, logq = (text[:-len("+logq")], True) if text.endswith("+logq") else (text, False)
   tau = re.fullmatch(r"((?:clip:)?)tau=([0-9.e+-]+)", base)
-  key = f"{tau.group(1)}tau=1" if tau else base
+  solved = re.fullmatch(r"((?:clip:)?)(\w+)_free", base)
+  solved = solved if solved and solved.group(2) in BATCH_SCALED else None
+  key = f"{tau.group(1)}tau=1" if tau else f"{solved.group(1)}free" if solved else base
   assert key in RECORD["loss"], f"{text!r} is neither recorded nor composed of a recorded spec"
   built = json.loads(json.dumps(RECORD["loss"][key]["built"]))
   if tau:
     built["mapping"].update(spec=base[len(tau.group(1)):], tau=float(tau.group(2)))
+  if solved:
+    built["mapping"] = {"spec": base[len(solved.group(1)):], "fn": "BatchScaled",
+                        "scheduled": False, "params": {}, "target": solved.group(2),
+                        "scale": None}
   built.update(spec=text, logq=built["logq"] or logq)
   return built
 

@@ -159,7 +159,8 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
 
   Returns:
     `spec` (the run's loss spec), `seed`, `final_loss`, `final_<name>` for each of the loss's
-    trained values (`final_t`, `final_bias`), `train_seconds` and the columns of
+    trained values (`final_t`, `final_bias`), `final_scale` (the last logged scale a
+    batch-scaled mapping solved, `loss/scale`), `train_seconds` and the columns of
     `Trainable.result`.
   """
   if run.loss is None:
@@ -184,6 +185,9 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
                     run_outputs.training_seconds(folder))
   learnt = {f"final_{name}": float(np.asarray(value))
             for name, value in state.params["loss"].items()}
+  solved = trained.metrics.get("loss/scale")  # a scale the loss solved from each batch
+  if solved is not None and len(solved):
+    learnt["final_scale"] = float(solved[-1])
   return {"spec": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
           "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
 

@@ -147,6 +147,17 @@ def _scale(loss_params, loss: losses.Loss) -> float:
   return float(mappings.logit_scale(loss.mapping, params=loss_params))
 
 
+def _solved_scales(metrics: dict[str, np.ndarray], steps_per_epoch: int, epochs: int
+                   ) -> tuple[np.ndarray, float, float]:
+  """`(per epoch, first, last)` of the scale a batch-scaled mapping solved (`loss/scale`, logged
+  every `log_every` steps): per epoch the mean of its logged values, NaN where none was."""
+  steps, solved = metrics["step"], metrics["loss/scale"]
+  epoch = np.ceil(steps / steps_per_epoch).astype(int)
+  per_epoch = np.array([np.mean(solved[epoch == e]) if np.any(epoch == e) else np.nan
+                        for e in range(1, epochs + 1)])
+  return per_epoch, float(solved[0]), float(solved[-1])
+
+
 def popularity_row(config, data: Data, run: plan.Run) -> dict:
   """The untrained reference: every user gets the movies by training popularity."""
   counts = np.bincount(data.train.item, minlength=data.num_items).astype(np.float32)
@@ -237,7 +248,12 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
     def result(trained: sweep.Trained) -> dict:
       evals = trained.evaluations
       scale_end = _scale(trained.state.params["loss"], loss)
-      scales = [scale_start, scale_end, *evals["scale"]]
+      per_epoch = evals["scale"]
+      if loss.batch_scaled:  # the scales it solved, as logged: per epoch their mean
+        nonlocal scale_start
+        per_epoch, scale_start, scale_end = _solved_scales(trained.metrics, steps_per_epoch,
+                                                           config.epochs)
+      scales = [scale_start, scale_end, *per_epoch]
       if "loss/t" in trained.metrics:
         scales += [_scale({"t": t}, loss) for t in trained.metrics["loss/t"]]
       return {
@@ -246,7 +262,7 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
           "scale_start": scale_start, "scale_end": scale_end,
           "scale_max": float(np.max(scales)), "epochs": config.epochs, "steps": num_steps,
           "seconds_per_epoch": round(trained.seconds / config.epochs, 2),
-          **{f"scale@{e + 1}": float(scale) for e, scale in enumerate(evals["scale"])},
+          **{f"scale@{e + 1}": float(scale) for e, scale in enumerate(per_epoch)},
       }
 
     return sweep.Trainable(

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import mappings
+from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 
 def paper_pattern(C: jax.Array, n: int) -> jax.Array:
@@ -57,6 +58,11 @@ def as_given(mapping: mappings.MappingLike) -> mappings.Mapping:
   none), bound so that the losses take it (they refuse an unbound learnable or scheduled one,
   which in training would silently not train or not anneal).
 
+  A batch-scaled mapping (`mappings.calibrated_free()` ...) must be bound, `m.bind(scale=s)`: it
+  is then `s 2 artanh(c)`. Unbound, its scale is solved by a loss from its batch, and the pattern
+  `[C, -C, ..., -C]` is no such batch (`pattern_embeddings`' other rows only carry the pattern's
+  candidates): refused with a `ValueError` that names the fix.
+
   Examples:
     >>> from tfcl_jax.analysis import pattern
     >>> held = pattern.as_given("learnable=0.5")
@@ -64,4 +70,9 @@ def as_given(mapping: mappings.MappingLike) -> mappings.Mapping:
     (True, 0.5)
   """
   mapping = mappings.as_mapping(mapping)
+  if isinstance(mapping.fn, BatchScaled) and mapping.fn.scale is None:
+    raise ValueError(
+        f"mapping {mapping.spec!r} has a scale that a loss solves from its batch, and the "
+        f"pattern [C, -C, ..., -C] is no such batch: bind the scale to analyse, "
+        f"mapping.bind(scale=s) (s 2 artanh(c); losses.batch_scale gives a batch's s).")
   return mapping.bind(params=mapping.params, step=mapping.bound_step())

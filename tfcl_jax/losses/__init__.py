@@ -2,7 +2,8 @@
 
 InfoNCE / NT-Xent and CLIP's two-tower loss (Section 2, Eq. 1; Eq. 11-12 with the default
 temperature-free mapping), with extra negatives from a queue; SigLIP's sigmoid loss; the same
-losses across devices; the supervised contrastive loss; the softmax over raw dot products.
+losses across devices; the supervised contrastive loss; the softmax over raw dot products;
+`batch_scale`, the scale a batch-scaled mapping (`mappings.calibrated_free` ...) takes on a batch.
 `from_spec` reads a loss spec (docs/specs.md) into a `Loss`, a loss family (`InfoNCELoss`,
 `SigmoidLoss`, `DotProductLoss`) with its mapping and its parameters; each family registers its
 spec forms in `SPECS`. Every cosine loss runs the tiled engine: dense logits are its one-tile
@@ -10,6 +11,7 @@ case, chosen automatically where they are faster.
 """
 
 from tfcl_jax.losses import queue
+from tfcl_jax.losses._batch_scale import batch_scale, supervised_batch_scale
 from tfcl_jax.losses._blocks import auto_block_size, balanced_tile
 from tfcl_jax.losses._devices import STRATEGIES
 from tfcl_jax.losses._dot import DotProductLoss, dot_product_softmax
@@ -24,18 +26,28 @@ from tfcl_jax.losses._sigmoid import (
     sigmoid_loss_on_mesh,
 )
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.losses.spec import SPECS, Loss, as_loss, canonical_spec, from_spec, num_candidates
+from tfcl_jax.losses.spec import (
+    SPECS,
+    LogQ,
+    Loss,
+    as_loss,
+    canonical_spec,
+    from_spec,
+    num_candidates,
+)
 
 __all__ = [
     "SPECS",
     "DotProductLoss",
     "InfoNCELoss",
+    "LogQ",
     "Loss",
     "STRATEGIES",
     "SigmoidLoss",
     "as_loss",
     "auto_block_size",
     "balanced_tile",
+    "batch_scale",
     "canonical_spec",
     "check_block_size",
     "dot_product_softmax",
@@ -51,5 +63,6 @@ __all__ = [
     "sigmoid_bias_init",
     "sigmoid_loss",
     "sigmoid_loss_on_mesh",
+    "supervised_batch_scale",
     "supervised_info_nce",
 ]

@@ -85,7 +85,7 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
   (_, _, _, dcols), (drows, dparams, dconsts) = jax.lax.fori_loop(
       0, size, hop, (travel, (drows, dparams, dconsts)))
   # None: JAX's cotangent for the integer and boolean leaves.
-  return (Side(drows, None, None, None), Side(dcols, None, None, None),  # pyright: ignore[reportArgumentType]
+  return (_engine.no_grad(rows, drows), _engine.no_grad(columns, dcols),
           args._replace(params=dparams, step=None, consts=dconsts))
 
 
@@ -106,8 +106,7 @@ def device_reduce(axis_name, strategy):
                                              block_size=block_size,
                                              tile_reduction=tile_reduction)
       if col_lse is not None:  # this device's rows only: combine over devices, keep ours
-        assert isinstance(tile_reduction, LogSumExp), "only InfoNCE's two-tower loss has columns"
-        col_lse = _global_logsumexp(col_lse, axis_name)
+        col_lse = tile_reduction.combine_across(col_lse, axis_name)
         n = columns.ids.shape[0]
         col_lse = jax.lax.dynamic_slice_in_dim(col_lse, jax.lax.axis_index(axis_name) * n, n)
       return row_lse, col_lse
@@ -120,8 +119,10 @@ def device_reduce(axis_name, strategy):
   def ring(block_size, rows, columns, *, kind, mapping, tile_reduction):
     block_rows = _blocks.balanced_tile(block_size, rows.ids.shape[0])
     block_cols = _blocks.balanced_tile(block_size, columns.ids.shape[0])
-    tile_mapping, args = _engine.pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
-                                      like=rows.vectors, tile_reduction=tile_reduction)
+    tile_mapping, args = _engine.pure_mapping(
+        mapping, rows.vectors.dtype, (block_rows, block_cols), like=rows.vectors,
+        tile_reduction=tile_reduction, closed_form=not _engine.has_scale(rows, columns))
+    rows, columns = _engine.constant_bias_and_scale(rows), _engine.constant_bias_and_scale(columns)
     plan = _engine.Plan(kind, block_rows, block_cols, tile_mapping,
                         tile_reduction=tile_reduction)
     row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
@@ -131,15 +132,6 @@ def device_reduce(axis_name, strategy):
     return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
 
   return lse_fn
-
-
-def _global_logsumexp(partial, axis_name):
-  """`log sum_devices exp(partial)`, elementwise; `-inf` with zero gradient where all are."""
-  top = jax.lax.pmax(jax.lax.stop_gradient(partial), axis_name)
-  top = jnp.where(jnp.isfinite(top), top, 0.0)
-  total = jax.lax.psum(jnp.exp(partial - top), axis_name)
-  nonempty = total > 0
-  return jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + top, -jnp.inf)
 
 
 def reduce_across_devices(per_row: jax.Array, valid: jax.Array, *, reduction: str, masked: bool,

@@ -49,7 +49,9 @@ def pad_side(side: Side, multiple: int) -> Side:
               jnp.pad(side.ids, (0, extra), constant_values=-1),
               jnp.pad(side.positive_ids, (0, extra), constant_values=-1),
               jnp.pad(side.valid, (0, extra), constant_values=False),
-              None if side.bias is None else jnp.pad(side.bias, (0, extra)))
+              None if side.bias is None else jnp.pad(side.bias, (0, extra)),
+              # A padded row is no one's anchor; scale 1 keeps its masked logits at -inf.
+              None if side.scale is None else jnp.pad(side.scale, (0, extra), constant_values=1))
 
 
 def _blocks(side: Side, block: int) -> Side:
@@ -57,11 +59,18 @@ def _blocks(side: Side, block: int) -> Side:
 
 
 def no_grad(side: Side | None, dvectors) -> Side | None:
-  """The cotangent of `side`: `dvectors` for its vectors, zero for its bias, None elsewhere."""
+  """The cotangent of `side`: `dvectors` for its vectors, zero for its bias and scale, None
+  elsewhere."""
   if side is None:
     return None
   bias = None if side.bias is None else jnp.zeros_like(side.bias)
-  return Side(dvectors, None, None, None, bias)  # pyright: ignore[reportArgumentType]
+  scale = None if side.scale is None else jnp.zeros_like(side.scale)
+  return Side(dvectors, None, None, None, bias, scale)  # pyright: ignore[reportArgumentType]
+
+
+def has_scale(rows: Side, columns: Side | None) -> bool:
+  """Whether either side carries a per-anchor scale (`Side.scale`)."""
+  return rows.scale is not None or (columns is not None and columns.scale is not None)
 
 
 def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,11 +113,12 @@ def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_sta
   row_blocks = _blocks(rows, plan.block_rows)
   col_blocks = _blocks(columns, plan.block_cols)
   pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
-  row_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_rows), row_stats)
+  # Statistics are `[num, ...]` per row: blocks of rows, any trailing axes kept.
+  row_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_rows, *x.shape[1:]), row_stats)
   if plan.kind == "symmetric":
     col_stats = None
   elif col_stats is not None:
-    col_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_cols), col_stats)
+    col_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:]), col_stats)
 
   def step(carry, pair):
     row_stats, col_stats = carry
@@ -131,7 +141,7 @@ def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_sta
     return (row_stats, col_stats), None
 
   (row_stats, col_stats), _ = jax.lax.scan(step, (row_stats, col_stats), pairs)
-  flat = lambda stats: jax.tree.map(lambda x: x.reshape(-1), stats)  # noqa: E731
+  flat = lambda stats: jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), stats)  # noqa: E731
   return flat(row_stats), None if col_stats is None else flat(col_stats)
 
 
@@ -232,14 +242,16 @@ _lse.defvjp(_lse_fwd, _lse_bwd)
 
 
 def pure_mapping(mapping, dtype, tile_shape, *, like=None,
-             tile_reduction: TileReduction = LogSumExp()) -> tuple[TileMapping, MappingArgs]:
+                 tile_reduction: TileReduction = LogSumExp(), closed_form: bool = True
+                 ) -> tuple[TileMapping, MappingArgs]:
   """The static `TileMapping` and array `MappingArgs` of a `Mapping` for tiles of `dtype`.
 
   A mapping with a closed form the `tile_reduction` asks for (`tile_reduction.fast_form`) is used
-  through it; any other is made pure with `jax.closure_convert` (traced values it closes over
-  become `consts`). Inside `shard_map`, the arguments are cast to vary like `like`.
+  through it unless `closed_form` is False (sides with a per-anchor scale: `w^s` has no closed
+  form); any other is made pure with `jax.closure_convert` (traced values it closes over become
+  `consts`). Inside `shard_map`, the arguments are cast to vary like `like`.
   """
-  fast = tile_reduction.fast_form(mapping, jnp.dtype(dtype))
+  fast = tile_reduction.fast_form(mapping, jnp.dtype(dtype)) if closed_form else None
   step = mapping.bound_step()
   if fast is not None:
     return TileMapping(mapping.fn, fast), MappingArgs({}, step, ())
@@ -292,9 +304,11 @@ def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, 
   block_rows = balanced_tile(block_size, num_rows)
   block_cols = block_rows if columns is None else balanced_tile(block_size, num_cols)
   tile_mapping, args = pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
-                            like=rows.vectors, tile_reduction=tile_reduction)
+                                    like=rows.vectors, tile_reduction=tile_reduction,
+                                    closed_form=not has_scale(rows, columns))
   plan = Plan(kind, block_rows, block_cols, tile_mapping, column_grad, tile_reduction)
-  rows, columns = jax.tree.map(_bias_constant, (rows, columns), is_leaf=_is_side)
+  rows = constant_bias_and_scale(rows)
+  columns = None if columns is None else constant_bias_and_scale(columns)
   padded_rows = pad_side(rows, block_rows)
   padded_cols = None if columns is None else pad_side(columns, block_cols)
   if not column_grad:
@@ -305,14 +319,10 @@ def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, 
   return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
 
 
-def _is_side(x) -> bool:
-  return isinstance(x, Side) or x is None
-
-
-def _bias_constant(side: Side | None) -> Side | None:
-  if side is None or side.bias is None:
-    return side
-  return side._replace(bias=jax.lax.stop_gradient(side.bias))
+def constant_bias_and_scale(side: Side) -> Side:
+  """`side` with its bias and scale (if any) under `stop_gradient`: neither takes a gradient."""
+  return side._replace(bias=None if side.bias is None else jax.lax.stop_gradient(side.bias),
+                       scale=None if side.scale is None else jax.lax.stop_gradient(side.scale))
 
 
 def _varying_axes(x) -> frozenset:

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _layout, _pallas
+from tfcl_jax.losses import _calibration, _layout, _pallas
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
 from tfcl_jax.losses._supervised import supervised_info_nce
+from tfcl_jax.losses._tiles import Side
 
 IMPLEMENTATIONS = ("xla", "pallas")
+#: The arguments of `info_nce` that change the scale `losses.batch_scale` solves.
+_SCALE_ARGUMENTS = ("negatives", "where", "extra_negatives", "extra_where", "block_size")
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -46,14 +50,17 @@ def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
 
 def row_losses(layout: _layout.Layout, lse: jax.Array, mapping, positive_bias=None
                ) -> jax.Array:
-  """`L_i = softplus(lse_i - f(c_{i,i+}) - b_{i+})`, Eq. 1 / 12 per anchor (`b` the positive
-  candidate's bias, 0 without one).
+  """`L_i = softplus(lse_i - s_i f(c_{i,i+}) - b_{i+})`, Eq. 1 / 12 per anchor (`b` the positive
+  candidate's bias, 0 without one; `s_i` the anchor's scale, `Side.scale`, 1 without one).
 
   Equal to `logsumexp_{j in K_i} f(c_ij) - f(c_{i,i+})` but computed from the negatives'
   logsumexp: `lse_all - positive` cancels to 0 in float32 once the loss drops below ~1e-7,
   exactly where Eq. 12 says L -> 0 matters.
   """
   positive = mapping(layout.positive_cos)
+  scale = _calibration.anchor_scale(layout)
+  if scale is not None:  # a per-anchor scale (`Side.scale`), as the tiles apply it
+    positive = scale * positive
   if positive_bias is not None:
     positive = positive + positive_bias
   return jax.nn.softplus(lse - positive)
@@ -180,7 +187,10 @@ def info_nce(
       `"cross"` and `2N - 1` for `"all"`, plus the `K` extra negatives) or any callable
       `cos -> logits`, applied elementwise; default `mappings.temperature_free()`. A mapping
       with trainable params is passed built and bound (`m.bind(params=...)`): its spec
-      string is refused, since a string cannot hold the params.
+      string is refused, since a string cannot hold the params. A batch-scaled mapping
+      (`mappings.calibrated_free()`, `perplexity_free()`, `accuracy_free()`) gets its scale
+      solved from this batch by one more forward pass over the similarities, without a
+      gradient (`losses.batch_scale` returns it; `m.bind(scale=s)` skips the solve).
     negatives: `"cross"` or `"all"` (see above).
     symmetric: with `"cross"`, average both directions (CLIP); refused with `"all"`.
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row losses).
@@ -196,7 +206,9 @@ def info_nce(
       `negatives="cross"`, `implementation="xla"`.
     implementation: `"xla"` (the tiled engine) or `"pallas"` (one fused kernel per row block
       for the in-batch logsumexp, for any `Mapping` with scalar params; Triton on a GPU, the
-      Pallas interpreter elsewhere, which is slow and meant for tests).
+      Pallas interpreter elsewhere, which is slow and meant for tests). A per-anchor scale
+      (`mappings.perplexity_free`) is refused there; the batch scale's pass runs on the XLA
+      engine.
     check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
       that the mapping's parameters meet its conditions (`Mapping.parameter_checks`: a traced
       `tau > 0`, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete
@@ -217,6 +229,44 @@ def info_nce(
     2021 (CLIP); Yi et al. 2019 (sampling-bias-corrected two-tower retrieval); Kim & Kim,
     arXiv 2501.17683, Eq. 1, 11 and 12.
   """
+  batch = setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
+                reduction=reduction, where=where, block_size=block_size,
+                extra_negatives=extra_negatives, extra_where=extra_where,
+                implementation=implementation, candidate_bias=candidate_bias,
+                check_finite=check_finite)
+  mapping, rows = _calibration.for_loss(batch.mapping, batch.layout, bank=batch.bank,
+                                        positive_bias=batch.bias, block_size=batch.block_size)
+  lse_fn = tile_reduce
+  if implementation == "pallas":
+    if not _pallas.supports(mapping):
+      raise ValueError("implementation='pallas' needs a tfcl_jax.mappings.Mapping whose params "
+                       f"are scalars, got {mapping!r}; use implementation='xla'.")
+    lse_fn = _pallas.pallas_reduce
+    rows = _pallas.with_raw_rows(rows, batch.z1, batch.z2)
+  lse = negatives_lse(rows, mapping=mapping, block_size=batch.block_size, bank=batch.bank,
+                      lse_fn=lse_fn, bank_fn=lse_fn)
+  per_row = row_losses(rows, lse, mapping, positive_bias=batch.bias)
+  return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)
+
+
+class Batch(NamedTuple):
+  """A checked InfoNCE batch: the inputs, the loss's mapping, the layout of its similarity
+  matrix, the bank's side (or None), each anchor's positive candidate's bias (or None) and the tile
+  side."""
+
+  z1: jax.Array
+  z2: jax.Array
+  mapping: mappings.Mapping
+  layout: _layout.Layout
+  bank: Side | None
+  bias: jax.Array | None
+  block_size: int | None
+
+
+def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, where,
+          block_size, extra_negatives, extra_where, implementation: str, candidate_bias,
+          check_finite) -> Batch:
+  """`info_nce`'s arguments checked (each error names its argument) and laid out: `Batch`."""
   z1, z2 = _layout.check_pair(z1, z2)
   if _layout.check_finite_mode(check_finite):
     _layout.check_finite(z1, name="z1", mode=check_finite)
@@ -245,19 +295,10 @@ def info_nce(
     positive_bias = column_bias  # anchor z1[i]'s positive is the candidate z2[i]
     if row_bias is not None:  # and z2[j]'s is z1[j], a candidate of the direction z2 -> z1
       rows = rows._replace(rows=rows.rows._replace(bias=row_bias))
+      assert column_bias is not None  # check_candidate_bias: a pair has z2's bias first
       positive_bias = jnp.concatenate([column_bias, row_bias])
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
-  lse_fn = tile_reduce
-  if implementation == "pallas":
-    if not _pallas.supports(mapping):
-      raise ValueError("implementation='pallas' needs a tfcl_jax.mappings.Mapping whose params "
-                       f"are scalars, got {mapping!r}; use implementation='xla'.")
-    lse_fn = _pallas.pallas_reduce
-    rows = _pallas.with_raw_rows(rows, z1, z2)
-  lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank, lse_fn=lse_fn,
-                      bank_fn=lse_fn)
-  per_row = row_losses(rows, lse, mapping, positive_bias=positive_bias)
-  return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)
+  return Batch(z1, z2, mapping, rows, bank, positive_bias, block_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,18 +339,31 @@ class InfoNCELoss(Loss):
   def log_q_sides(self) -> int:
     return int(self.logq) * (2 if self.symmetric else 1)
 
+  def _candidate_bias(self, log_q) -> dict:
+    """`info_nce`'s `candidate_bias` from the call's `log_q` (`-log q`; a pair for CLIP's)."""
+    if log_q is None:
+      return {}
+    if self.symmetric:
+      if not isinstance(log_q, (tuple, list)) or len(log_q) != 2:
+        raise ValueError(f"loss {self.spec!r} corrects both directions: log_q must be a pair, "
+                         "the log sampling probabilities of z2's rows and of z1's rows "
+                         f"(e.g. items' and users'), got {type(log_q).__name__}.")
+      return {"candidate_bias": tuple(-jnp.asarray(q) for q in log_q)}
+    return {"candidate_bias": -jnp.asarray(log_q)}
+
   def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
-    if log_q is not None:
-      if self.symmetric:
-        if not isinstance(log_q, (tuple, list)) or len(log_q) != 2:
-          raise ValueError(f"loss {self.spec!r} corrects both directions: log_q must be a pair, "
-                           "the log sampling probabilities of z2's rows and of z1's rows "
-                           f"(e.g. items' and users'), got {type(log_q).__name__}.")
-        kwargs["candidate_bias"] = tuple(-jnp.asarray(q) for q in log_q)
-      else:
-        kwargs["candidate_bias"] = -jnp.asarray(log_q)
     return info_nce(z1, z2, mapping=self.bound_mapping(params, step), symmetric=self.symmetric,
-                    **kwargs)
+                    **kwargs, **self._candidate_bias(log_q))
+
+  def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
+    """`losses.batch_scale` with the call's arguments (`info_nce`'s that set the scale)."""
+    from tfcl_jax.losses._batch_scale import batch_scale  # noqa: PLC0415
+
+    if not self.batch_scaled:
+      return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
+    kept = {k: v for k, v in kwargs.items() if k in _SCALE_ARGUMENTS}
+    return batch_scale(z1, z2, mapping=self.mapping, symmetric=self.symmetric, **kept,
+                       **self._candidate_bias(log_q))
 
   def supervised(self, z, labels, *, form, params, step=None) -> jax.Array:
     """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`."""

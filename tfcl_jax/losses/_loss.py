@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any, ClassVar
 
 import jax
 
 from tfcl_jax import mappings, specs
+from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 #: The forms of a loss spec (a `tfcl_jax.specs.Registry`), each registered by the module of its
 #: family; `<mapping>` is a mapping spec (`tfcl_jax.mappings.SPECS`), the builder's `mapping`.
 SPECS = specs.Registry("loss spec", "loss", named=True,
                        args={"mapping": specs.Nested("mapping", mappings.SPECS)})
+#: What a `+logq` loss's call takes as `log_q`: the candidates' log sampling probabilities, or a
+#: pair of them for CLIP's symmetric loss (`z2`'s rows, then `z1`'s).
+LogQ = jax.typing.ArrayLike | tuple[jax.typing.ArrayLike, jax.typing.ArrayLike]
 #: The forms of a loss spec, one a line (`from_spec`'s errors print them; docs/specs.md).
 SPEC_FORMS = specs.FormLines(SPECS)
 
@@ -70,7 +75,7 @@ class Loss(abc.ABC):
 
   def __call__(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
                params: dict | None = None, step: jax.typing.ArrayLike | None = None,
-               log_q: jax.typing.ArrayLike | None = None, **kwargs) -> jax.Array:
+               log_q: LogQ | None = None, **kwargs) -> jax.Array:
     """The loss of `z1` against `z2` with trainable values `params` (default `self.params`).
 
     Args:
@@ -107,10 +112,71 @@ class Loss(abc.ABC):
     return self.compute(z1, z2, params=dict(self.params if params is None else params),
                         step=step, log_q=log_q, **kwargs)
 
+  @property
+  def batch_scaled(self) -> bool:
+    """Whether the loss solves its mapping's scale from each batch (`calibrated_free`,
+    `perplexity_free`, `accuracy_free`, unbound): `with_scale` then reports it."""
+    return (self.mapping is not None and isinstance(self.mapping.fn, BatchScaled)
+            and self.mapping.fn.scale is None)
+
+  def with_scale(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
+                 params: dict | None = None, step: jax.typing.ArrayLike | None = None,
+                 log_q: LogQ | None = None, **kwargs
+                 ) -> tuple[jax.Array, jax.Array | None]:
+    """`(loss, scale)`: the loss as `__call__` gives it, and the scale its batch-scaled mapping
+    solved on this batch (`[M]`, one per anchor, for `perplexity_free`; None unless
+    `batch_scaled`). The scale is solved once (`solve_scale`) and the loss evaluated at it, so
+    the value is the call's and reporting the scale costs nothing.
+
+    Examples:
+      >>> import jax
+      >>> from tfcl_jax import losses
+      >>> loss = losses.from_spec("calibrated_free")
+      >>> z = jax.random.normal(jax.random.key(0), (8, 4))
+      >>> value, scale = loss.with_scale(z, z + 0.1)
+      >>> bool(jax.numpy.allclose(value, loss(z, z + 0.1))), bool(0.01 <= scale <= 100)
+      (True, True)
+    """
+    if not self.batch_scaled:
+      return self(z1, z2, params=params, step=step, log_q=log_q, **kwargs), None
+    scale = self.solve_scale(z1, z2, log_q=log_q, **kwargs)
+    return self.at_scale(scale)(z1, z2, params=params, step=step, log_q=log_q, **kwargs), scale
+
+  def supervised_with_scale(self, z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike, *,
+                            form: str, params: dict[str, Any],
+                            step: jax.typing.ArrayLike | None = None
+                            ) -> tuple[jax.Array, jax.Array | None]:
+    """`(supervised loss, scale)`, as `with_scale` for `supervised`."""
+    if not self.batch_scaled:
+      return self.supervised(z, labels, form=form, params=params, step=step), None
+    from tfcl_jax.losses._batch_scale import supervised_batch_scale  # noqa: PLC0415
+
+    assert self.mapping is not None  # batch_scaled
+    scale = supervised_batch_scale(z, labels, mapping=self.mapping)
+    return self.at_scale(scale).supervised(z, labels, form=form, params=params, step=step), scale
+
+  def solve_scale(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
+                  log_q: LogQ | None = None, **kwargs) -> jax.Array:
+    """The scale the loss's batch-scaled mapping takes on this batch, as the call solves it
+    (the call's keyword arguments; those that do not change the scale are ignored).
+
+    Raises:
+      ValueError: the loss is not `batch_scaled`.
+    """
+    del z1, z2, log_q, kwargs
+    raise ValueError(f"loss {self.spec!r} solves no scale from its batch.")
+
+  def at_scale(self, scale: jax.typing.ArrayLike) -> Loss:
+    """This loss with its batch-scaled mapping's scale fixed at `scale` (`Mapping.bind`)."""
+    if not self.batch_scaled:
+      raise ValueError(f"loss {self.spec!r} solves no scale from its batch.")
+    assert self.mapping is not None  # batch_scaled
+    return dataclasses.replace(self, mapping=self.mapping.bind(scale=scale))  # pyright: ignore[reportArgumentType]
+
   @abc.abstractmethod
   def compute(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
               params: dict[str, Any], step: jax.typing.ArrayLike | None,
-              log_q: jax.typing.ArrayLike | None, **kwargs) -> jax.Array:
+              log_q: LogQ | None, **kwargs) -> jax.Array:
     """The family's loss: `__call__` after its shared checks, `params` always given."""
 
   def supervised(self, z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike, *, form: str,

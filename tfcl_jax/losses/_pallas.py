@@ -309,6 +309,9 @@ def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
                      f"(Triton's smallest matrix product), got {block_size}.")
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"backend must be one of {sorted(BACKENDS)} or None, got {backend!r}.")
+  if _engine.has_scale(rows, columns):
+    raise ValueError("implementation='pallas' takes a mapping's scalars, not a scale per anchor "
+                     "(mappings.perplexity_free); use implementation='xla'.")
   for side in (rows, columns):
     if side is not None and jnp.dtype(side.vectors.dtype).itemsize > 4:
       raise ValueError(f"implementation='pallas' computes in float32 (bfloat16, float16 or "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _layout
+from tfcl_jax.losses import _calibration, _layout
 from tfcl_jax.losses._devices import (
     STRATEGIES,
     axis_size,
@@ -18,7 +18,7 @@ from tfcl_jax.losses._devices import (
     on_mesh,
     reduce_across_devices,
 )
-from tfcl_jax.losses._info_nce import negatives_lse, row_losses
+from tfcl_jax.losses._info_nce import Batch, negatives_lse, row_losses
 
 
 def sharded_info_nce(
@@ -70,7 +70,9 @@ def sharded_info_nce(
     z1: `[n, D]` float, this device's first-view embeddings.
     z2: `[n, D]` float, this device's second-view embeddings (row i the positive of `z1[i]`).
     mapping: `cos -> logits` (a `tfcl_jax.mappings.Mapping` or a mapping spec; `"free_n"` counts
-      the global batch's candidates); default temperature-free.
+      the global batch's candidates); default temperature-free. A batch-scaled mapping's
+      global scale is solved over the global batch (its sums `psum`-ed), a per-anchor one
+      for this device's anchors, each through the same `strategy`.
     negatives: `"cross"` or `"all"` as in `losses.info_nce`, over the global batch.
     symmetric: CLIP's two-tower loss (with `"cross"`), as in `losses.info_nce`.
     axis_name: the mesh axis the batch is split over; must be bound by `shard_map`.
@@ -86,6 +88,24 @@ def sharded_info_nce(
   Returns:
     A scalar (mean, sum) or this device's per-row losses.
   """
+  batch = local_setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
+                      axis_name=axis_name, strategy=strategy, block_size=block_size,
+                      where=where, reduction=reduction, extra_negatives=extra_negatives,
+                      extra_where=extra_where)
+  lse_fn = device_reduce(axis_name, strategy)
+  mapping, rows = _calibration.for_loss(
+      batch.mapping, batch.layout, bank=batch.bank, block_size=batch.block_size, reduce_fn=lse_fn,
+      total=_calibration.total_across(axis_name))
+  lse = negatives_lse(rows, mapping=mapping, block_size=batch.block_size, bank=batch.bank,
+                      lse_fn=lse_fn)
+  return reduce_across_devices(row_losses(rows, lse, mapping), _layout.anchor_valid(rows),
+                               reduction=reduction, masked=where is not None,
+                               axis_name=axis_name, size=axis_size(axis_name))
+
+
+def local_setup(z1, z2, *, mapping, negatives: str, symmetric: bool, axis_name, strategy: str,
+                block_size, where, reduction: str, extra_negatives, extra_where) -> Batch:
+  """`sharded_info_nce`'s arguments checked and laid out on this device: `Batch` (no bias)."""
   size = axis_size(axis_name)
   z1, z2 = _layout.check_pair(z1, z2, local=True)
   _layout.check_mode(negatives, symmetric, reduction)
@@ -106,11 +126,7 @@ def sharded_info_nce(
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid,
                         offset=offset)
   bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
-  lse = negatives_lse(rows, mapping=mapping, block_size=block_size, bank=bank,
-                      lse_fn=device_reduce(axis_name, strategy))
-  valid_rows = _layout.anchor_valid(rows)
-  return reduce_across_devices(row_losses(rows, lse, mapping), valid_rows, reduction=reduction,
-                               masked=where is not None, axis_name=axis_name, size=size)
+  return Batch(z1, z2, mapping, rows, bank, None, block_size)
 
 
 def info_nce_on_mesh(

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, mappings, specs
-from tfcl_jax.losses import _layout
+from tfcl_jax.losses import _calibration, _layout
 from tfcl_jax.losses._devices import (
     STRATEGIES,
     axis_size,
@@ -108,8 +108,21 @@ def _biased(mapping: mappings.Mapping, bias, relative_bias) -> mappings.Mapping:
                           mapping.scheduled, mapping.step, bound=True)  # checked by the loss
 
 
+def _with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative_bias, *,
+               calibrate) -> tuple[mappings.Mapping, _layout.Layout]:
+  """The tiles' mapping and layout: a batch-scaled mapping's scale solved on the loss's batch
+  (`calibrate(mapping, layout)`, `_calibration.for_loss`), then the bias folded in."""
+  mapping, layout = calibrate(mapping, layout)
+  if relative_bias is not None and layout.rows.scale is not None:
+    raise ValueError("relative_bias r gives the logits f(c) - f(r) of one mapping f, but "
+                     "perplexity_free scales every anchor by its own s_i; pass bias= (kept "
+                     "outside the scale: s_i 2 artanh(c) + b), or a mapping with one scale.")
+  return _biased(mapping, bias, relative_bias), layout
+
+
 def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices=None):
-  """Checks the inputs; `devices`: the axis size of a sharded loss (its `z1` a local share)."""
+  """Checks the inputs; `devices`: the axis size of a sharded loss (its `z1` a local share).
+  Returns the inputs, the mapping (the bias not yet folded in: `_with_bias`) and the bias."""
   z1, z2 = _layout.check_pair(z1, z2, local=devices is not None)
   _layout.check_mode(negatives, False, reduction)
   batch = z1.shape[0] * (devices or 1)
@@ -121,7 +134,7 @@ def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, device
     if not (isinstance(bias, float) and bias == 0.0):
       raise ValueError("give bias or relative_bias, not both (relative_bias replaces the bias "
                        f"by -f(relative_bias)); got bias={bias!r}.")
-  return z1, z2, _biased(mapping, bias, relative_bias)
+  return z1, z2, mapping, bias, relative_bias
 
 
 def sigmoid_loss(
@@ -180,7 +193,12 @@ def sigmoid_loss(
     mapping: a `tfcl_jax.mappings.Mapping`, a mapping spec (`mappings.from_spec`; `"free_n"`
       takes `N` candidates per anchor for `"cross"`, `2N - 1` for `"all"`) or a callable
       `cos -> logits`; default `mappings.temperature_free()`. A mapping with trainable params
-      is passed built and bound (`m.bind(params=...)`); its spec string is refused.
+      is passed built and bound (`m.bind(params=...)`); its spec string is refused. A
+      batch-scaled mapping (`mappings.calibrated_free()` ...) takes the scale solved from the
+      softmax over each anchor's candidates, as `info_nce` would on the same batch (the sigmoid
+      loss has no softmax of its own; `losses.batch_scale` with the same `negatives`); the bias
+      stays outside it, `s 2 artanh(c) + b` (per anchor `s_i`; `relative_bias` is refused
+      with a per-anchor scale).
     bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
       state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).
     relative_bias: `r` of the relative form instead of `bias`; a float or scalar array.
@@ -207,16 +225,19 @@ def sigmoid_loss(
     Zhai et al., Sigmoid Loss for Language Image Pre-Training, ICCV 2023; Bangachev et al.,
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
-  z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction)
+  z1, z2, mapping, bias, relative_bias = _setup(z1, z2, mapping, bias, relative_bias, negatives,
+                                                reduction)
   if _layout.check_finite_mode(check_finite):
     _layout.check_finite(z1, name="z1", mode=check_finite)
     _layout.check_finite(z2, name="z2", mode=check_finite)
-    _layout.check_parameters(mapping, mode=check_finite)
+    _layout.check_parameters(_biased(mapping, bias, relative_bias), mode=check_finite)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid)
+  mapping, rows = _with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
+      _calibration.for_loss, block_size=block_size))
   per_row, _ = tile_reduce(rows.rows, rows.columns, mapping=mapping, kind=rows.kind,
                            block_size=block_size, tile_reduction=SigmoidSum())
   return _layout.reduce(per_row, rows.rows.valid, reduction, masked=where is not None)
@@ -268,8 +289,8 @@ def sharded_sigmoid_loss(
     A scalar (mean, sum) or this device's per-row losses.
   """
   size = axis_size(axis_name, loss="sharded_sigmoid_loss", wrapper="sigmoid_loss_on_mesh")
-  z1, z2, mapping = _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction,
-                           devices=size)
+  z1, z2, mapping, bias, relative_bias = _setup(z1, z2, mapping, bias, relative_bias, negatives,
+                                                reduction, devices=size)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
   n = z1.shape[0]
   if n * size < 2:
@@ -281,7 +302,11 @@ def sharded_sigmoid_loss(
   rows_per_device = n if negatives == "cross" else 2 * n
   offset = jax.lax.axis_index(axis_name) * rows_per_device
   rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid, offset=offset)
-  per_row, _ = device_reduce(axis_name, strategy)(
+  reduce_fn = device_reduce(axis_name, strategy)
+  mapping, rows = _with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
+      _calibration.for_loss, block_size=block_size, reduce_fn=reduce_fn,
+      total=_calibration.total_across(axis_name)))
+  per_row, _ = reduce_fn(
       rows.rows, rows.columns, mapping=mapping, kind=rows.kind, block_size=block_size,
       tile_reduction=SigmoidSum())
   return reduce_across_devices(per_row, rows.rows.valid, reduction=reduction,
@@ -347,6 +372,16 @@ class SigmoidLoss(Loss):
     del log_q  # a sigmoid loss takes none (`Loss.__call__`)
     bias = params.pop("bias", self.bias)
     return sigmoid_loss(z1, z2, mapping=self.bound_mapping(params, step), bias=bias, **kwargs)
+
+  def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
+    """`losses.batch_scale` over the sigmoid loss's pairs: each anchor's candidates as its softmax
+    would have them (the call's `negatives`, `where`, `block_size`)."""
+    from tfcl_jax.losses._batch_scale import batch_scale  # noqa: PLC0415
+
+    if not self.batch_scaled:
+      return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
+    kept = {k: v for k, v in kwargs.items() if k in ("negatives", "where", "block_size")}
+    return batch_scale(z1, z2, mapping=self.mapping, **kept)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _layout
+from tfcl_jax.losses import _calibration, _layout
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._tiles import LogSumExp, PositiveSum, Side
 
@@ -41,15 +41,16 @@ def _ntxent(u: jax.Array, labels: jax.Array, mapping) -> jax.Array:
   return jnp.sum(pair_losses) / jnp.maximum(jnp.sum(positives), 1)
 
 
-def _supcon(u: jax.Array, labels: jax.Array, mapping, block_size) -> jax.Array:
+def _supcon(u: jax.Array, labels: jax.Array, mapping, block_size, scale=None) -> jax.Array:
+  """`L_out` on the tiles; `scale`: `[B]` per-anchor scales of the free `mapping`, or None."""
   n = u.shape[0]
   ids = jnp.arange(n, dtype=jnp.int32)
   valid = jnp.ones((n,), bool)
   # The denominator: every other row (a row's only excluded candidate is itself).
-  lse, _ = tile_reduce(Side(u, ids, ids, valid), None, mapping=mapping, kind="symmetric",
-                       block_size=block_size, tile_reduction=LogSumExp())
+  lse, _ = tile_reduce(Side(u, ids, ids, valid, scale=scale), None, mapping=mapping,
+                       kind="symmetric", block_size=block_size, tile_reduction=LogSumExp())
   # The numerator: the sum of f over the other rows of the anchor's class.
-  positive_sum, _ = tile_reduce(Side(u, ids, labels.astype(jnp.int32), valid), None,
+  positive_sum, _ = tile_reduce(Side(u, ids, labels.astype(jnp.int32), valid, scale=scale), None,
                                 mapping=mapping, kind="symmetric", block_size=block_size,
                                 tile_reduction=PositiveSum())
   counts = jnp.sum(labels[:, None] == labels[None, :], axis=1) - 1  # O(B^2) ints, no D
@@ -114,7 +115,10 @@ def supervised_info_nce(
     mapping: a `Mapping`, a mapping spec (`mappings.from_spec`; `"free_n"` takes `B - 1`
       candidates per anchor) or a callable `cos -> logits`; default
       `mappings.temperature_free()`. A mapping with trainable params is passed built and bound
-      (`m.bind(params=...)`); its spec string is refused.
+      (`m.bind(params=...)`); its spec string is refused. A batch-scaled mapping's scale is
+      solved on every row's softmax over the other rows, the positive's logit of
+      `calibrated_free` the mean of the anchor's positives' (`losses.supervised_batch_scale`,
+      both forms).
     form: `"ntxent"` or `"supcon"` (see above).
     block_size: `"supcon"`'s largest tile side, or None (`losses.auto_block_size`).
     check_finite: `False`, `True` or `"checkify"`, as in `losses.info_nce`: every input
@@ -151,6 +155,9 @@ def supervised_info_nce(
       raise ValueError("labels must contain at least one positive pair (two equal labels).")
 
   u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))
+  mapping, scale = _calibration.supervised_for_loss(mapping, u, labels, block_size=block_size)
   if form == "ntxent":
     return _ntxent(u, labels, mapping)
+  if scale is not None:  # per anchor: the free mapping, each row scaled as an anchor
+    return _supcon(u, labels, mappings.temperature_free(), block_size, scale)
   return _supcon(u, labels, mapping, block_size)

@@ -27,7 +27,13 @@ class Side(NamedTuple):
   `vectors: [M, D]` unit rows; `ids: [M] int32` identities; `positive_ids: [M] int32` the id of
   each row's positive (excluded from its negatives, as is its own id); `valid: [M] bool`;
   `bias: [M]` or None, added to a row's logit wherever the row is a candidate (the
-  sampling-bias correction `-log q_j` of Yi et al. 2019); it takes no gradient.
+  sampling-bias correction `-log q_j` of Yi et al. 2019); it takes no gradient. `scale: [M]` or
+  None, the row's multiplier `s_i > 0` of its logits wherever the row is the anchor (a per-anchor
+  scale solved from the batch, `mappings.perplexity_free`); it takes no gradient either.
+  `LogSumExp` and `PositiveSum` multiply the anchor's logits, `s_i f(c)` (a constant added to
+  every logit of an anchor cancels in their losses); `SigmoidSum` scales them about the mapping's
+  value at `c = 0` (`anchor_logits`), so that the sigmoid loss's bias `b`, folded into its
+  mapping, stays outside the scale: `s_i 2 artanh(c) + b`.
   """
 
   vectors: jax.Array
@@ -35,6 +41,7 @@ class Side(NamedTuple):
   positive_ids: jax.Array
   valid: jax.Array
   bias: jax.Array | None = None
+  scale: jax.Array | None = None
 
 
 class MappingArgs(NamedTuple):
@@ -68,6 +75,45 @@ def mask(rows: Side, columns: Side) -> jax.Array:
 
 def _logits(tile_mapping: TileMapping, cos, args: MappingArgs):
   return tile_mapping.fn(cos, args.params, args.step, *args.consts)
+
+
+def anchor_logits(logits: jax.Array, scale: jax.Array | None,
+                  zero: jax.Array | None = None) -> jax.Array:
+  """`logits` as an anchor with a per-anchor `scale` scores them (`Side.scale`): `scale logits`,
+  or `zero + scale (logits - zero)` about the mapping's value `zero = f(0)`; `logits` where
+  `scale` is None. `scale` broadcasts against `logits` (`[m, 1]` for rows, `[1, k]` for
+  columns)."""
+  if scale is None:
+    return logits
+  return scale * logits if zero is None else zero + scale * (logits - zero)
+
+
+def _pair_logits(tile_mapping: TileMapping, step, a: Side, b: Side, *, about_zero: bool = False):
+  """`fn(cos, params, *consts) -> (row_logits, col_logits)`: the tile's logits as `a`'s rows
+  score them and as `b`'s rows score them (one array twice without a per-anchor scale);
+  `about_zero`: scaled about `f(0)` (`anchor_logits`), the mapping evaluated at 0 once more."""
+
+  def fn(cos, params, *consts):
+    args = MappingArgs(params, step, consts)
+    logits = _logits(tile_mapping, cos, args)
+    if a.scale is None and b.scale is None:
+      return logits, logits
+    # A whole tile of zeros: the pure fn is traced for the tile's shape (`jax.closure_convert`).
+    zero = _logits(tile_mapping, jnp.zeros_like(cos), args) if about_zero else None
+    row_scale = None if a.scale is None else a.scale[:, None]
+    col_scale = None if b.scale is None else b.scale[None, :]
+    return anchor_logits(logits, row_scale, zero), anchor_logits(logits, col_scale, zero)
+
+  return fn
+
+
+def _check_fast(tile_mapping: TileMapping, a: Side, b: Side) -> bool:
+  """Whether the tile takes the mapping's closed form; never with a per-anchor scale (`w^s` has
+  none: the engine then asks for no closed form, `_engine.pure_mapping(fast=False)`)."""
+  if tile_mapping.fast is None:
+    return False
+  assert a.scale is None and b.scale is None, "a per-anchor scale takes the mapping's fn"
+  return True
 
 
 def _fold(stats, logits, axis: int):
@@ -110,11 +156,12 @@ class TileReduction(abc.ABC):
 
   @abc.abstractmethod
   def init(self, num: int, dtype, tile_mapping: TileMapping) -> tuple[jax.Array, ...]:
-    """The statistics of `num` rows before any tile: a tuple of `[num]` arrays."""
+    """The statistics of `num` rows before any tile: a tuple of `[num, ...]` arrays."""
 
   @abc.abstractmethod
   def finish(self, stats) -> jax.Array:
-    """`[num]`: the per-row output from the statistics after the last tile."""
+    """`[num]` (or `[num, F]`, F features per row): the per-row output from the statistics
+    after the last tile."""
 
   @abc.abstractmethod
   def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
@@ -127,6 +174,11 @@ class TileReduction(abc.ABC):
                row_g, col_out, col_g) -> tuple[jax.Array, Any, tuple[jax.Array, ...]]:
     """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished outputs of both
     sides and their cotangents (`col_g` zero where the tile's columns were not used)."""
+
+  def combine_across(self, partial: jax.Array, axis_name) -> jax.Array:
+    """The finished column outputs of every device on `axis_name` combined into one (each
+    device's rows gave every column a share; `_devices`' all-gather two-tower path)."""
+    raise NotImplementedError(f"{type(self).__name__} has no column side across devices.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,17 +210,20 @@ class LogSumExp(TileReduction):
     stats of `b`. `use_cols` is a traced bool or None (no column side)."""
     cos = a.vectors @ b.vectors.T
     keep = mask(a, b)
-    if tile_mapping.fast is not None:
+    if _check_fast(tile_mapping, a, b):
       w = jnp.where(keep, tile_mapping.fast.weight(cos), 0.0)
       row_stats = row_stats[0], row_stats[1] + jnp.sum(_scaled(w, b.bias, 0), axis=1)
       if use_cols is not None:
         col_sum = jnp.sum(_scaled(w, a.bias, 1), axis=0)
         col_stats = col_stats[0], col_stats[1] + jnp.where(use_cols, col_sum, 0.0)
       return row_stats, col_stats
-    logits = jnp.where(keep, _logits(tile_mapping, cos, args), -jnp.inf)
-    row_stats = _fold(row_stats, _shifted(logits, b.bias, 0), axis=1)
+    row_logits, col_logits = _pair_logits(tile_mapping, args.step, a, b)(cos, args.params,
+                                                                        *args.consts)
+    row_stats = _fold(row_stats, _shifted(jnp.where(keep, row_logits, -jnp.inf), b.bias, 0),
+                      axis=1)
     if use_cols is not None:
-      folded = _fold(col_stats, _shifted(logits, a.bias, 1), axis=0)
+      folded = _fold(col_stats, _shifted(jnp.where(keep, col_logits, -jnp.inf), a.bias, 1),
+                     axis=0)
       col_stats = jax.tree.map(lambda new, old: jnp.where(use_cols, new, old), folded, col_stats)
     return row_stats, col_stats
 
@@ -181,7 +236,7 @@ class LogSumExp(TileReduction):
     row_ok, col_ok = jnp.isfinite(row_lse), jnp.isfinite(col_lse)
     row_lse, col_lse = jnp.where(row_ok, row_lse, 0.0), jnp.where(col_ok, col_lse, 0.0)
     row_g, col_g = jnp.where(row_ok, row_g, 0.0), jnp.where(col_ok, col_g, 0.0)
-    if tile_mapping.fast is not None:
+    if _check_fast(tile_mapping, a, b):
       # dlse_i/dc_ij = exp(f_ij + b_j - lse_i) f'_ij = exp(shift - lse_i) e^{b_j} w'(c_ij).
       shift = tile_mapping.fast.shift
       row_scale = _scaled((row_g * jnp.exp(shift - row_lse))[:, None], b.bias, 0)
@@ -189,13 +244,22 @@ class LogSumExp(TileReduction):
       dcos = jnp.where(keep, (row_scale + col_scale) * tile_mapping.fast.weight_grad(cos), 0.0)
       return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
           jnp.zeros_like(k) for k in args.consts)
-    logits, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
-                          *args.consts)
-    logits = jnp.where(keep, logits, -jnp.inf)
-    dlogits = (row_g[:, None] * jnp.exp(_shifted(logits, b.bias, 0) - row_lse[:, None])
-               + col_g[None, :] * jnp.exp(_shifted(logits, a.bias, 1) - col_lse[None, :]))
-    dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
+    (row_logits, col_logits), vjp = jax.vjp(_pair_logits(tile_mapping, args.step, a, b), cos,
+                                            args.params, *args.consts)
+    row_logits = jnp.where(keep, row_logits, -jnp.inf)
+    col_logits = jnp.where(keep, col_logits, -jnp.inf)
+    d_rows = row_g[:, None] * jnp.exp(_shifted(row_logits, b.bias, 0) - row_lse[:, None])
+    d_cols = col_g[None, :] * jnp.exp(_shifted(col_logits, a.bias, 1) - col_lse[None, :])
+    dcos, dparams, *dconsts = vjp((d_rows.astype(cos.dtype), d_cols.astype(cos.dtype)))
     return dcos, dparams, tuple(dconsts)
+
+  def combine_across(self, partial, axis_name):
+    """`log sum_devices exp(partial)`, elementwise; `-inf` with zero gradient where all are."""
+    top = jax.lax.pmax(jax.lax.stop_gradient(partial), axis_name)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    total = jax.lax.psum(jnp.exp(partial - top), axis_name)
+    nonempty = total > 0
+    return jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + top, -jnp.inf)
 
 
 def pair_mask(rows: Side, columns: Side) -> jax.Array:
@@ -215,11 +279,12 @@ class _Sum(TileReduction):
   def finish(self, stats) -> jax.Array:
     return stats[0]
 
-  def fold(self, terms, row_stats, col_stats, use_cols):
-    """Adds the tile's `terms [m, k]` to the row sums and (where `use_cols`) column sums."""
-    row_stats = (row_stats[0] + jnp.sum(terms, axis=1),)
+  def fold(self, row_terms, col_terms, row_stats, col_stats, use_cols):
+    """Adds the tile's `row_terms [m, k]` to the row sums and (where `use_cols`) its
+    `col_terms [m, k]` (the same terms as the columns' anchors score them) to the column sums."""
+    row_stats = (row_stats[0] + jnp.sum(row_terms, axis=1),)
     if use_cols is not None:
-      col_stats = (col_stats[0] + jnp.where(use_cols, jnp.sum(terms, axis=0), 0.0),)
+      col_stats = (col_stats[0] + jnp.where(use_cols, jnp.sum(col_terms, axis=0), 0.0),)
     return row_stats, col_stats
 
 
@@ -239,27 +304,34 @@ class SigmoidSum(_Sum):
               col_stats, use_cols):
     cos = a.vectors @ b.vectors.T
     sign = self._signs(a, b).astype(cos.dtype)
-    if tile_mapping.fast is not None:
-      terms = tile_mapping.fast.term(cos, sign)
-    else:
-      terms = jax.nn.softplus(-sign * _logits(tile_mapping, cos, args))
-    return self.fold(jnp.where(pair_mask(a, b), terms, 0.0), row_stats, col_stats, use_cols)
+    keep = pair_mask(a, b)
+    if _check_fast(tile_mapping, a, b):
+      terms = jnp.where(keep, tile_mapping.fast.term(cos, sign), 0.0)
+      return self.fold(terms, terms, row_stats, col_stats, use_cols)
+    row_logits, col_logits = _pair_logits(tile_mapping, args.step, a, b, about_zero=True)(
+        cos, args.params, *args.consts)
+    row_terms = jnp.where(keep, jax.nn.softplus(-sign * row_logits), 0.0)
+    col_terms = row_terms if col_logits is row_logits else jnp.where(
+        keep, jax.nn.softplus(-sign * col_logits), 0.0)
+    return self.fold(row_terms, col_terms, row_stats, col_stats, use_cols)
 
   def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
                row_g, col_out, col_g):
     cos = a.vectors @ b.vectors.T
     sign = self._signs(a, b).astype(cos.dtype)
     keep = pair_mask(a, b)
-    scale = row_g[:, None] + col_g[None, :]
-    if tile_mapping.fast is not None:
+    if _check_fast(tile_mapping, a, b):
+      scale = row_g[:, None] + col_g[None, :]
       dcos = jnp.where(keep, scale * tile_mapping.fast.term_grad(cos, sign), 0.0)
       return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
           jnp.zeros_like(k) for k in args.consts)
-    logits, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
-                          *args.consts)
+    (row_logits, col_logits), vjp = jax.vjp(
+        _pair_logits(tile_mapping, args.step, a, b, about_zero=True), cos, args.params,
+        *args.consts)
     # d softplus(-s x)/dx = -s sigmoid(-s x)
-    dlogits = jnp.where(keep, scale * -sign * jax.nn.sigmoid(-sign * logits), 0.0)
-    dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
+    d_rows = jnp.where(keep, row_g[:, None] * -sign * jax.nn.sigmoid(-sign * row_logits), 0.0)
+    d_cols = jnp.where(keep, col_g[None, :] * -sign * jax.nn.sigmoid(-sign * col_logits), 0.0)
+    dcos, dparams, *dconsts = vjp((d_rows.astype(cos.dtype), d_cols.astype(cos.dtype)))
     return dcos, dparams, tuple(dconsts)
 
 
@@ -282,14 +354,20 @@ class PositiveSum(_Sum):
   def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
               col_stats, use_cols):
     cos = a.vectors @ b.vectors.T
-    terms = jnp.where(label_mask(a, b), _logits(tile_mapping, cos, args), 0.0)
-    return self.fold(terms, row_stats, col_stats, use_cols)
+    keep = label_mask(a, b)
+    row_logits, col_logits = _pair_logits(tile_mapping, args.step, a, b)(cos, args.params,
+                                                                        *args.consts)
+    row_terms = jnp.where(keep, row_logits, 0.0)
+    col_terms = row_terms if col_logits is row_logits else jnp.where(keep, col_logits, 0.0)
+    return self.fold(row_terms, col_terms, row_stats, col_stats, use_cols)
 
   def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
                row_g, col_out, col_g):
     cos = a.vectors @ b.vectors.T
-    _, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
+    keep = label_mask(a, b)
+    _, vjp = jax.vjp(_pair_logits(tile_mapping, args.step, a, b), cos, args.params,
                      *args.consts)
-    dlogits = jnp.where(label_mask(a, b), row_g[:, None] + col_g[None, :], 0.0)
-    dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
+    d_rows = jnp.where(keep, jnp.broadcast_to(row_g[:, None], cos.shape), 0.0)
+    d_cols = jnp.where(keep, jnp.broadcast_to(col_g[None, :], cos.shape), 0.0)
+    dcos, dparams, *dconsts = vjp((d_rows.astype(cos.dtype), d_cols.astype(cos.dtype)))
     return dcos, dparams, tuple(dconsts)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from tfcl_jax import mappings, specs
 from tfcl_jax.losses import _layout
 from tfcl_jax.losses._info_nce import InfoNCELoss
-from tfcl_jax.losses._loss import SPEC_FORMS, SPECS, Loss
+from tfcl_jax.losses._loss import SPEC_FORMS, SPECS, LogQ, Loss
 
-__all__ = ["SPECS", "SPEC_FORMS", "Loss", "as_loss", "canonical_spec", "from_spec",
+__all__ = ["SPECS", "SPEC_FORMS", "LogQ", "Loss", "as_loss", "canonical_spec", "from_spec",
            "num_candidates", "parse"]
 
 

@@ -14,11 +14,15 @@ losses:
 - `n_aware_free(num_candidates=N)`: `s(N) 2 artanh(cos)`, `s(N) = 1 + log(N - 1) / log 9`;
 - `dynamic_temperature(tau_min, tau_max)`: DySTreSS's per-pair `cos / tau(cos)`;
 - `annealed_temperature(schedule)`: `cos / schedule(step)`;
+- `calibrated_free()`, `perplexity_free()`, `accuracy_free()`: `s 2 artanh(cos)` with `s` solved
+  by the loss from its own batch (the maximum-likelihood scale; per anchor, perplexity
+  `sqrt(N)`; the entropy the batch's top-1 accuracy earns), bounded to `[S_MIN, S_MAX]`;
 - `from_spec("tau=0.25")`: any of them from its mapping spec (the grammar: docs/specs.md); the
   losses also take the spec itself (`mapping="free"`); each module registers the forms of its
   mappings in `SPECS`, from which the parser, the errors and the docs' table are read;
 - `logit_scale(mapping)`: the factor `1 / tau` or `min(exp(t), max_scale)` of a temperature mapping,
-  `s` of a scaled free mapping; `max_logit_scale(mapping)` its cap.
+  `s` of a scaled free mapping (None for an unbound batch-scaled one); `max_logit_scale(mapping)`
+  its cap.
 """
 
 import importlib
@@ -31,6 +35,14 @@ from tfcl_jax.mappings._base import (
     MappingFunction,
     MappingLike,
     ParameterCheck,
+)
+from tfcl_jax.mappings._batch_scaled import (
+    GRID_EXPONENTS,
+    S_MAX,
+    S_MIN,
+    accuracy_free,
+    calibrated_free,
+    perplexity_free,
 )
 from tfcl_jax.mappings._dynamic import dynamic_tau, dynamic_temperature
 from tfcl_jax.mappings._free import max_free_logit, temperature_free
@@ -46,16 +58,21 @@ from tfcl_jax.mappings._temperature import (
 )
 
 __all__ = [
+    "GRID_EXPONENTS",
     "SPECS",
     "SPEC_FORMS",
+    "S_MAX",
+    "S_MIN",
     "ExpForm",
     "LogSigmoidForm",
     "MappingFunction",
     "Mapping",
     "MappingLike",
     "ParameterCheck",
+    "accuracy_free",
     "annealed_temperature",
     "as_mapping",
+    "calibrated_free",
     "dynamic_tau",
     "dynamic_temperature",
     "free_scale",
@@ -66,6 +83,7 @@ __all__ = [
     "max_free_logit",
     "max_logit_scale",
     "n_aware_free",
+    "perplexity_free",
     "temperature",
     "temperature_free",
 ]

@@ -62,6 +62,12 @@ class MappingFunction(abc.ABC):
     """The cap on a learnt logit scale (`min(exp(t), cap)`), or None (no cap)."""
     return None
 
+  def with_batch_scale(self, scale: jax.Array) -> MappingFunction | None:
+    """This mapping with the scale a loss would solve from its batch fixed to `scale`, or None:
+    the mapping has no such scale (all but the batch-scaled mappings, `calibrated_free` ...)."""
+    del scale
+    return None
+
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: a closure may hold a tracer
 class _Plain(MappingFunction):
@@ -149,7 +155,8 @@ class Mapping:
     return jnp.zeros((), jnp.int32) if self.step is None else jnp.asarray(self.step)
 
   def bind(self, *, params: Params | None = None,
-           step: jax.typing.ArrayLike | None = None) -> Mapping:
+           step: jax.typing.ArrayLike | None = None,
+           scale: jax.typing.ArrayLike | None = None) -> Mapping:
     """This mapping with its trainable `params` and training `step` fixed, as a `Mapping`.
 
     What a train step hands to a loss: unlike `lambda cos: m(cos, params=p, step=s)`, the
@@ -172,10 +179,16 @@ class Mapping:
         replaces: a scalar `t` stays a scalar); None keeps them.
       step: the training step a scheduled mapping reads, an integer scalar; None keeps the
         bound one (else 0).
+      scale: for the batch-scaled mappings (`calibrated_free`, `accuracy_free`: a float
+        scalar; `perplexity_free`: `[M]` floats, one per anchor of the loss in its order), the
+        scale the loss would otherwise solve from its batch (`losses.batch_scale` returns it):
+        the loss then uses it as it is, without a gradient. None keeps the bound one (unbound:
+        the loss solves it).
 
     Raises:
       ValueError: `params` has other keys, or a value of another shape (naming it and the
-        mapping); `step` is not a scalar.
+        mapping); `step` is not a scalar; `scale` given to a mapping without a batch scale, or
+        of the wrong shape, or (when concrete) not finite and > 0.
     """
     if params is not None:
       if set(params) != set(self.params):
@@ -192,7 +205,18 @@ class Mapping:
     if step is not None and jnp.ndim(step) != 0:
       raise ValueError(f"step of mapping {self.spec!r} must be a scalar (the training step), "
                        f"got shape {jnp.shape(step)}.")
-    return dataclasses.replace(self, params=self.params if params is None else dict(params),
+    fn = self.fn
+    if scale is not None:
+      scaled = self.fn.with_batch_scale(jnp.asarray(scale))
+      if scaled is None:
+        raise ValueError(
+            f"bind(scale=...) fixes the scale of a batch-scaled mapping (calibrated_free, "
+            f"perplexity_free, accuracy_free), which a loss otherwise solves from its batch; "
+            f"mapping {self.spec!r} has none. Pass its own parameters with bind(params=...), or "
+            f"use mappings.temperature(1 / scale) or learnable_free for a scale of your own.")
+      fn = scaled
+    return dataclasses.replace(self, fn=fn,
+                               params=self.params if params is None else dict(params),
                                step=self.step if step is None else step,
                                bound=self.bound or params is not None)
 

@@ -20,6 +20,7 @@ from tfcl_jax.mappings._base import (
   format_number,
   positive_check,
 )
+from tfcl_jax.mappings._batch_scaled import BatchScaled
 from tfcl_jax.mappings._registry import SPECS
 
 
@@ -178,14 +179,17 @@ SPECS.register("learnable[=T0[:MAX]]", learnable_temperature,
                     "capped at MAX (CLIP: learnable=0.07:100)")
 
 
-def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
+def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array | None:
   r"""A temperature mapping's factor on the cosines: `1 / tau`, or `min(exp(t), max_scale)`.
 
   A scaled free mapping (`learnable_free`, `n_aware_free`) has one too: the factor `s` of
   `s 2 artanh(cos)`. For a learnable mapping (Eq. 8) this is the effective scale, the cap included,
   at `mapping.params` or at the `params` given (e.g. a train state's `params["loss"]`, which holds
   the mapping's `t`); CLIP logs it as `logit_scale`. Mappings that are not one factor times the
-  cosine or times Eq. 11 (free, DySTreSS, annealed, callables) have none.
+  cosine or times Eq. 11 (free, DySTreSS, annealed, callables) have none. A batch-scaled mapping
+  (`calibrated_free`, `accuracy_free`, `perplexity_free`) has the scale it was bound to
+  (`bind(scale=s)`: a scalar, or `[M]` per anchor), and None unbound: the loss solves it per batch
+  (`losses.batch_scale` returns it).
 
   Examples:
     >>> from tfcl_jax import mappings
@@ -198,6 +202,10 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
     2.0
     >>> float(mappings.logit_scale(mappings.n_aware_free(num_candidates=10)))   # s(10)
     2.0
+    >>> mappings.logit_scale(mappings.calibrated_free()) is None           # solved per batch
+    True
+    >>> float(mappings.logit_scale(mappings.calibrated_free().bind(scale=3.0)))
+    3.0
 
   Args:
     mapping: a mapping from `temperature`, `learnable_temperature`, `learnable_free` or
@@ -205,14 +213,14 @@ def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array:
     params: the learnable mapping's `{"t": ...}` to read instead of `mapping.params`.
 
   Returns:
-    A float scalar array.
+    A float scalar array; for a batch-scaled mapping its bound scale, or None.
 
   Raises:
     TypeError: `mapping` has no single logit scale.
   """
   if isinstance(mapping, Mapping):
     scale = mapping.fn.logit_scale(mapping.params if params is None else params)
-    if scale is not None:
+    if scale is not None or isinstance(mapping.fn, BatchScaled):
       return scale
   spec = mapping.spec if isinstance(mapping, Mapping) else type(mapping).__name__
   raise TypeError(f"mapping must be a fixed or learnable temperature (cos / tau, "

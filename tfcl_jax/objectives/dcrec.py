@@ -34,6 +34,7 @@ import numpy as np
 from tfcl_jax import losses, mappings
 from tfcl_jax.data import item_graphs, sequences
 from tfcl_jax.models import dcrec
+from tfcl_jax.objectives import views
 
 MAX_NEIGHBOURS = 10  #: the reference samples at most 10 civil and 10 foreign neighbours
 
@@ -174,16 +175,20 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.Loss | mappings.Mapping,
     transition_out = apply(graphs.transition, method="encode_graph", rng=keys[0])
     co_out = apply(graphs.co_interaction, method="encode_graph", rng=keys[1])
     sequence = apply(inputs, lengths, method="encode_sequence", rng=keys[2])
-    second = apply(inputs, lengths, method="encode_sequence", rng=keys[3])
+    second = cast(jax.Array, apply(inputs, lengths, method="encode_sequence", rng=keys[3]))
     weights = conformity_weights(keys[4], model, model_params, graphs, batch["users"],
                                  last_items, transition_out, weight_mean=weight_mean)
     weights = jnp.where(lengths == 1, 0.5, weights)
     kl = kl_weight * weight_kl(keys[5], weights, weight_mean=weight_mean)
     anchor, co = transition_out[last_items], co_out[last_items]
-    contrast = lambda a, b: loss(a, b, params=params["loss"], step=step,  # noqa: E731
-                                      negatives="cross", reduction="none")
-    cl = cl_weight * jnp.mean(weights * contrast(second, anchor)
-                              + (jnp.max(weights) - weights) * contrast(anchor, co))
+    def contrast(z1: jax.Array, z2: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+      return loss.with_scale(z1, z2, params=params["loss"], step=step, negatives="cross",
+                             reduction="none")
+
+    (to_anchor, scale1), (to_co, scale2) = contrast(second, anchor), contrast(anchor, co)
+    cl = cl_weight * jnp.mean(weights * to_anchor + (jnp.max(weights) - weights) * to_co)
+    scales = None if scale1 is None or scale2 is None else jnp.stack(
+        [jnp.mean(scale1), jnp.mean(scale2)])
     # Flax types apply's result as either the output or (output, mutated variables).
     fused = cast(jax.Array, model.apply({"params": model_params}, sequence, anchor, co,
                                         method="fuse"))
@@ -191,7 +196,8 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.Loss | mappings.Mapping,
     logits = fused @ item_table.T
     ce = jnp.mean(jax.nn.logsumexp(logits, axis=-1)
                   - jnp.take_along_axis(logits, batch["targets"][:, None], axis=1)[:, 0])
-    return ce + cl + kl, (model_state, {"ce": ce, "cl": cl, "kl": kl})
+    return ce + cl + kl, (model_state, {"ce": ce, "cl": cl, "kl": kl,
+                                            **views.scale_metrics(scales)})
 
   return loss_fn
 

@@ -17,6 +17,7 @@ import jax
 from tfcl_jax import losses, mappings
 from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.models import gcn
+from tfcl_jax.objectives import views
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +78,8 @@ def make_grace_loss(
                                       edge_weight=view.edge_weight)
       projections.append(model.apply({"params": params["model"]}, view.features, propagation)[1])
 
-    value = loss(*projections, params=params["loss"], step=step, negatives="all",
-                 block_size=block_size)
-    return value, (model_state, {})
+    value, scale = loss.with_scale(*projections, params=params["loss"], step=step,
+                                   negatives="all", block_size=block_size)
+    return value, (model_state, views.scale_metrics(scale))
 
   return loss_fn

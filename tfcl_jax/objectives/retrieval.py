@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 
 from tfcl_jax import losses, mappings
+from tfcl_jax.objectives import views
 
 
 def gather(features: Mapping[str, jax.Array], rows: jax.Array) -> dict[str, jax.Array]:
@@ -91,11 +92,13 @@ def make_retrieval_loss(
     q, c = cast("tuple[jax.Array, jax.Array]", model.apply(
         {"params": params["model"]}, gather(user_features, batch["user"]),
         gather(item_features, batch["item"])))
-    batch_log_q = log_q[batch["item"]] if loss.logq and log_q is not None else None
-    if both:
-      batch_log_q = (batch_log_q, users_log_q[batch["user"]])
-    value = loss(q, c, params=params["loss"], step=step, log_q=batch_log_q, negatives="cross",
-                 where=batch["valid"], reduction=reduction)
-    return value, (model_state, {})
+    batch_log_q: losses.LogQ | None = None
+    if loss.logq and log_q is not None:
+      batch_log_q = log_q[batch["item"]]
+      if both and users_log_q is not None:
+        batch_log_q = (batch_log_q, users_log_q[batch["user"]])
+    value, scale = loss.with_scale(q, c, params=params["loss"], step=step, log_q=batch_log_q,
+                                   negatives="cross", where=batch["valid"], reduction=reduction)
+    return value, (model_state, views.scale_metrics(scale))
 
   return loss_fn
