@@ -83,6 +83,16 @@ def pytest_sessionfinish(session):
   gc.collect()
   if importlib.util.find_spec("hypothesis") is not None:
     import hypothesis.internal.observability  # noqa: F401, PLC0415
+  # What is left after the report (the interpreter's teardown freeing the devices' buffers) can
+  # still outlast execnet's 5 s; its interrupt (`_thread.interrupt_main`, a simulated SIGINT)
+  # does nothing where SIGINT is ignored, and a worker whose results are reported has nothing
+  # left to interrupt. execnet then waits 10 s more before ending the process itself.
+  import signal  # noqa: PLC0415
+
+  try:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+  except ValueError:  # not the main thread: execnet's interrupt would not reach it either
+    pass
 
 
 def pytest_unconfigure(config):

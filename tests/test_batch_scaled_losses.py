@@ -187,6 +187,7 @@ SHARDED_CASES = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("target, strategy, options", SHARDED_CASES)
 def test_sharded_info_nce_equals_the_single_device_loss(target, strategy, options):
   z1, z2, where, bank, bank_where, _ = _batch(4, noise=0.5)
@@ -212,6 +213,7 @@ def test_sharded_info_nce_equals_the_single_device_loss(target, strategy, option
   chex.assert_trees_all_close(sharded, single, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.heavy
 def test_sharded_batch_scale_and_sigmoid_loss_equal_the_single_device_ones():
   z1, z2, where = _batch(5, noise=0.5)[:3]
   z1, z2, where = (jnp.concatenate([x, x[:4]]) for x in (z1, z2, where))

@@ -73,6 +73,7 @@ def _run(tmp_path, *extra):
                             "--check_mappings", "tau=0.07", *extra])
 
 
+@pytest.mark.heavy
 def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):
   results = _run(tmp_path)
   assert list(results) == list(device_bench.SUITES)
@@ -139,6 +140,7 @@ def test_loss_bench_prints_its_tables(capsys):
   assert "loss / tile limit" in out and "| 64 |" in out
 
 
+@pytest.mark.heavy
 def test_quick_suite_checks_times_and_names_the_winners_on_cpu(tmp_path, capsys):
   results = device_bench.main(["--out", str(tmp_path), "--suite", "quick", "--quick_n", "32",
                                "--quick_check_n", "24", "--dim", "24", "--dtypes", "float32",

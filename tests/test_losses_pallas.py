@@ -123,6 +123,7 @@ CASES = _settings([(name, "all-masked") for name in MAPPINGS]
                   + [("learnable", mode) for mode in MODES if mode != "all-masked"])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name, mode, variant, x64", CASES, ids=_ids(CASES))
 def test_pallas_equals_xla_values_and_gradients(name, mode, variant, x64):
   with _setting(variant, x64):
@@ -198,6 +199,7 @@ BF16_CASES = _with_x64([
     ("dynamic", "cross-masked-bank", D, "atomic"), ("learnable", "cross", D, "atomic")])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name, mode, dim, variant, x64", BF16_CASES, ids=_ids(BF16_CASES))
 def test_bfloat16_inputs_equal_the_xla_engine(name, mode, dim, variant, x64):
   with _setting(variant, x64):

@@ -4,10 +4,9 @@ r"""The scale a batch-scaled mapping takes on a batch (`mappings.calibrated_free
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
-from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _calibration, _layout
+from tfcl_jax import mappings
+from tfcl_jax.losses import _calibration
 from tfcl_jax.losses._devices import device_reduce
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._info_nce import setup
@@ -102,11 +101,7 @@ def batch_scale(
                         where=where, reduction="mean", extra_negatives=extra_negatives,
                         extra_where=extra_where)
     reduce_fn, total = device_reduce(axis_name, strategy), _calibration.total_across(axis_name)
-  if fn.scale is not None:
-    return _calibration.check_scale(fn, fn.scale, batch.layout.positive_cos.shape[0],
-                                    what="the loss's anchors")
-  return _calibration.solve(fn.target, batch.layout, bank=batch.bank, positive_bias=batch.bias,
-                            block_size=batch.block_size, reduce_fn=reduce_fn, total=total)
+  return _calibration.solve_batch(fn, batch, reduce_fn=reduce_fn, total=total)
 
 
 def supervised_batch_scale(z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike, *,
@@ -136,14 +131,4 @@ def supervised_batch_scale(z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike
   Returns:
     A float scalar, or `[B]` for `perplexity_free`.
   """
-  fn = _batch_scaled(mapping)
-  z = _layout.check_embeddings(z, name="z", rows="B")
-  labels = jnp.asarray(labels)
-  if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.shape != z.shape[:1]:
-    raise ValueError(f"labels must be [B] = ({z.shape[0]},) integers, got shape {labels.shape} "
-                     f"and dtype {labels.dtype}.")
-  block_size = _layout.check_block_size(block_size)
-  if fn.scale is not None:
-    return _calibration.check_scale(fn, fn.scale, z.shape[0], what="one per row of z")
-  u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))
-  return _calibration.supervised_solve(fn.target, u, labels, block_size=block_size)
+  return _calibration.supervised_scale(_batch_scaled(mapping), z, labels, block_size=block_size)

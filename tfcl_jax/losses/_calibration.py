@@ -18,7 +18,7 @@ from typing import cast
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import mappings
+from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _layout, _moments
 from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._tiles import MappingArgs, PositiveSum, Side, TileMapping, TileReduction, mask
@@ -147,6 +147,32 @@ def check_scale(fn: BatchScaled, scale: jax.Array, anchors: int, *, what: str) -
         f"this loss ({what}), got shape {scale.shape}; losses.batch_scale with the loss's "
         f"arguments returns it in that order.")
   return jax.lax.stop_gradient(scale)
+
+
+def solve_batch(fn: BatchScaled, batch, *, reduce_fn=tile_reduce,
+                total: Callable[[jax.Array], jax.Array] = sum_over_anchors) -> jax.Array:
+  """`fn`'s scale on an InfoNCE `batch` (`_info_nce.Batch` or the sharded loss's): the bound one
+  checked, else solved (`solve`)."""
+  if fn.scale is not None:
+    return check_scale(fn, fn.scale, batch.layout.positive_cos.shape[0],
+                       what="the loss's anchors")
+  return solve(fn.target, batch.layout, bank=batch.bank, positive_bias=batch.bias,
+               block_size=batch.block_size, reduce_fn=reduce_fn, total=total)
+
+
+def supervised_scale(fn: BatchScaled, z, labels, *, block_size=None) -> jax.Array:
+  """`fn`'s scale on the supervised batch `z [B, D]`, `labels [B]` (`supervised_batch_scale`),
+  the arguments checked."""
+  z = _layout.check_embeddings(z, name="z", rows="B")
+  labels = jnp.asarray(labels)
+  if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.shape != z.shape[:1]:
+    raise ValueError(f"labels must be [B] = ({z.shape[0]},) integers, got shape {labels.shape} "
+                     f"and dtype {labels.dtype}.")
+  block_size = _layout.check_block_size(block_size)
+  if fn.scale is not None:
+    return check_scale(fn, fn.scale, z.shape[0], what="one per row of z")
+  u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))
+  return supervised_solve(fn.target, u, labels, block_size=block_size)
 
 
 def for_loss(mapping: mappings.Mapping, layout: _layout.Layout, **solve_kwargs

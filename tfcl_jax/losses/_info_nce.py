@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +15,9 @@ from tfcl_jax.losses._engine import tile_reduce
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
 from tfcl_jax.losses._supervised import supervised_info_nce
 from tfcl_jax.losses._tiles import Side
+from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 IMPLEMENTATIONS = ("xla", "pallas")
-#: The arguments of `info_nce` that change the scale `losses.batch_scale` solves.
-_SCALE_ARGUMENTS = ("negatives", "where", "extra_negatives", "extra_where", "block_size")
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -357,13 +356,21 @@ class InfoNCELoss(Loss):
 
   def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
     """`losses.batch_scale` with the call's arguments (`info_nce`'s that set the scale)."""
-    from tfcl_jax.losses._batch_scale import batch_scale  # noqa: PLC0415
-
     if not self.batch_scaled:
       return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
-    kept = {k: v for k, v in kwargs.items() if k in _SCALE_ARGUMENTS}
-    return batch_scale(z1, z2, mapping=self.mapping, symmetric=self.symmetric, **kept,
-                       **self._candidate_bias(log_q))
+    options = {"negatives": "cross", "where": None, "block_size": None, "extra_negatives": None,
+               "extra_where": None, "candidate_bias": None}
+    options |= {k: v for k, v in kwargs.items() if k in options}
+    options |= self._candidate_bias(log_q)
+    batch = setup(z1, z2, mapping=self.mapping, symmetric=self.symmetric, reduction="mean",
+                  implementation="xla", check_finite=False, **options)
+    return _calibration.solve_batch(cast(BatchScaled, batch.mapping.fn), batch)
+
+  def supervised_scale(self, z, labels) -> jax.Array:
+    if not (self.batch_scaled and self.supervised_form):
+      return super().supervised_scale(z, labels)
+    assert self.mapping is not None  # batch_scaled
+    return _calibration.supervised_scale(cast(BatchScaled, self.mapping.fn), z, labels)
 
   def supervised(self, z, labels, *, form, params, step=None) -> jax.Array:
     """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`."""

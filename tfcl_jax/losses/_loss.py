@@ -149,10 +149,7 @@ class Loss(abc.ABC):
     """`(supervised loss, scale)`, as `with_scale` for `supervised`."""
     if not self.batch_scaled:
       return self.supervised(z, labels, form=form, params=params, step=step), None
-    from tfcl_jax.losses._batch_scale import supervised_batch_scale  # noqa: PLC0415
-
-    assert self.mapping is not None  # batch_scaled
-    scale = supervised_batch_scale(z, labels, mapping=self.mapping)
+    scale = self.supervised_scale(z, labels)
     return self.at_scale(scale).supervised(z, labels, form=form, params=params, step=step), scale
 
   def solve_scale(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
@@ -165,6 +162,16 @@ class Loss(abc.ABC):
     """
     del z1, z2, log_q, kwargs
     raise ValueError(f"loss {self.spec!r} solves no scale from its batch.")
+
+  def supervised_scale(self, z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike
+                       ) -> jax.Array:
+    """The scale `supervised` solves on `z`, `labels` for a batch-scaled mapping.
+
+    Raises:
+      ValueError: the loss is not `batch_scaled`, or has no supervised form.
+    """
+    del z, labels
+    raise ValueError(f"loss {self.spec!r} solves no scale for a supervised batch.")
 
   def at_scale(self, scale: jax.typing.ArrayLike) -> Loss:
     """This loss with its batch-scaled mapping's scale fixed at `scale` (`Mapping.bind`)."""

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import math
 import numbers
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +22,11 @@ from tfcl_jax.losses._devices import (
     reduce_across_devices,
 )
 from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._info_nce import setup as info_nce_setup
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
 from tfcl_jax.losses._tiles import SigmoidSum
 from tfcl_jax.mappings._base import finite_check
+from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 BIAS_INITS = ("siglip", "prior")
 
@@ -376,12 +379,14 @@ class SigmoidLoss(Loss):
   def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
     """`losses.batch_scale` over the sigmoid loss's pairs: each anchor's candidates as its softmax
     would have them (the call's `negatives`, `where`, `block_size`)."""
-    from tfcl_jax.losses._batch_scale import batch_scale  # noqa: PLC0415
-
     if not self.batch_scaled:
       return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
-    kept = {k: v for k, v in kwargs.items() if k in ("negatives", "where", "block_size")}
-    return batch_scale(z1, z2, mapping=self.mapping, **kept)
+    options = {"negatives": "cross", "where": None, "block_size": None}
+    options |= {k: v for k, v in kwargs.items() if k in options}
+    batch = info_nce_setup(z1, z2, mapping=self.mapping, symmetric=False, reduction="mean",
+                           extra_negatives=None, extra_where=None, implementation="xla",
+                           candidate_bias=None, check_finite=False, **options)
+    return _calibration.solve_batch(cast(BatchScaled, batch.mapping.fn), batch)
 
 
 @dataclasses.dataclass(frozen=True)
