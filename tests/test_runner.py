@@ -118,6 +118,18 @@ def test_write_results_writes_csv_markdown_and_figures(tmp_path):
     tables.write_results(str(tmp_path), [], markdown="")
 
 
+def test_given_columns_keep_a_solved_scale_where_a_row_has_one(tmp_path):
+  rows = [{"spec": "free", "seed": 0, "x": 1}, {"spec": "calibrated_free", "seed": 0,
+                                                 "final_scale": 2.5, "other": 3}]
+  tables.write_results(str(tmp_path), rows, markdown="# t", columns=("spec", "seed"))
+  with open(tmp_path / "results.csv", newline="") as f:
+    assert list(csv.reader(f)) == [["spec", "seed", "final_scale"], ["free", "0", ""],
+                                   ["calibrated_free", "0", "2.5"]]
+  tables.write_results(str(tmp_path), rows[:1], markdown="# t", columns=("spec", "seed"))
+  with open(tmp_path / "results.csv", newline="") as f:
+    assert next(csv.reader(f)) == ["spec", "seed"]  # tables without one stay as they were
+
+
 def test_markdown_table_and_mean_std():
   table = tables.markdown_table([{"a": 1.23456, "b": float("nan")}], ["a", "b"])
   assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.23 | - |"]
