@@ -56,9 +56,11 @@ def test_a_learnable_spec_string_is_refused_with_the_fix(loss, spec):
   canonical = mappings.from_spec(spec).spec
   assert f"mappings.from_spec({canonical!r})" in message and "m.bind(params=" in message
   assert f"losses.from_spec({canonical!r})" in message
-  # The fix the message names runs: the mapping built once, bound to its params.
-  built = mappings.from_spec(spec)
-  assert np.isfinite(LOSSES[loss](z1, z2, built.bind(params=built.params)))
+  # The fix the message names runs: the mapping built once, bound to its params (once per loss
+  # and family of mapping: the loss's compiled program does not depend on the spec's numbers).
+  if spec in ("learnable", "learnable_free"):
+    built = mappings.from_spec(spec)
+    assert np.isfinite(LOSSES[loss](z1, z2, built.bind(params=built.params)))
 
 
 @pytest.mark.parametrize("loss", ["info_nce all", "sigmoid", "supervised"])
