@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -34,9 +35,11 @@ def test_every_registered_experiment_is_its_module_and_owns_its_configs():
     for path in found.configs:
       assert os.path.isfile(os.path.join(ROOT, path)), (found.name, path)
     owned += found.configs
-  folder = os.path.join(ROOT, "experiments", "configs")
-  configs = sorted(f"experiments/configs/{name}" for name in os.listdir(folder)
-                   if name.endswith(".py") and name != "__init__.py")
+  # The configs' two places (docs/architecture.md): experiments/configs/ for the older
+  # experiments, experiments/<name>/configs/ for a new one.
+  configs = sorted(
+      str(path.relative_to(ROOT)) for pattern in ("configs/*.py", "*/configs/*.py")
+      for path in pathlib.Path(ROOT, "experiments").glob(pattern) if path.name != "__init__.py")
   assert sorted(owned) == configs  # each config belongs to exactly one experiment
 
 

@@ -7,7 +7,7 @@ code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -19,9 +19,6 @@ from tfcl_jax import _checks, losses, mappings
 #: The key of `TrainState.model_state` that holds the center during fine-tuning, a non-trained
 #: variable of the objective, replicated and checkpointed with the BatchNorm statistics.
 CENTER_KEY = "msc_center"
-
-#: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
-AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
 def center(features: jax.typing.ArrayLike) -> jax.Array:

@@ -1,10 +1,11 @@
 r"""The fused InfoNCE kernels for TPUs (Mosaic): the column blocks as a sequential grid axis.
 
-The same computation as `_kernel` (whose tile math they share: `keep_mask`, `tile_cotangent`),
-in TPU's programming model: a grid `(row blocks, column blocks)` whose second axis is walked in
-order on one core (`"arbitrary"`), its `BlockSpec`s bringing one `[block, D]` tile of each side
-into VMEM per step (pipelined by Mosaic), the running statistics and gradient accumulators in
-VMEM scratch, initialised at the first column block and written out at the last. Per-row
+The same computation as the Triton kernels (`_kernel_triton`; the tile math both share is in
+`_kernel_math`: `keep_mask`, `tile_cotangent`), in TPU's programming model: a grid
+`(row blocks, column blocks)` whose second axis is walked in order on one core (`"arbitrary"`),
+its `BlockSpec`s bringing one `[block, D]` tile of each side into VMEM per step (pipelined by
+Mosaic), the running statistics and gradient accumulators in VMEM scratch, initialised at the
+first column block and written out at the last. Per-row
 values are `[block, 1]` blocks and per-column values `[1, block]` blocks (TPU tiles are
 `8 x 128`: `block` is a multiple of 128); the mapping's scalars are in SMEM. The backward has a
 row kernel (`dU`, and the mapping's parameter gradients, packed into the lanes of an `[8, 128]`

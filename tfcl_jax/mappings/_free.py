@@ -92,7 +92,7 @@ def temperature_free() -> Mapping:
   .. math:: \operatorname{logit}\left(\frac{1 + c}{2}\right)
             = \log\frac{1 + c}{1 - c} = 2 \operatorname{artanh}(c)
 
-  It mappings `(-1, 1)` onto the whole real line, removing the representational
+  It maps `(-1, 1)` onto the whole real line, removing the representational
   limit of Eq. 1, and with it Eq. 13's gradient scale vanishes only at the
   optimum `C -> 1`.
 

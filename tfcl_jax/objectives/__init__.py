@@ -14,10 +14,15 @@ from tfcl_jax.objectives.grace import GraphBatch, make_grace_loss
 from tfcl_jax.objectives.msc import make_msc_loss
 from tfcl_jax.objectives.retrieval import make_retrieval_loss
 from tfcl_jax.objectives.simclr import embed, make_feature_fn, make_simclr_loss
-from tfcl_jax.objectives.views import cosine_diagnostics, encode_two_views, scale_metrics
+from tfcl_jax.objectives.views import (
+    AugmentFn,
+    cosine_diagnostics,
+    encode_two_views,
+    scale_metrics,
+)
 
 __all__ = [
-    "GraphBatch", "cosine_diagnostics", "dcrec", "embed", "encode_two_views", "grace",
+    "AugmentFn", "GraphBatch", "cosine_diagnostics", "dcrec", "embed", "encode_two_views", "grace",
     "make_dcrec_loss", "make_feature_fn", "make_grace_loss", "make_msc_loss",
     "make_retrieval_loss", "make_simclr_loss", "msc", "retrieval", "scale_metrics", "simclr",
     "views",

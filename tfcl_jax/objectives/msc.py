@@ -18,15 +18,12 @@ from tfcl_jax import losses, mappings
 from tfcl_jax.anomaly import msc
 from tfcl_jax.objectives import views
 
-#: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
-AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
-
 
 def make_msc_loss(
     encoder: nn.Module,
     *,
     loss: losses.Loss | mappings.Mapping,
-    augment: AugmentFn,
+    augment: views.AugmentFn,
     angular: bool = True,
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:
   """`loss_fn(params, model_state, batch, key, step)` of MSC for `training.make_train_step`.

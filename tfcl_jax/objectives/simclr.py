@@ -17,8 +17,6 @@ import jax.numpy as jnp
 from tfcl_jax import losses, mappings
 from tfcl_jax.objectives import views as views_lib
 
-#: `augment(key, images) -> (view1, view2)`, float arrays `[B, H, W, C]`.
-AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 #: The forms of SupCon, as `losses.supervised_info_nce` names them (`form=`).
 FORMS = ("supcon", "ntxent")
 
@@ -27,7 +25,7 @@ def make_simclr_loss(
     model: nn.Module,
     *,
     loss: losses.Loss | mappings.Mapping,
-    augment: AugmentFn,
+    augment: views_lib.AugmentFn,
     negatives: str = "all",
     form: str | None = None,
 ) -> Callable[..., tuple[jax.Array, tuple[Any, dict[str, jax.Array]]]]:

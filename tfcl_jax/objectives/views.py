@@ -16,6 +16,10 @@ import jax.numpy as jnp
 
 from tfcl_jax import losses
 
+#: `augment(key, images) -> (view1, view2)`: two random views of a batch (e.g.
+#: `tfcl_jax.augment.two_views` with its recipe), float arrays `[B, H, W, C]`.
+AugmentFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
 
 def encode_two_views(
     apply: Callable[..., Any],
