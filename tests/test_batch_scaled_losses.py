@@ -290,7 +290,8 @@ def test_with_scale_reports_the_solved_scale_at_the_calls_loss(spec, mode, extra
   if loss.logq:  # the loss subtracts log q: the bias is -log q
     call["log_q"] = tuple(-b for b in bias) if isinstance(bias, tuple) else -bias
   value, scale = jax.jit(lambda a, b: loss.with_scale(a, b, params=loss.params, **call))(z1, z2)
-  np.testing.assert_allclose(value, loss(z1, z2, params=loss.params, **call), rtol=1e-6)
+  # float32, jitted against eager: the summation order differs (2e-6 seen on another CPU)
+  np.testing.assert_allclose(value, loss(z1, z2, params=loss.params, **call), rtol=1e-5)
   target = loss.mapping.spec.removesuffix("_free")
   if spec.startswith("sigmoid"):  # the softmax over each anchor's candidates, without a bias
     kwargs = {k: v for k, v in kwargs.items() if k != "candidate_bias"}
@@ -322,7 +323,8 @@ def test_supervised_with_scale_reports_the_dense_solve(form):
   labels = jnp.arange(2 * N) % 4
   loss = losses.from_spec("calibrated_free")
   value, scale = loss.supervised_with_scale(z, labels, form=form, params={})
-  np.testing.assert_allclose(value, loss.supervised(z, labels, form=form, params={}), rtol=1e-6)
+  np.testing.assert_allclose(value, loss.supervised(z, labels, form=form, params={}),
+                             rtol=1e-5)  # float32: the summation order may differ
   with jax.enable_x64(True):  # the batch loss is flat near its minimum here (s ~ 0.03): its
     z_64 = _x64(z)  # value at the solved scale is the minimum's, the scale itself within 5 %
     want = ref.supervised_solve("calibrated", z_64, labels)
