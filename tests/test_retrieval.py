@@ -297,6 +297,9 @@ def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, 
   assert "| clip:learnable=0.07:100 |" in markdown and "runs at the cap" in markdown
   assert "`free` minus each loss" in markdown
   assert os.path.exists(os.path.join(workdir, "retrieval.png"))
+  for spec, scaled in (("free", False), ("clip_learnable_0.07_100", True)):  # no column of NaNs
+    with open(os.path.join(workdir, "runs", spec, "seed0", "eval.csv")) as f:
+      assert ("scale" in f.readline().strip().split(",")) == scaled, spec
   monkeypatch.setattr(experiment, "train_run", lambda *a, **k: pytest.fail("retrained"))
   assert len(_run(tiny_config, workdir, command="cmd")) == 6
 

@@ -245,10 +245,13 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
     evaluate = make_evaluator(model, data, cosine=loss.scores_cosines)
     scale_start = _scale(loss.params, loss)
 
+    def learnt_scale(s) -> dict[str, float]:  # no column for a mapping without `t` (no NaNs)
+      return {"scale": _scale(jax.device_get(s.params["loss"]), loss)} if "t" in loss.params else {}
+
     def result(trained: sweep.Trained) -> dict:
       evals = trained.evaluations
       scale_end = _scale(trained.state.params["loss"], loss)
-      per_epoch = evals["scale"]
+      per_epoch = evals.get("scale", np.full(config.epochs, np.nan))  # learnable mappings only
       if loss.batch_scaled:  # the scales it solved, as logged: per epoch their mean
         nonlocal scale_start
         per_epoch, scale_start, scale_end = _solved_scales(trained.metrics, steps_per_epoch,
@@ -269,8 +272,7 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
         state, train_step, batches=lambda first: batches(start=first), num_steps=num_steps,
         result=result, options={
             "checkpoint_every": steps_per_epoch, "eval_every": steps_per_epoch,
-            "eval_fn": lambda s: {**evaluate(s.params["model"]),
-                                  "scale": _scale(jax.device_get(s.params["loss"]), loss)},
+            "eval_fn": lambda s: {**evaluate(s.params["model"]), **learnt_scale(s)},
             "examples_per_step": config.batch_size})
 
   # The runs' keys were drawn as (initialisation, training): two.
