@@ -10,7 +10,8 @@ from tfcl_jax import mappings
 from tfcl_jax.analysis import sigmoid
 
 GRID = np.linspace(-0.95, 0.95, 39)
-COUNTS = (2, 16, 64)  # two candidates (Eq. 4's case), a batch, many
+# Two candidates (Eq. 4's case), many; a batch in between in the heavy run.
+COUNTS = (2, pytest.param(16, marks=pytest.mark.heavy), 64)
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,8 @@
 host (`tfcl_jax.training.lowering`), nothing is run: the Pallas path as compiled kernels
 (Triton's on `cuda`, Mosaic's on `tpu`: their custom calls, not Pallas's interpreter), nothing
 in float64, no host callbacks or CPU-only calls; the kernels also with `jax_enable_x64` on.
-Sizes are those users run: N up to 2^17, D = 128 and 768, float32 and bfloat16."""
+Sizes are those users run: N up to 2^17, D = 128 and 768, float32 and bfloat16. The experiments'
+whole steps are marked heavy (CI's second step runs them)."""
 
 from __future__ import annotations
 
@@ -211,6 +212,7 @@ def _lower_step(name, config, mesh, platform, **options):
   return report
 
 
+@pytest.mark.heavy  # an experiment's whole step: in CI's heavy run
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_simclr_resnet18_steps_lower_at_32_and_128_pixels(platform):
   from experiments.configs import simclr_cifar10, simclr_imagenette  # noqa: PLC0415
@@ -220,6 +222,7 @@ def test_simclr_resnet18_steps_lower_at_32_and_128_pixels(platform):
     assert f"tensor<512x{side}x{side}x3xf32>" in report.text  # two views of 256 images
 
 
+@pytest.mark.heavy  # an experiment's whole step: in CI's heavy run
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_msc_step_lowers(platform):
   from experiments.configs import msc_cifar10  # noqa: PLC0415
@@ -227,6 +230,7 @@ def test_msc_step_lowers(platform):
   _lower_step("msc", msc_cifar10.get_config(), sharding.make_mesh(), platform)
 
 
+@pytest.mark.heavy  # an experiment's whole step: in CI's heavy run
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_grace_citeseer_step_lowers(platform):
   from experiments.configs import grace_citeseer  # noqa: PLC0415
@@ -239,6 +243,7 @@ def test_grace_citeseer_step_lowers(platform):
   assert "tensor<3327x" in report.text  # CiteSeer's nodes
 
 
+@pytest.mark.heavy  # an experiment's whole step: in CI's heavy run
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_dcrec_step_lowers_at_movielens_100k_shapes(platform):
   from experiments.configs import dcrec_ml100k  # noqa: PLC0415
@@ -248,6 +253,7 @@ def test_dcrec_step_lowers_at_movielens_100k_shapes(platform):
   _lower_step("dcrec", config, mesh, platform)
 
 
+@pytest.mark.heavy  # an experiment's whole step: in CI's heavy run
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("form", ["supcon", "ntxent"])
 def test_supcon_steps_lower(platform, form):
@@ -259,6 +265,7 @@ def test_supcon_steps_lower(platform, form):
   assert "tensor<512x40x1xf32>" in report.text  # two views of 256 signals
 
 
+@pytest.mark.heavy  # an experiment's whole step: in CI's heavy run
 @pytest.mark.parametrize("platform", PLATFORMS)
 @pytest.mark.parametrize("preset, spec", [("tutorial", "clip:learnable=0.07:100"),
                                           ("tutorial", "dot+logq"),
