@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import kernel_resources, sass
-from tfcl_jax.losses import _triton_tiles
+from tfcl_jax.losses._kernels import _triton_tiles
 
 LISTING = """
         code for sm_90a

@@ -10,7 +10,7 @@ import pytest
 from absl.testing import parameterized
 
 from tfcl_jax import losses, mappings
-from tfcl_jax.losses import _engine, _tiles
+from tfcl_jax.losses._engine import _tiled, _tiles
 
 # NumPy mappings, written independently of tfcl_jax.mappings.
 NUMPY_MAPPINGS = {
@@ -220,7 +220,7 @@ class LogQTest(parameterized.TestCase):
         jnp.asarray(u, jnp.float32), jnp.asarray(ids, jnp.int32), jnp.asarray(ids, jnp.int32),
         jnp.ones(len(ids), bool), jnp.asarray(b, jnp.float32))
     for spec in ("tau=0.1", "tau=0.02", "free"):
-      rows, cols = _engine.tile_reduce(side(u1, ids1, b1), side(u2, ids2, b2),
+      rows, cols = _tiled.tile_reduce(side(u1, ids1, b1), side(u2, ids2, b2),
                                        mapping=mappings.from_spec(spec),
                                        kind="rows_and_columns", block_size=4)
       logits = NUMPY_MAPPINGS[spec](u1 @ u2.T)

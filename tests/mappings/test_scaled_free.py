@@ -288,7 +288,7 @@ def test_n_aware_free_takes_the_closed_form_in_the_engine(monkeypatch):
   chex.assert_trees_all_close(fast, slow, rtol=2e-5, atol=1e-6)
 
 
-N, D = 37, 70  # as tests/losses/test_pallas.py: ragged blocks of 16, two chunks of D
+N, D = 37, 70  # as tests/losses/kernels/test_pallas.py: ragged blocks of 16, two chunks of D
 
 
 def _pallas_views():
@@ -312,7 +312,7 @@ PALLAS_MODES = {
 
 
 # Each mapping in one mode, alternating (the mapping is code inside the tile;
-# tests/losses/test_pallas.py runs every mode), and free_n and learnable_free in both.
+# tests/losses/kernels/test_pallas.py runs every mode), and free_n and learnable_free in both.
 PALLAS_CASES = [(name, list(PALLAS_MODES)[k % 2]) for k, name in enumerate(PALLAS_MAPS)] + [
     ("free_n", "symmetric"), ("learnable_free", "all-masked")]
 

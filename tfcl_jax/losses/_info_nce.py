@@ -10,11 +10,12 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _calibration, _layout, _pallas
-from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine._tiled import tile_reduce
+from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._kernels import _pallas
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.losses._tiles import Side
 from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 IMPLEMENTATIONS = ("xla", "pallas")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _calibration, _layout
-from tfcl_jax.losses._devices import (
+from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine._devices import (
     STRATEGIES,
     axis_size,
     device_reduce,

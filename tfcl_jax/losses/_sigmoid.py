@@ -13,18 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, mappings, specs
-from tfcl_jax.losses import _calibration, _layout
-from tfcl_jax.losses._devices import (
-    STRATEGIES,
-    axis_size,
-    device_reduce,
-    on_mesh,
-    reduce_across_devices,
+from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine._devices import (
+  STRATEGIES,
+  axis_size,
+  device_reduce,
+  on_mesh,
+  reduce_across_devices,
 )
-from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._engine._tiled import tile_reduce
+from tfcl_jax.losses._engine._tiles import SigmoidSum
 from tfcl_jax.losses._info_nce import setup as info_nce_setup
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
-from tfcl_jax.losses._tiles import SigmoidSum
 from tfcl_jax.mappings._base import finite_check
 from tfcl_jax.mappings._batch_scaled import BatchScaled
 

@@ -22,16 +22,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tfcl_jax.losses._kernel_math import (
-    INDEX,
-    KernelMapping,
-    compiled_or_interpreted,
-    keep_mask,
-    load_theta,
-    tile_cotangent,
-    without_empty,
+from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._kernels._kernel_math import (
+  INDEX,
+  KernelMapping,
+  compiled_or_interpreted,
+  keep_mask,
+  load_theta,
+  tile_cotangent,
+  without_empty,
 )
-from tfcl_jax.losses._tiles import Side
 
 LANES = 128  # a TPU vector register is 8 x 128: blocks of rows are multiples of 128
 DEFAULT_BLOCK = 256
@@ -56,7 +56,7 @@ def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
   depend on it).
 
   Examples:
-    >>> from tfcl_jax.losses import _kernel_tpu
+    >>> from tfcl_jax.losses._kernels import _kernel_tpu
     >>> _kernel_tpu.tiles(4096, 4096, 768, None), _kernel_tpu.tiles(100, 100, 8, None)
     (Tiles(block=256), Tiles(block=128))
   """

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tfcl_jax import losses, mappings, schedules
-from tfcl_jax.losses import _kernel_tpu, _pallas, _triton_blocks, _triton_tiles
+from tfcl_jax.losses._kernels import _kernel_tpu, _pallas, _triton_blocks, _triton_tiles
 
 # 37 rows in blocks of 16 (ragged, padded inside); D = 70, padded with zeros to 128 and held
 # whole; WIDE = 300 is walked in chunks (of 64 in float32, of 128 for bfloat16 inputs).

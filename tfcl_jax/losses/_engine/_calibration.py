@@ -19,9 +19,16 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _layout, _moments
-from tfcl_jax.losses._engine import tile_reduce
-from tfcl_jax.losses._tiles import MappingArgs, PositiveSum, Side, TileMapping, TileReduction, mask
+from tfcl_jax.losses._engine import _layout, _moments
+from tfcl_jax.losses._engine._tiled import tile_reduce
+from tfcl_jax.losses._engine._tiles import (
+  MappingArgs,
+  PositiveSum,
+  Side,
+  TileMapping,
+  TileReduction,
+  mask,
+)
 from tfcl_jax.mappings._batch_scaled import (
   BatchScaled,
   accuracy_scale,

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax.losses._blocks import balanced_tile, by_platform
-from tfcl_jax.losses._tiles import LogSumExp, MappingArgs, Side, TileMapping, TileReduction
+from tfcl_jax.losses._engine._blocks import balanced_tile, by_platform
+from tfcl_jax.losses._engine._tiles import LogSumExp, MappingArgs, Side, TileMapping, TileReduction
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax.losses._tiles import MappingArgs, Side, TileMapping, TileReduction, mask
+from tfcl_jax.losses._engine._tiles import MappingArgs, Side, TileMapping, TileReduction, mask
 from tfcl_jax.mappings._batch_scaled import GRID_EXPONENTS, GridMoments
 
 _SCALES = tuple(2.0 ** k for k in GRID_EXPONENTS)

@@ -49,17 +49,16 @@ import jax
 import jax.core
 import jax.numpy as jnp
 
-from tfcl_jax.losses import (
-    _engine,
-    _kernel_tpu,
-    _kernel_triton,
-    _kernel_triton_pairs,
-    _layout,
-    _triton_blocks,
-    _triton_tiles,
+from tfcl_jax.losses._engine import _layout, _tiled
+from tfcl_jax.losses._engine._tiles import LogSumExp, Side
+from tfcl_jax.losses._kernels import (
+  _kernel_tpu,
+  _kernel_triton,
+  _kernel_triton_pairs,
+  _triton_blocks,
+  _triton_tiles,
 )
-from tfcl_jax.losses._kernel_math import INDEX, KernelMapping
-from tfcl_jax.losses._tiles import LogSumExp, Side
+from tfcl_jax.losses._kernels._kernel_math import INDEX, KernelMapping
 
 BACKENDS = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
 PAIRS = {"triton": _kernel_triton_pairs}
@@ -237,7 +236,7 @@ def _kernel_mapping(mapping, dtype, tile_shapes) -> tuple[KernelMapping, jax.Arr
 
 
 def _pad(side: Side, block: int, padded_dim: int) -> Side:
-  side = _engine.pad_side(side, block)
+  side = _tiled.pad_side(side, block)
   extra = padded_dim - side.vectors.shape[1]
   return side._replace(vectors=jnp.pad(side.vectors, [(0, 0), (0, extra)])) if extra else side
 
@@ -295,21 +294,21 @@ def with_raw_rows(layout: _layout.Layout, z1: jax.Array, z2: jax.Array) -> _layo
 
 def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
                   block_size: int | None, column_grad: bool = True, backend: str | None = None):
-  """`_engine.tile_reduce`'s contract (`LogSumExp` only) computed by the fused kernels.
+  """`_tiled.tile_reduce`'s contract (`LogSumExp` only) computed by the fused kernels.
 
   `(row_lse, col_lse)`: each row's (and, for `"rows_and_columns"`, each column's) logsumexp
   over its negatives; `-inf` for a row without any. `backend`: None for the platform's
   (Mosaic on TPU, Triton elsewhere), or `"triton"` / `"mosaic_tpu"` to run that backend on
   every platform (interpreted on a CPU: how the tests check the TPU kernels).
   """
-  if kind not in _engine.KINDS:
-    raise ValueError(f"kind must be one of {_engine.KINDS}, got {kind!r}.")
+  if kind not in _tiled.KINDS:
+    raise ValueError(f"kind must be one of {_tiled.KINDS}, got {kind!r}.")
   if block_size is not None and block_size < SMALLEST_BLOCK:
     raise ValueError(f"block_size must be >= {SMALLEST_BLOCK} with implementation='pallas' "
                      f"(Triton's smallest matrix product), got {block_size}.")
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"backend must be one of {sorted(BACKENDS)} or None, got {backend!r}.")
-  if _engine.has_scale(rows, columns):
+  if _tiled.has_scale(rows, columns):
     raise ValueError("implementation='pallas' takes a mapping's scalars, not a scale per anchor "
                      "(mappings.perplexity_free); use implementation='xla'.")
   for side in (rows, columns):

@@ -37,22 +37,22 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from tfcl_jax.losses import _triton_blocks as tb
-from tfcl_jax.losses._kernel_math import (
-    KernelMapping,
-    keep_mask,
-    load_theta,
-    loop,
-    tile_cotangent,
-    without_empty,
+from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._kernels import _triton_blocks as tb
+from tfcl_jax.losses._kernels._kernel_math import (
+  KernelMapping,
+  keep_mask,
+  load_theta,
+  loop,
+  tile_cotangent,
+  without_empty,
 )
-from tfcl_jax.losses._tiles import Side
-from tfcl_jax.losses._triton_tiles import (  # noqa: F401 - `tiles`: the backend's, for _pallas
-    Launch,
-    Tiles,
-    splits,
-    stats_dtype,
-    tiles,
+from tfcl_jax.losses._kernels._triton_tiles import (  # noqa: F401 - `tiles`: the backend's, for _pallas
+  Launch,
+  Tiles,
+  splits,
+  stats_dtype,
+  tiles,
 )
 
 

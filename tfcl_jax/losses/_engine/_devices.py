@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tfcl_jax.losses import _blocks, _engine, _layout
-from tfcl_jax.losses._tiles import LogSumExp, Side, TileReduction
+from tfcl_jax.losses._engine import _blocks, _layout, _tiled
+from tfcl_jax.losses._engine._tiles import LogSumExp, Side, TileReduction
 
 #: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
 STRATEGIES = ("all_gather", "ring")
@@ -44,17 +44,17 @@ def _ring(axis_name):
 def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
   size, send = _ring(axis_name)
   like = rows.vectors
-  row_stats, col_stats = _engine.match_varying(_engine.init_stats(plan, rows, columns), like)
+  row_stats, col_stats = _tiled.match_varying(_tiled.init_stats(plan, rows, columns), like)
 
   def hop(_, carry):
     columns, row_stats, col_stats = carry
     # Send the block on before using it, so the transfer can overlap the compute. Column
     # statistics travel with their block; after P hops both are home.
     following = send(columns)
-    row_stats, col_stats = _engine.accumulate(plan, args, rows, columns, row_stats, col_stats)
+    row_stats, col_stats = _tiled.accumulate(plan, args, rows, columns, row_stats, col_stats)
     return following, row_stats, send(col_stats)
 
-  carry = (_engine.match_varying(columns, like), row_stats, col_stats)
+  carry = (_tiled.match_varying(columns, like), row_stats, col_stats)
   _, row_stats, col_stats = jax.lax.fori_loop(0, size, hop, carry)
   finish = plan.tile_reduction.finish
   return finish(row_stats), None if col_stats is None else finish(col_stats)
@@ -70,22 +70,22 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
   row_g, col_g = cotangents
   size, send = _ring(axis_name)
   like = rows.vectors
-  drows, dcols, dparams, dconsts = _engine.match_varying(
-      _engine.zero_grads(plan, args, rows, columns), like)
+  drows, dcols, dparams, dconsts = _tiled.match_varying(
+      _tiled.zero_grads(plan, args, rows, columns), like)
 
   def hop(_, carry):
     (columns, c_lse, c_g, dcols), grads = carry
     following = send((columns, c_lse, c_g))
-    drows, dcols, dparams, dconsts = _engine.accumulate_grads(
+    drows, dcols, dparams, dconsts = _tiled.accumulate_grads(
         plan, args, rows, columns, row_lse, row_g, c_lse, c_g, (grads[0], dcols, *grads[1:]))
     # A block's gradient travels with it; after a full round it is back home.
     return (*following, send(dcols)), (drows, dparams, dconsts)
 
-  travel = _engine.match_varying((columns, col_lse, col_g, dcols), like)
+  travel = _tiled.match_varying((columns, col_lse, col_g, dcols), like)
   (_, _, _, dcols), (drows, dparams, dconsts) = jax.lax.fori_loop(
       0, size, hop, (travel, (drows, dparams, dconsts)))
   # None: JAX's cotangent for the integer and boolean leaves.
-  return (_engine.no_grad(rows, drows), _engine.no_grad(columns, dcols),
+  return (_tiled.no_grad(rows, drows), _tiled.no_grad(columns, dcols),
           args._replace(params=dparams, step=None, consts=dconsts))
 
 
@@ -102,7 +102,7 @@ def device_reduce(axis_name, strategy):
       columns, kind = rows, "rows"
     if strategy == "all_gather":
       gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), columns)
-      row_lse, col_lse = _engine.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
+      row_lse, col_lse = _tiled.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
                                              block_size=block_size,
                                              tile_reduction=tile_reduction)
       if col_lse is not None:  # this device's rows only: combine over devices, keep ours
@@ -119,14 +119,14 @@ def device_reduce(axis_name, strategy):
   def ring(block_size, rows, columns, *, kind, mapping, tile_reduction):
     block_rows = _blocks.balanced_tile(block_size, rows.ids.shape[0])
     block_cols = _blocks.balanced_tile(block_size, columns.ids.shape[0])
-    tile_mapping, args = _engine.pure_mapping(
+    tile_mapping, args = _tiled.pure_mapping(
         mapping, rows.vectors.dtype, (block_rows, block_cols), like=rows.vectors,
-        tile_reduction=tile_reduction, closed_form=not _engine.has_scale(rows, columns))
-    rows, columns = _engine.constant_bias_and_scale(rows), _engine.constant_bias_and_scale(columns)
-    plan = _engine.Plan(kind, block_rows, block_cols, tile_mapping,
+        tile_reduction=tile_reduction, closed_form=not _tiled.has_scale(rows, columns))
+    rows, columns = _tiled.constant_bias_and_scale(rows), _tiled.constant_bias_and_scale(columns)
+    plan = _tiled.Plan(kind, block_rows, block_cols, tile_mapping,
                         tile_reduction=tile_reduction)
     row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
-        plan, axis_name, _engine.pad_side(rows, block_rows), _engine.pad_side(columns, block_cols),
+        plan, axis_name, _tiled.pad_side(rows, block_rows), _tiled.pad_side(columns, block_cols),
         args))
     num_rows, num_cols = rows.ids.shape[0], columns.ids.shape[0]
     return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]

@@ -109,7 +109,7 @@ def _pair_logits(tile_mapping: TileMapping, step, a: Side, b: Side, *, about_zer
 
 def _check_fast(tile_mapping: TileMapping, a: Side, b: Side) -> bool:
   """Whether the tile takes the mapping's closed form; never with a per-anchor scale (`w^s` has
-  none: the engine then asks for no closed form, `_engine.pure_mapping(fast=False)`)."""
+  none: the engine then asks for no closed form, `_tiled.pure_mapping(fast=False)`)."""
   if tile_mapping.fast is None:
     return False
   assert a.scale is None and b.scale is None, "a per-anchor scale takes the mapping's fn"
@@ -144,7 +144,7 @@ def _scaled(weights, bias, axis: int):
 
 class TileReduction(abc.ABC):
   """What a loss family folds a tile into: per-row (and per-column) statistics, forward and
-  backward. The engine (`_engine.tile_reduce`) schedules the tiles and owns the custom VJP; a
+  backward. The engine (`_tiled.tile_reduce`) schedules the tiles and owns the custom VJP; a
   reduction says what one tile contributes. Instances are stateless and compare equal by type,
   so a reduction is a static argument of `jax.jit` and `jax.custom_vjp`.
   """

@@ -15,7 +15,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses._tiles import Side
+from tfcl_jax.losses._engine._tiles import Side
 
 NEGATIVES = ("cross", "all")
 REDUCTIONS = ("mean", "sum", "none")
@@ -173,7 +173,7 @@ def check_embeddings(z, *, name: str, rows: str = "N") -> jax.Array:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from tfcl_jax.losses import _layout
+    >>> from tfcl_jax.losses._engine import _layout
     >>> _layout.check_embeddings(jnp.zeros((8, 0)), name="z1")
     Traceback (most recent call last):
     ...

@@ -15,7 +15,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax.losses import _layout
+from tfcl_jax.losses._engine import _layout
 
 SMALLEST_BLOCK = 16  # Triton's `dot` needs every side >= 16
 ROLES = ("forward", "backward", "pairs")
@@ -102,7 +102,7 @@ def splits(row_blocks: int, column_blocks: int, min_programs: int) -> int:
   `column_blocks`) that make `row_blocks * splits >= min_programs`, else the most.
 
   Examples:
-    >>> from tfcl_jax.losses import _triton_tiles
+    >>> from tfcl_jax.losses._kernels import _triton_tiles
     >>> _triton_tiles.splits(64, 64, 264), _triton_tiles.splits(512, 512, 264)
     (8, 1)
   """
@@ -123,7 +123,7 @@ def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from tfcl_jax.losses import _triton_tiles
+    >>> from tfcl_jax.losses._kernels import _triton_tiles
     >>> t = _triton_tiles.tiles(4096, 4096, 768, None)
     >>> t.forward, t.backward.block_d, t.dim
     (Launch(block=128, block_d=16, num_warps=8, num_stages=3), 64, 768)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tfcl_jax import mappings
-from tfcl_jax.losses import _engine, _tiles
+from tfcl_jax.losses._engine import _tiled, _tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,7 @@ def test_a_reduction_from_the_base_class_alone_runs_through_the_engine(kind):
     m = mappings.temperature(t)
     r = rows._replace(vectors=u)
     c = None if columns is None else columns._replace(vectors=other)
-    row_out, col_out = _engine.tile_reduce(r, c, mapping=m, kind=kind, block_size=4,
+    row_out, col_out = _tiled.tile_reduce(r, c, mapping=m, kind=kind, block_size=4,
                                            tile_reduction=_ScoredLogitSum())
     return row_out, col_out
 
