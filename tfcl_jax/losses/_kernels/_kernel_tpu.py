@@ -44,9 +44,13 @@ class Tiles:
   """`block` rows per grid step on each side; `D` is held whole (VMEM holds `[256, 768]`)."""
 
   block: int
+  columns: tuple[str, str] = ("separate", "separate")  # no kernels that serve both sides
 
   def padded_dim(self, dim: int) -> int:
     return dim
+
+  def blocks(self) -> set[int]:
+    return {self.block}
 
 
 def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,

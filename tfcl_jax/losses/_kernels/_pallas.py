@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, cast
+from typing import cast
 
 import jax
 import jax.core
@@ -59,40 +59,77 @@ from tfcl_jax.losses._kernels import (
   _triton_tiles,
 )
 from tfcl_jax.losses._kernels._kernel_math import INDEX, KernelMapping
+from tfcl_jax.losses._kernels._protocol import Kernels, PairKernels, Tiles
 
-BACKENDS = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
-PAIRS = {"triton": _kernel_triton_pairs}
+BACKENDS: dict[str, Kernels] = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
+PAIRS: dict[str, PairKernels] = {"triton": _kernel_triton_pairs}
 SMALLEST_BLOCK = _triton_tiles.SMALLEST_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-  """Static description of one fused computation."""
+  """Static description of one fused computation: the backend's kernels (`_protocol.Kernels`)
+  called with the traced mapping and the tiles they chose."""
 
   backend: str
   kernel_mapping: KernelMapping
   kind: str
-  tiles: Any  # the backend's `Tiles`
+  tiles: Tiles
   column_grad: bool
   step_index: int  # theta's entry that holds the step
 
-  def call(self, name: str, *args, **kwargs):
-    return getattr(BACKENDS[self.backend], name)(self.kernel_mapping, self.tiles, *args, **kwargs)
+  @property
+  def kernels(self) -> Kernels:
+    return BACKENDS[self.backend]
 
-  def pairs(self, direction: int):
+  def forward(self, theta, a: Side, b: Side) -> jax.Array:
+    return self.kernels.forward(self.kernel_mapping, self.tiles, theta, a, b)
+
+  def row_grads(self, theta, rows: Side, cols: Side, r_lse, r_g, c_lse, c_g, *, columns: bool,
+                theta_from_columns: bool):
+    return self.kernels.row_grads(self.kernel_mapping, self.tiles, theta, rows, cols, r_lse, r_g,
+                                  c_lse, c_g, columns=columns,
+                                  theta_from_columns=theta_from_columns)
+
+  def col_grads(self, theta, rows: Side, cols: Side, r_lse, r_g, c_lse, c_g, *, columns: bool):
+    return self.kernels.col_grads(self.kernel_mapping, self.tiles, theta, rows, cols, r_lse, r_g,
+                                  c_lse, c_g, columns=columns)
+
+  def pairs(self, direction: int) -> _Pairs | None:
     """The backend's kernels that serve both sides of a tile and how they send a tile's column
     side (`_triton_tiles.COLUMN_SIDE`, `direction` 0 forward, 1 backward), or None where the
     row and column kernels serve them (`"separate"`, and the TPU backend)."""
-    column_side = getattr(self.tiles, "columns", ("separate",) * 2)[direction]
+    column_side = self.tiles.columns[direction]
     pairs = PAIRS.get(self.backend)
     if pairs is None or column_side == "separate":
       return None
-    return functools.partial(_pair_call, pairs, self, column_side)
+    return _Pairs(pairs, self, column_side)
 
 
-def _pair_call(pairs, plan: _Plan, column_side: str, name: str, *args, **kwargs):
-  return getattr(pairs, name)(plan.kernel_mapping, plan.tiles, *args, column_side=column_side,
-                              **kwargs)
+@dataclasses.dataclass(frozen=True)
+class _Pairs:
+  """A plan's pair kernels (`_protocol.PairKernels`), the column side sent as `column_side`."""
+
+  kernels: PairKernels
+  plan: _Plan
+  column_side: str
+
+  def symmetric_forward(self, theta, side: Side) -> jax.Array:
+    return self.kernels.symmetric_forward(self.plan.kernel_mapping, self.plan.tiles, theta, side,
+                                          column_side=self.column_side)
+
+  def two_sided_forward(self, theta, rows: Side, cols: Side):
+    return self.kernels.two_sided_forward(self.plan.kernel_mapping, self.plan.tiles, theta, rows,
+                                          cols, column_side=self.column_side)
+
+  def symmetric_grads(self, theta, side: Side, lse, g):
+    return self.kernels.symmetric_grads(self.plan.kernel_mapping, self.plan.tiles, theta, side,
+                                        lse, g, column_side=self.column_side)
+
+  def both_grads(self, theta, rows: Side, cols: Side, r_lse, r_g, c_lse, c_g, *, columns: bool):
+    return self.kernels.both_grads(self.plan.kernel_mapping, self.plan.tiles, theta, rows, cols,
+                                   r_lse, r_g, c_lse, c_g, columns=columns,
+                                   column_side=self.column_side)
 
 
 def _as_anchors(side: Side) -> Side:
@@ -106,15 +143,15 @@ def _lse(plan: _Plan, theta, rows: Side, cols: Side | None):
   fast = plan.kernel_mapping.fast is not None  # sums with a fixed shift add across programs exactly
   if plan.kind == "symmetric":
     if pairs is not None and fast:
-      return pairs("symmetric_forward", theta, rows), None
-    return plan.call("forward", theta, rows, rows), None
+      return pairs.symmetric_forward(theta, rows), None
+    return plan.forward(theta, rows, rows), None
   assert cols is not None  # "rows" and "rows_and_columns" have a column side
   if plan.kind == "rows_and_columns" and pairs is not None and fast:
-    return pairs("two_sided_forward", theta, rows, cols)
-  row_lse = plan.call("forward", theta, rows, cols)
+    return pairs.two_sided_forward(theta, rows, cols)
+  row_lse = plan.forward(theta, rows, cols)
   if plan.kind == "rows":
     return row_lse, None
-  return row_lse, plan.call("forward", theta, _as_anchors(cols), rows)
+  return row_lse, plan.forward(theta, _as_anchors(cols), rows)
 
 
 def _lse_fwd(plan, theta, rows, cols):
@@ -128,24 +165,24 @@ def _lse_bwd(plan, residuals, cotangents):
   pairs = plan.pairs(1)
   dcols = None
   if plan.kind == "symmetric" and pairs is not None:
-    drows, dtheta = pairs("symmetric_grads", theta, rows, row_lse, row_g)
+    drows, dtheta = pairs.symmetric_grads(theta, rows, row_lse, row_g)
   elif plan.kind == "symmetric":
     # S = U U^T: dU = (G + G^T) U, the column term being row j's own statistics.
-    drows, dtheta = plan.call("row_grads", theta, rows, rows, row_lse, row_g, row_lse, row_g,
-                              columns=True, theta_from_columns=False)
+    drows, dtheta = plan.row_grads(theta, rows, rows, row_lse, row_g, row_lse, row_g,
+                                   columns=True, theta_from_columns=False)
   else:
     two_sided = plan.kind == "rows_and_columns"
     if not two_sided:
       col_lse = col_g = jnp.zeros(cols.ids.shape, row_lse.dtype)
     if plan.column_grad and pairs is not None:
-      drows, dcols, dtheta = pairs("both_grads", theta, rows, cols, row_lse, row_g, col_lse,
-                                   col_g, columns=two_sided)
+      drows, dcols, dtheta = pairs.both_grads(theta, rows, cols, row_lse, row_g, col_lse, col_g,
+                                               columns=two_sided)
     else:
-      drows, dtheta = plan.call("row_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                                columns=two_sided, theta_from_columns=two_sided)
+      drows, dtheta = plan.row_grads(theta, rows, cols, row_lse, row_g, col_lse, col_g,
+                                     columns=two_sided, theta_from_columns=two_sided)
       if plan.column_grad:
-        dcols = plan.call("col_grads", theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                          columns=two_sided)
+        dcols = plan.col_grads(theta, rows, cols, row_lse, row_g, col_lse, col_g,
+                                columns=two_sided)
     dcols = None if dcols is None else _no_grad(cols, _through_norm(cols, dcols))
   # The step is a schedule's input, not a parameter.
   dtheta = dtheta.at[plan.step_index].set(0.0)
@@ -258,8 +295,7 @@ def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
   num_rows, dim = rows.vectors.shape
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   tiles = BACKENDS[backend].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
-  blocks = {launch.block for launch in (getattr(tiles, family, tiles)
-                                        for family in _triton_tiles.ROLES)}
+  blocks = tiles.blocks()
   kernel_mapping, theta, step_index = _kernel_mapping(
       mapping, _triton_tiles.stats_dtype(rows.vectors), [(block, block) for block in blocks])
   plan = _Plan(backend, kernel_mapping, kind, tiles, column_grad, step_index)

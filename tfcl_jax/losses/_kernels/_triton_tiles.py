@@ -84,6 +84,9 @@ class Tiles:
     del dim  # resolved when the tiles were chosen
     return self.dim
 
+  def blocks(self) -> set[int]:
+    return {self.forward.block, self.backward.block, self.pairs.block}
+
 
 def _next_power_of_two(n: int) -> int:
   return 1 << max(0, n - 1).bit_length()
