@@ -97,15 +97,15 @@ def _negatives(layout: _layout.Layout, bank: Side | None, *, bias: bool, reduce_
     return side._replace(bias=side.bias - shift if bias else None)
 
   rows, columns = shifted(rows), None if columns is None else shifted(columns)
-  reduction = _moments.ScaleMoments()
+  moments = _moments.ScaleMoments()
   row_out, col_out = reduce_fn(rows, columns, mapping=_FREE, kind=layout.kind,
-                               block_size=block_size, tile_reduction=reduction)
+                               block_size=block_size, tile_reduction=moments)
   found = [_moments.unpack(row_out)] + ([] if col_out is None else [_moments.unpack(col_out)])
   if bank is not None:
     anchors = [rows] + ([] if columns is None or col_out is None else [columns])
     found = [_moments.merge(part, _moments.unpack(tile_reduce(
         side, _constant(bank), mapping=_FREE, kind="rows", block_size=block_size,
-        column_grad=False, tile_reduction=reduction)[0])) for part, side in zip(
+        column_grad=False, tile_reduction=moments)[0])) for part, side in zip(
             found, anchors, strict=True)]
   return jax.tree.map(lambda *parts: jnp.concatenate(parts), *found), shift
 
@@ -240,9 +240,9 @@ def supervised_solve(target: str, u: jax.Array, labels: jax.Array, *, block_size
   labels = labels.astype(jnp.int32)
   valid = jnp.ones((n,), bool)
 
-  def run(side, reduction):
+  def run(side, tile_reduction):
     return tile_reduce(side, None, mapping=_FREE, kind="symmetric", block_size=block_size,
-                       tile_reduction=reduction)[0]
+                       tile_reduction=tile_reduction)[0]
 
   every = _moments.unpack(run(Side(u, ids, ids, valid), _moments.ScaleMoments()))
   positive = correct = jnp.zeros((n,), u.dtype)

@@ -66,7 +66,7 @@ def _ring_reduce_fwd(plan, axis_name, rows, columns, args):
 
 
 def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
-  rows, columns, args, (row_lse, col_lse) = residuals
+  rows, columns, args, (row_out, col_out) = residuals
   row_g, col_g = cotangents
   size, send = _ring(axis_name)
   like = rows.vectors
@@ -74,14 +74,14 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
       _tiled.zero_grads(plan, args, rows, columns), like)
 
   def hop(_, carry):
-    (columns, c_lse, c_g, dcols), grads = carry
-    following = send((columns, c_lse, c_g))
+    (columns, c_out, c_g, dcols), grads = carry
+    following = send((columns, c_out, c_g))
     drows, dcols, dparams, dconsts = _tiled.accumulate_grads(
-        plan, args, rows, columns, row_lse, row_g, c_lse, c_g, (grads[0], dcols, *grads[1:]))
+        plan, args, rows, columns, row_out, row_g, c_out, c_g, (grads[0], dcols, *grads[1:]))
     # A block's gradient travels with it; after a full round it is back home.
     return (*following, send(dcols)), (drows, dparams, dconsts)
 
-  travel = _tiled.match_varying((columns, col_lse, col_g, dcols), like)
+  travel = _tiled.match_varying((columns, col_out, col_g, dcols), like)
   (_, _, _, dcols), (drows, dparams, dconsts) = jax.lax.fori_loop(
       0, size, hop, (travel, (drows, dparams, dconsts)))
   # None: JAX's cotangent for the integer and boolean leaves.
@@ -96,20 +96,20 @@ def device_reduce(axis_name, strategy):
   """`tile_reduce` with the candidates of every device (for `negatives_lse` and the sigmoid
   loss): a device's rows against everyone's columns."""
 
-  def lse_fn(rows, columns, *, mapping, kind, block_size,
+  def reduce_fn(rows, columns, *, mapping, kind, block_size,
              tile_reduction: TileReduction = LogSumExp()):
     if kind == "symmetric":  # a device's rows against everyone's: not symmetric any more
       columns, kind = rows, "rows"
     if strategy == "all_gather":
       gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), columns)
-      row_lse, col_lse = _tiled.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
+      row_out, col_out = _tiled.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
                                              block_size=block_size,
                                              tile_reduction=tile_reduction)
-      if col_lse is not None:  # this device's rows only: combine over devices, keep ours
-        col_lse = tile_reduction.combine_across(col_lse, axis_name)
+      if col_out is not None:  # this device's rows only: combine over devices, keep ours
+        col_out = tile_reduction.combine_across(col_out, axis_name)
         n = columns.ids.shape[0]
-        col_lse = jax.lax.dynamic_slice_in_dim(col_lse, jax.lax.axis_index(axis_name) * n, n)
-      return row_lse, col_lse
+        col_out = jax.lax.dynamic_slice_in_dim(col_out, jax.lax.axis_index(axis_name) * n, n)
+      return row_out, col_out
     if block_size is None:
       return _blocks.by_platform(rows.ids.shape[0], columns.ids.shape[0], functools.partial(
           ring, kind=kind, mapping=mapping, tile_reduction=tile_reduction), rows, columns)
@@ -125,13 +125,13 @@ def device_reduce(axis_name, strategy):
     rows, columns = _tiled.constant_bias_and_scale(rows), _tiled.constant_bias_and_scale(columns)
     plan = _tiled.Plan(kind, block_rows, block_cols, tile_mapping,
                         tile_reduction=tile_reduction)
-    row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
+    row_out, col_out = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
         plan, axis_name, _tiled.pad_side(rows, block_rows), _tiled.pad_side(columns, block_cols),
         args))
     num_rows, num_cols = rows.ids.shape[0], columns.ids.shape[0]
-    return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
+    return row_out[:num_rows], None if col_out is None else col_out[:num_cols]
 
-  return lse_fn
+  return reduce_fn
 
 
 def reduce_across_devices(per_row: jax.Array, valid: jax.Array, *, reduction: str, masked: bool,

@@ -145,11 +145,11 @@ def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_sta
   return flat(row_stats), None if col_stats is None else flat(col_stats)
 
 
-def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_lse, row_g,
-                     col_lse, col_g, grads):
+def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_out, row_g,
+                     col_out, col_g, grads):
   """Adds the gradients of `sum_i g_i out_i (+ sum_j g'_j out'_j)` over every tile.
 
-  `row_lse`, `col_lse` are the reduction's finished outputs (InfoNCE's logsumexp).
+  `row_out`, `col_out` are the reduction's finished outputs (InfoNCE's logsumexp).
 
   `grads = (drows [M, D], dcolumns [K, D] or None, dparams, dconsts)`; for `"symmetric"` the
   column gradients go into `drows`.
@@ -159,11 +159,11 @@ def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, r
   pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
   by_rows = lambda x: x.reshape(-1, plan.block_rows, *x.shape[1:])  # noqa: E731
   by_cols = lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:])  # noqa: E731
-  row_lse, row_g = by_rows(row_lse), by_rows(row_g)
+  row_out, row_g = by_rows(row_out), by_rows(row_g)
   if plan.kind == "symmetric":
-    col_lse, col_g = row_lse, row_g
+    col_out, col_g = row_out, row_g
   elif plan.kind == "rows_and_columns":
-    col_lse, col_g = by_cols(col_lse), by_cols(col_g)
+    col_out, col_g = by_cols(col_out), by_cols(col_g)
   drows, dcols, dparams, dconsts = grads
   drows = by_rows(drows)
   dcols = None if dcols is None else by_cols(dcols)
@@ -174,12 +174,12 @@ def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, r
     a, b = _get(row_blocks, i), _get(col_blocks, j)
     use_cols = _column_use(plan, i, j)
     if use_cols is None:
-      c_lse = jnp.zeros((plan.block_cols,), row_lse.dtype)
-      c_g = c_lse
+      c_out = jnp.zeros((plan.block_cols,), row_out.dtype)
+      c_g = c_out
     else:
-      c_lse, c_g = _get(col_lse, j), jnp.where(use_cols, _get(col_g, j), 0.0)
-    dcos, dp, dk = plan.tile_reduction.backward(plan.tile_mapping, args, a, b, _get(row_lse, i),
-                                           _get(row_g, i), c_lse, c_g)
+      c_out, c_g = _get(col_out, j), jnp.where(use_cols, _get(col_g, j), 0.0)
+    dcos, dp, dk = plan.tile_reduction.backward(plan.tile_mapping, args, a, b, _get(row_out, i),
+                                           _get(row_g, i), c_out, c_g)
     drows = drows.at[i].add(dcos @ b.vectors)
     if plan.kind == "symmetric":
       drows = drows.at[j].add(dcos.T @ a.vectors)
@@ -215,7 +215,7 @@ def zero_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side | None):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _lse(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
+def _reduce(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
   stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
   row_stats, col_stats = accumulate(plan, args, rows, rows if columns is None else columns,
                                     *stats)
@@ -223,22 +223,22 @@ def _lse(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
   return finish(row_stats), None if col_stats is None else finish(col_stats)
 
 
-def _lse_fwd(plan, rows, columns, args):
-  out = _lse(plan, rows, columns, args)
+def _reduce_fwd(plan, rows, columns, args):
+  out = _reduce(plan, rows, columns, args)
   return out, (rows, columns, args, out)
 
 
-def _lse_bwd(plan, residuals, cotangents):
-  rows, columns, args, (row_lse, col_lse) = residuals
+def _reduce_bwd(plan, residuals, cotangents):
+  rows, columns, args, (row_out, col_out) = residuals
   row_g, col_g = cotangents
   drows, dcols, dparams, dconsts = accumulate_grads(
-      plan, args, rows, rows if columns is None else columns, row_lse, row_g, col_lse, col_g,
+      plan, args, rows, rows if columns is None else columns, row_out, row_g, col_out, col_g,
       match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
   # The step's cotangent is None (an integer).
   return no_grad(rows, drows), no_grad(columns, dcols), MappingArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
 
 
-_lse.defvjp(_lse_fwd, _lse_bwd)
+_reduce.defvjp(_reduce_fwd, _reduce_bwd)
 
 
 def pure_mapping(mapping, dtype, tile_shape, *, like=None,
@@ -314,9 +314,9 @@ def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, 
   if not column_grad:
     assert padded_cols is not None, "stop_gradient on candidates needs a column side"
     padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
-  row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]",
-                          _lse(plan, padded_rows, padded_cols, args))
-  return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
+  row_out, col_out = cast("tuple[jax.Array, jax.Array | None]",
+                          _reduce(plan, padded_rows, padded_cols, args))
+  return row_out[:num_rows], None if col_out is None else col_out[:num_cols]
 
 
 def constant_bias_and_scale(side: Side) -> Side:
