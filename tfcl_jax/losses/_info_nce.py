@@ -280,13 +280,12 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
   if check_finite:
     _layout.check_parameters(mapping, mode=check_finite)
 
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
   _checks.one_of(implementation, IMPLEMENTATIONS, name="implementation")
   bias = check_candidate_bias(candidate_bias, z1.shape[0], negatives=negatives,
                               symmetric=symmetric, extra_negatives=bank,
                               implementation=implementation)
-  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
+  rows = _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid)
+  dtype = rows.rows.vectors.dtype
   positive_bias = None
   if bias is not None:
     assert rows.columns is not None  # negatives="cross": z2's rows are the candidates

@@ -122,24 +122,21 @@ def local_setup(z1, z2, *, mapping, negatives: str, symmetric: bool, axis_name, 
       mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0] * size, negatives, bank))
   rows = _local_layout(z1, z2, negatives=negatives, symmetric=symmetric, where=where,
                        axis_name=axis_name, size=size)
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
+  bank = None if bank is None else _layout.bank_side(bank, bank_where, rows.rows.vectors.dtype)
   return Batch(z1, z2, mapping, rows, bank, None, block_size)
 
 
 def _local_layout(z1, z2, *, negatives: str, symmetric: bool, where, axis_name,
                   size: int) -> _layout.Layout:
-  """This device's `n` pairs laid out as its share of the global batch of `n * size` pairs:
-  their unit rows, their mask, and ids offset by the device's index on `axis_name`."""
+  """This device's `n` pairs laid out as its share of the global batch of `n * size` pairs
+  (`_layout.layout`): ids offset by the device's index on `axis_name`."""
   n = z1.shape[0]
   if n * size < 2:
     raise ValueError(f"the global batch needs N >= 2 pairs to have a negative, got N = {n * size}.")
   valid = _layout.check_where(where, n)
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
   rows_per_device = n if negatives == "cross" else 2 * n
   offset = jax.lax.axis_index(axis_name) * rows_per_device
-  return _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid,
+  return _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid,
                         offset=offset)
 
 

@@ -105,7 +105,7 @@ def _biased(mapping: mappings.Mapping, bias, relative_bias) -> mappings.Mapping:
 
 
 def with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative_bias, *,
-               calibrate) -> tuple[mappings.Mapping, _layout.Layout]:
+              calibrate) -> tuple[mappings.Mapping, _layout.Layout]:
   """The tiles' mapping and layout: a batch-scaled mapping's scale solved on the loss's batch
   (`calibrate(mapping, layout)`, `_calibration.for_loss`), then the bias folded in."""
   mapping, layout = calibrate(mapping, layout)
@@ -222,16 +222,14 @@ def sigmoid_loss(
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
   z1, z2, mapping, bias, relative_bias = setup(z1, z2, mapping, bias, relative_bias, negatives,
-                                                reduction)
+                                               reduction)
   if _layout.check_finite_mode(check_finite):
     _layout.check_finite(z1, name="z1", mode=check_finite)
     _layout.check_finite(z2, name="z2", mode=check_finite)
     _layout.check_parameters(_biased(mapping, bias, relative_bias), mode=check_finite)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
-  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid)
+  rows = _layout.layout(z1, z2, negatives=negatives, symmetric=False, valid=valid)
   mapping, rows = with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
       _calibration.for_loss, block_size=block_size))
   per_row, _ = tile_reduce(rows.rows, rows.columns, mapping=mapping, kind=rows.kind,

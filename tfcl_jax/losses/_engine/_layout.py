@@ -380,13 +380,16 @@ class Layout(NamedTuple):
   positive_cos: jax.Array
 
 
-def layout(u1: jax.Array, u2: jax.Array, *, negatives: str, symmetric: bool,
+def layout(z1: jax.Array, z2: jax.Array, *, negatives: str, symmetric: bool,
            valid: jax.Array | None, offset: int | jax.Array = 0) -> Layout:
-  """Rows and candidates of InfoNCE (see `info_nce`) for unit `u1`, `u2` of `[n, D]`.
+  """Rows and candidates of InfoNCE (see `info_nce`) for the views `z1`, `z2` of `[n, D]`, as
+  their unit rows `u1`, `u2` in the views' common dtype (`unit_rows`).
 
   Ids are `offset + 0 .. n-1` for the pairs (`cross`), or `offset + 0 .. 2n-1` for the rows
   of `concat([u1, u2])` (`all`); `offset` places a device's rows in a sharded batch.
   """
+  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
+  u1, u2 = unit_rows(z1, dtype), unit_rows(z2, dtype)
   n = u1.shape[0]
   valid = jnp.ones((n,), bool) if valid is None else valid
   positive_cos = jnp.sum(u1 * u2, axis=-1)
