@@ -221,8 +221,8 @@ class LogQTest(parameterized.TestCase):
         jnp.ones(len(ids), bool), jnp.asarray(b, jnp.float32))
     for spec in ("tau=0.1", "tau=0.02", "free"):
       rows, cols = _tiled.tile_reduce(side(u1, ids1, b1), side(u2, ids2, b2),
-                                       mapping=mappings.from_spec(spec),
-                                       kind="rows_and_columns", block_size=4)
+                                      mapping=mappings.from_spec(spec),
+                                      kind="rows_and_columns", block_size=4)
       logits = NUMPY_MAPPINGS[spec](u1 @ u2.T)
       everything = np.ones(logits.shape, bool)
       np.testing.assert_allclose(rows, _logsumexp(logits + b2[None, :], everything), rtol=1e-5)

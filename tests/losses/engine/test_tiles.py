@@ -73,7 +73,7 @@ def test_a_reduction_from_the_base_class_alone_runs_through_the_engine(kind):
     r = rows._replace(vectors=u)
     c = None if columns is None else columns._replace(vectors=other)
     row_out, col_out = _tiled.tile_reduce(r, c, mapping=m, kind=kind, block_size=4,
-                                           tile_reduction=_ScoredLogitSum())
+                                          tile_reduction=_ScoredLogitSum())
     return row_out, col_out
 
   # Dense transcription: every pair scored except a row with itself (`symmetric`).

@@ -10,13 +10,12 @@ statistics and gradients), `reduce_across_devices` the global mean, and `on_mesh
 from __future__ import annotations
 
 import functools
-from typing import cast
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tfcl_jax.losses._engine import _blocks, _layout, _tiled
+from tfcl_jax.losses._engine import _layout, _tiled
 from tfcl_jax.losses._engine._tiles import LogSumExp, Side, TileReduction
 
 #: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
@@ -60,11 +59,6 @@ def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
   return finish(row_stats), None if col_stats is None else finish(col_stats)
 
 
-def _ring_reduce_fwd(plan, axis_name, rows, columns, args):
-  out = _ring_reduce(plan, axis_name, rows, columns, args)
-  return out, (rows, columns, args, out)
-
-
 def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
   rows, columns, args, (row_out, col_out) = residuals
   row_g, col_g = cotangents
@@ -89,7 +83,7 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
           args._replace(params=dparams, step=None, consts=dconsts))
 
 
-_ring_reduce.defvjp(_ring_reduce_fwd, _ring_reduce_bwd)
+_ring_reduce.defvjp(_tiled.saving_inputs(_ring_reduce, num_static=2), _ring_reduce_bwd)
 
 
 def device_reduce(axis_name, strategy):
@@ -97,39 +91,27 @@ def device_reduce(axis_name, strategy):
   loss): a device's rows against everyone's columns."""
 
   def reduce_fn(rows, columns, *, mapping, kind, block_size,
-             tile_reduction: TileReduction = LogSumExp()):
+                tile_reduction: TileReduction = LogSumExp()):
     if kind == "symmetric":  # a device's rows against everyone's: not symmetric any more
       columns, kind = rows, "rows"
     if strategy == "all_gather":
       gathered = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), columns)
       row_out, col_out = _tiled.tile_reduce(rows, gathered, mapping=mapping, kind=kind,
-                                             block_size=block_size,
-                                             tile_reduction=tile_reduction)
+                                            block_size=block_size,
+                                            tile_reduction=tile_reduction)
       if col_out is not None:  # this device's rows only: combine over devices, keep ours
         col_out = tile_reduction.combine_across(col_out, axis_name)
         n = columns.ids.shape[0]
         col_out = jax.lax.dynamic_slice_in_dim(col_out, jax.lax.axis_index(axis_name) * n, n)
       return row_out, col_out
-    if block_size is None:
-      return _blocks.by_platform(rows.ids.shape[0], columns.ids.shape[0], functools.partial(
-          ring, kind=kind, mapping=mapping, tile_reduction=tile_reduction), rows, columns)
-    return ring(block_size, rows, columns, kind=kind, mapping=mapping,
-                tile_reduction=tile_reduction)
+    return _tiled.with_block_size(block_size, functools.partial(
+        ring, kind=kind, mapping=mapping, tile_reduction=tile_reduction), rows, columns)
 
   def ring(block_size, rows, columns, *, kind, mapping, tile_reduction):
-    block_rows = _blocks.balanced_tile(block_size, rows.ids.shape[0])
-    block_cols = _blocks.balanced_tile(block_size, columns.ids.shape[0])
-    tile_mapping, args = _tiled.pure_mapping(
-        mapping, rows.vectors.dtype, (block_rows, block_cols), like=rows.vectors,
-        tile_reduction=tile_reduction, closed_form=not _tiled.has_scale(rows, columns))
-    rows, columns = _tiled.constant_bias_and_scale(rows), _tiled.constant_bias_and_scale(columns)
-    plan = _tiled.Plan(kind, block_rows, block_cols, tile_mapping,
-                        tile_reduction=tile_reduction)
-    row_out, col_out = cast("tuple[jax.Array, jax.Array | None]", _ring_reduce(
-        plan, axis_name, _tiled.pad_side(rows, block_rows), _tiled.pad_side(columns, block_cols),
-        args))
-    num_rows, num_cols = rows.ids.shape[0], columns.ids.shape[0]
-    return row_out[:num_rows], None if col_out is None else col_out[:num_cols]
+    plan, args, padded_rows, padded_cols = _tiled.planned(
+        block_size, rows, columns, mapping=mapping, kind=kind, tile_reduction=tile_reduction)
+    return _tiled.unpadded(_ring_reduce(plan, axis_name, padded_rows, padded_cols, args), rows,
+                           columns)
 
   return reduce_fn
 

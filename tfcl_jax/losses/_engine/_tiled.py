@@ -214,6 +214,18 @@ def zero_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side | None):
           tuple(jnp.zeros_like(k) for k in args.consts))
 
 
+def saving_inputs(primal, num_static: int = 1):
+  """The forward rule of a custom VJP whose backward recomputes every tile: `primal`'s outputs,
+  with its inputs after the `num_static` static ones (`nondiff_argnums`) and its outputs as the
+  residuals, `(*inputs, outputs)`."""
+
+  def forward(*args):
+    out = primal(*args)
+    return out, (*args[num_static:], out)
+
+  return forward
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _reduce(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
   stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
@@ -221,11 +233,6 @@ def _reduce(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
                                     *stats)
   finish = plan.tile_reduction.finish
   return finish(row_stats), None if col_stats is None else finish(col_stats)
-
-
-def _reduce_fwd(plan, rows, columns, args):
-  out = _reduce(plan, rows, columns, args)
-  return out, (rows, columns, args, out)
 
 
 def _reduce_bwd(plan, residuals, cotangents):
@@ -238,7 +245,7 @@ def _reduce_bwd(plan, residuals, cotangents):
   return no_grad(rows, drows), no_grad(columns, dcols), MappingArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
 
 
-_reduce.defvjp(_reduce_fwd, _reduce_bwd)
+_reduce.defvjp(saving_inputs(_reduce), _reduce_bwd)
 
 
 def pure_mapping(mapping, dtype, tile_shape, *, like=None,
@@ -287,36 +294,55 @@ def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
     `row_out [M]` and `col_out [K]` (None unless `"rows_and_columns"`); for `LogSumExp`,
     `-inf` for a row without negatives.
   """
-  num_rows = rows.ids.shape[0]
-  num_cols = num_rows if columns is None else columns.ids.shape[0]
-  if block_size is None:
-    return by_platform(num_rows, num_cols, functools.partial(
-        _tile_reduce, mapping=mapping, kind=kind, column_grad=column_grad,
-        tile_reduction=tile_reduction), rows, columns)
-  return _tile_reduce(block_size, rows, columns, mapping=mapping, kind=kind,
-                      column_grad=column_grad, tile_reduction=tile_reduction)
+  return with_block_size(block_size, functools.partial(
+      _tile_reduce, mapping=mapping, kind=kind, column_grad=column_grad,
+      tile_reduction=tile_reduction), rows, columns)
 
 
-def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
-                 column_grad: bool, tile_reduction: TileReduction):
+def with_block_size(block_size: int | None, fn, rows: Side, columns: Side | None):
+  """`fn(block_size, rows, columns)`; where `block_size` is None, with the automatic tile side
+  of the platform the program is lowered for (`_blocks.by_platform`)."""
+  if block_size is not None:
+    return fn(block_size, rows, columns)
   num_rows = rows.ids.shape[0]
   num_cols = num_rows if columns is None else columns.ids.shape[0]
-  block_rows = balanced_tile(block_size, num_rows)
-  block_cols = block_rows if columns is None else balanced_tile(block_size, num_cols)
+  return by_platform(num_rows, num_cols, fn, rows, columns)
+
+
+def planned(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
+            tile_reduction: TileReduction, column_grad: bool = True):
+  """`(plan, args, rows, columns)`: the plan of a tiled computation with tiles balanced under
+  `block_size`, the mapping's arguments, and the sides with their bias and scale constant,
+  padded to whole tiles (`unpadded` cuts the outputs back)."""
+  block_rows = balanced_tile(block_size, rows.ids.shape[0])
+  block_cols = block_rows if columns is None else balanced_tile(block_size, columns.ids.shape[0])
   tile_mapping, args = pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
                                     like=rows.vectors, tile_reduction=tile_reduction,
                                     closed_form=not has_scale(rows, columns))
   plan = Plan(kind, block_rows, block_cols, tile_mapping, column_grad, tile_reduction)
-  rows = constant_bias_and_scale(rows)
-  columns = None if columns is None else constant_bias_and_scale(columns)
-  padded_rows = pad_side(rows, block_rows)
-  padded_cols = None if columns is None else pad_side(columns, block_cols)
+  rows = pad_side(constant_bias_and_scale(rows), block_rows)
+  columns = None if columns is None else pad_side(constant_bias_and_scale(columns), block_cols)
+  return plan, args, rows, columns
+
+
+def unpadded(outputs, rows: Side, columns: Side | None):
+  """`(row_out, col_out)` of padded sides cut back to `rows` and `columns` (`col_out` may be
+  None)."""
+  row_out, col_out = cast("tuple[jax.Array, jax.Array | None]", outputs)
+  num_rows = rows.ids.shape[0]
+  num_cols = num_rows if columns is None else columns.ids.shape[0]
+  return row_out[:num_rows], None if col_out is None else col_out[:num_cols]
+
+
+def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
+                 column_grad: bool, tile_reduction: TileReduction):
+  plan, args, padded_rows, padded_cols = planned(
+      block_size, rows, columns, mapping=mapping, kind=kind, tile_reduction=tile_reduction,
+      column_grad=column_grad)
   if not column_grad:
     assert padded_cols is not None, "stop_gradient on candidates needs a column side"
     padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
-  row_out, col_out = cast("tuple[jax.Array, jax.Array | None]",
-                          _reduce(plan, padded_rows, padded_cols, args))
-  return row_out[:num_rows], None if col_out is None else col_out[:num_cols]
+  return unpadded(_reduce(plan, padded_rows, padded_cols, args), rows, columns)
 
 
 def constant_bias_and_scale(side: Side) -> Side:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import cast
 
 import jax
 import jax.core
@@ -154,11 +153,6 @@ def _lse(plan: _Plan, theta, rows: Side, cols: Side | None):
   return row_lse, plan.forward(theta, _as_anchors(cols), rows)
 
 
-def _lse_fwd(plan, theta, rows, cols):
-  out = _lse(plan, theta, rows, cols)
-  return out, (theta, rows, cols, out)
-
-
 def _lse_bwd(plan, residuals, cotangents):
   theta, rows, cols, (row_lse, col_lse) = residuals
   row_g, col_g = cotangents
@@ -176,13 +170,13 @@ def _lse_bwd(plan, residuals, cotangents):
       col_lse = col_g = jnp.zeros(cols.ids.shape, row_lse.dtype)
     if plan.column_grad and pairs is not None:
       drows, dcols, dtheta = pairs.both_grads(theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                                               columns=two_sided)
+                                              columns=two_sided)
     else:
       drows, dtheta = plan.row_grads(theta, rows, cols, row_lse, row_g, col_lse, col_g,
                                      columns=two_sided, theta_from_columns=two_sided)
       if plan.column_grad:
         dcols = plan.col_grads(theta, rows, cols, row_lse, row_g, col_lse, col_g,
-                                columns=two_sided)
+                               columns=two_sided)
     dcols = None if dcols is None else _no_grad(cols, _through_norm(cols, dcols))
   # The step is a schedule's input, not a parameter.
   dtheta = dtheta.at[plan.step_index].set(0.0)
@@ -207,7 +201,7 @@ def _through_norm(side: Side, unit_grad: jax.Array) -> jax.Array:
   return vjp(unit_grad)[0].astype(side.vectors.dtype)
 
 
-_lse.defvjp(_lse_fwd, _lse_bwd)
+_lse.defvjp(_tiled.saving_inputs(_lse), _lse_bwd)
 
 
 def supports(mapping) -> bool:
@@ -304,9 +298,7 @@ def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
   padded_cols = None if columns is None else _pad(columns, tiles.block, padded_dim)
   if padded_cols is not None and not column_grad:
     padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
-  row_lse, col_lse = cast("tuple[jax.Array, jax.Array | None]",
-                          _lse(plan, theta, padded_rows, padded_cols))
-  return row_lse[:num_rows], None if col_lse is None else col_lse[:num_cols]
+  return _tiled.unpadded(_lse(plan, theta, padded_rows, padded_cols), rows, columns)
 
 
 def with_raw_rows(layout: _layout.Layout, z1: jax.Array, z2: jax.Array) -> _layout.Layout:
