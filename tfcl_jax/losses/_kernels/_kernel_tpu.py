@@ -44,7 +44,10 @@ class Tiles:
   """`block` rows per grid step on each side; `D` is held whole (VMEM holds `[256, 768]`)."""
 
   block: int
-  columns: tuple[str, str] = ("separate", "separate")  # no kernels that serve both sides
+
+  @property
+  def columns(self) -> tuple[str, str]:
+    return ("separate", "separate")  # no kernels that serve both sides of a tile
 
   def padded_dim(self, dim: int) -> int:
     return dim
