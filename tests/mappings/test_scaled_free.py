@@ -272,7 +272,7 @@ def test_info_nce_with_a_shifted_or_no_closed_form_matches_numpy(n):
 def test_n_aware_free_takes_the_closed_form_in_the_engine(monkeypatch):
   """The tiled engine sums exp_form's weights (no mapping call) for free_n: the mapping's fn is
   never traced inside the tiles, and the result matches the running-maximum path."""
-  from tfcl_jax.losses import _tiles  # noqa: PLC0415
+  from tfcl_jax.losses._engine import _tiles  # noqa: PLC0415
 
   m = mappings.n_aware_free(num_candidates=16)
   z1 = jax.random.normal(jax.random.key(4), (16, 8))
