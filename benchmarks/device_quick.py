@@ -144,7 +144,7 @@ def quick(args, report, runs_pallas: bool) -> list[dict]:
                f"against float64 at N = {args.quick_check_n})",
                ["dtype", "loss", "contender", "loss error", "gradient error", "median ms (GiB)",
                 "/ floor", "/ tiled XLA"], table)
-  report.note("Winning rows (`tfcl_jax/losses/_triton_tiles.py`):\n\n"
+  report.note("Winning rows (`tfcl_jax/losses/_kernels/_triton_tiles.py`):\n\n"
               + "\n".join(f"- {line}" for line in _winners(rows, args.quick_variants,
                                                            args.quick_launches)))
   return rows

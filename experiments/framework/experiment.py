@@ -34,7 +34,7 @@ class Experiment:
     results_markdown: `(rows, config, command) -> str`, its `results.md` from its
       `results.csv` rows: what `experiments.regenerate` rebuilds a committed table with.
     abstract_step: `(config, mesh, *, spec=...) -> (jitted_step, (state, batch, key))` with
-      shapes only: its train step to lower for another platform (`tests/test_lowering.py`).
+      shapes only: its train step to lower for another platform (`tests/cross/test_lowering.py`).
     reads_files: whether `config.data_dir` names files the user supplies.
     command_tables: the tables of its other commands, by module (`"experiments.grace.probe"`):
       `table(rows, command=..., name=..., committed=...) -> str`, where `committed(name)`

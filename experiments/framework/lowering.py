@@ -1,6 +1,6 @@
 """The abstract inputs of an experiment's train step, to lower or compile it for another platform
-without its data or device (`Experiment.abstract_step`; `tests/test_lowering.py` lowers each for
-`cuda` and `tpu`, `benchmarks/tpu_compile.py` compiles them for a TPU from a CPU host).
+without its data or device (`Experiment.abstract_step`; `tests/cross/test_lowering.py` lowers each
+for `cuda` and `tpu`, `benchmarks/tpu_compile.py` compiles them for a TPU from a CPU host).
 
 An experiment's `abstract_step(config, mesh, *, spec="free")` builds the step exactly as its
 runs do (config, model, objective, optimiser, shardings and donation) on `mesh` and returns

@@ -231,13 +231,9 @@ def prepared(config, workdir: str, *, plan_fields: Sequence[str] = (),
              outputs: Sequence[str] = ()) -> Iterator[None]:
   """Within it, `workdir` is checked against `config` and holds its lock (`workdir.prepare`);
   the lock is released on the way out unless it was held before."""
-  held = workdirs.holds(workdir)
-  try:
+  with workdirs.lock_scope(workdir):
     workdirs.prepare(workdir, config, plan_fields=plan_fields, outputs=outputs)
     yield
-  finally:
-    if not held:
-      workdirs.release(workdir)
 
 
 def sweep(config, workdir: str, *, runs: Sequence[plan.Run], train_run: Callable[[plan.Run], dict],

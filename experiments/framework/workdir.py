@@ -117,15 +117,23 @@ atexit.register(release)
 
 
 @contextlib.contextmanager
-def locked(workdir: str) -> Iterator[None]:
-  """Holds the lock of `workdir` within (released also on an exception or Ctrl-C)."""
+def lock_scope(workdir: str) -> Iterator[None]:
+  """Within it, the lock of `workdir`, once taken (`acquire`, `prepare`), is released on the way
+  out (also on an exception or Ctrl-C), unless this process held it before."""
   held = holds(workdir)
-  acquire(workdir)
   try:
     yield
   finally:
     if not held:
       release(workdir)
+
+
+@contextlib.contextmanager
+def locked(workdir: str) -> Iterator[None]:
+  """Holds the lock of `workdir` within (released also on an exception or Ctrl-C)."""
+  with lock_scope(workdir):
+    acquire(workdir)
+    yield
 
 
 def _drop_torn_record(workdir: str) -> None:

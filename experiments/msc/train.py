@@ -197,7 +197,7 @@ class Trainer:
 
   def pretrained_auc(self, normal_class: int) -> float:
     if normal_class not in self._pretrained_auc:
-      model_state = {k: v for k, v in self.variables.items() if k != "params"}
+      model_state = state.model_state(self.variables)
       self._pretrained_auc[normal_class] = self.roc_auc(
           self.variables["params"], model_state, normal_class)
     return self._pretrained_auc[normal_class]
@@ -239,7 +239,7 @@ class Trainer:
 
     def build(loss: losses.Loss, keys, mesh) -> sweep.Trainable:
       del keys, mesh  # one key, the training key (`sweep.train_run`); the trainer's mesh
-      model_state = {k: v for k, v in self.variables.items() if k != "params"}
+      model_state = state.model_state(self.variables)
       # The center of the whole normal class (every host the same).
       center = msc.center(self.features(
           self.variables["params"], model_state,
@@ -350,7 +350,7 @@ def abstract_step(config: ml_collections.ConfigDict, mesh, *, spec: str = "free"
     views = jnp.zeros((2, *info.example_shape(view_size)), jnp.float32)
     variables = encoder.init(jax.random.key(0), views, train=False)
     params = {"model": variables["params"], "loss": loss.params}
-    model_state = {k: v for k, v in variables.items() if k != "params"}
+    model_state = state.model_state(variables)
     features = encoder.apply(variables, views, train=False)
     return state.create_train_state(
         model_params=variables["params"],

@@ -288,7 +288,7 @@ class Trainer:
       variables = self.init(keys[0])
       initial = state.create_train_state(
           model_params=variables["params"],
-          model_state={k: v for k, v in variables.items() if k != "params"},
+          model_state=state.model_state(variables),
           loss_params=loss.params, tx=self.optimizer(batch_size))
 
       def batches(start_step):
@@ -354,7 +354,7 @@ def abstract_step(config: ml_collections.ConfigDict, mesh, *, spec: str = "free"
     variables = model.init(jax.random.key(0), view, train=False)
     return state.create_train_state(
         model_params=variables["params"],
-        model_state={k: v for k, v in variables.items() if k != "params"},
+        model_state=state.model_state(variables),
         loss_params=loss.params,
         tx=make_optimizer(config, batch_size=config.batch_size, steps_per_epoch=10))
 

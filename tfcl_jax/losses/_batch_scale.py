@@ -6,9 +6,9 @@ from __future__ import annotations
 import jax
 
 from tfcl_jax import mappings
-from tfcl_jax.losses import _calibration
-from tfcl_jax.losses._devices import device_reduce
-from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._engine import _calibration
+from tfcl_jax.losses._engine._devices import device_reduce
+from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._info_nce import setup
 from tfcl_jax.losses._sharded import local_setup
 from tfcl_jax.mappings._batch_scaled import BatchScaled

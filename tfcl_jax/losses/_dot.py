@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
-from tfcl_jax.losses import _layout
+from tfcl_jax.losses._engine import _layout
 from tfcl_jax.losses._loss import SPECS, Loss
 
 

@@ -10,11 +10,12 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _calibration, _layout, _pallas
-from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine._tiled import tile_reduce
+from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._kernels import _pallas
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.losses._tiles import Side
 from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 IMPLEMENTATIONS = ("xla", "pallas")
@@ -279,13 +280,12 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
   if check_finite:
     _layout.check_parameters(mapping, mode=check_finite)
 
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
   _checks.one_of(implementation, IMPLEMENTATIONS, name="implementation")
   bias = check_candidate_bias(candidate_bias, z1.shape[0], negatives=negatives,
                               symmetric=symmetric, extra_negatives=bank,
                               implementation=implementation)
-  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid)
+  rows = _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid)
+  dtype = rows.rows.vectors.dtype
   positive_bias = None
   if bias is not None:
     assert rows.columns is not None  # negatives="cross": z2's rows are the candidates

@@ -1,23 +1,29 @@
-"""InfoNCE with negatives from every device (`_devices`: all-gather or a ring of `ppermute`).
+"""InfoNCE and the sigmoid loss with candidates from every device (`_devices`: all-gather or a
+ring of `ppermute`).
 
-Each device holds `N / P` pairs of the global batch; the loss equals the single-device loss
-of the whole batch (Eq. 1 / 11), and so do the gradients of each device's embeddings. Both
-strategies reuse the single-device layout and tiles.
+Each device holds `N / P` pairs of the global batch; each loss equals its single-device loss
+of the whole batch (Eq. 1 / 11; SigLIP's), and so do the gradients of each device's
+embeddings. Both strategies reuse the single-device layout and tiles; both losses lay out a
+device's share of the batch the same way (`_local_layout`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _calibration, _layout
-from tfcl_jax.losses._devices import (
-    STRATEGIES,
-    axis_size,
-    device_reduce,
-    on_mesh,
-    reduce_across_devices,
+from tfcl_jax.losses import _sigmoid
+from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine._devices import (
+  STRATEGIES,
+  axis_size,
+  device_reduce,
+  on_mesh,
+  reduce_across_devices,
 )
+from tfcl_jax.losses._engine._tiles import SigmoidSum
 from tfcl_jax.losses._info_nce import Batch, negatives_lse, row_losses
 
 
@@ -111,22 +117,27 @@ def local_setup(z1, z2, *, mapping, negatives: str, symmetric: bool, axis_name, 
   _layout.check_mode(negatives, symmetric, reduction)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
   block_size = _layout.check_block_size(block_size)
+  bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
+  mapping = _layout.loss_mapping(
+      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0] * size, negatives, bank))
+  rows = _local_layout(z1, z2, negatives=negatives, symmetric=symmetric, where=where,
+                       axis_name=axis_name, size=size)
+  bank = None if bank is None else _layout.bank_side(bank, bank_where, rows.rows.vectors.dtype)
+  return Batch(z1, z2, mapping, rows, bank, None, block_size)
+
+
+def _local_layout(z1, z2, *, negatives: str, symmetric: bool, where, axis_name,
+                  size: int) -> _layout.Layout:
+  """This device's `n` pairs laid out as its share of the global batch of `n * size` pairs
+  (`_layout.layout`): ids offset by the device's index on `axis_name`."""
   n = z1.shape[0]
   if n * size < 2:
     raise ValueError(f"the global batch needs N >= 2 pairs to have a negative, got N = {n * size}.")
   valid = _layout.check_where(where, n)
-  bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
-  mapping = _layout.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(n * size, negatives, bank))
-
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
   rows_per_device = n if negatives == "cross" else 2 * n
   offset = jax.lax.axis_index(axis_name) * rows_per_device
-  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=symmetric, valid=valid,
+  return _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid,
                         offset=offset)
-  bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
-  return Batch(z1, z2, mapping, rows, bank, None, block_size)
 
 
 def info_nce_on_mesh(
@@ -177,3 +188,97 @@ def info_nce_on_mesh(
   kwargs.update(where=where, reduction=reduction, extra_negatives=extra_negatives,
                 extra_where=extra_where)
   return on_mesh(sharded_info_nce, z1, z2, mesh=mesh, axis_name=axis_name, **kwargs)
+
+
+def sharded_sigmoid_loss(
+    z1: jax.typing.ArrayLike,
+    z2: jax.typing.ArrayLike,
+    *,
+    mapping: mappings.MappingLike | None = None,
+    bias: float | jax.typing.ArrayLike = 0.0,
+    relative_bias: float | jax.typing.ArrayLike | None = None,
+    negatives: str = "cross",
+    axis_name: str = "data",
+    strategy: str = "ring",
+    block_size: int | None = None,
+    where: jax.typing.ArrayLike | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+  """`sigmoid_loss` over the global batch, called inside `jax.shard_map` on each device's pairs.
+
+  With `strategy="ring"` (the default) the candidates' blocks travel round the devices by
+  `lax.ppermute` and every device scores its rows against each block as it passes: SigLIP's
+  chunked form (open_clip's neighbour exchange), memory O(n D) per device, never the gathered
+  batch. `"all_gather"` gathers the candidates first. The result equals `sigmoid_loss` on the
+  concatenated batch, and each device's gradients its slice of the single-device ones.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from tfcl_jax import losses
+    >>> mesh = jax.sharding.Mesh(jax.devices(), ("data",))
+    >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
+    >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
+    >>> loss_fn = jax.shard_map(lambda a, b: losses.sharded_sigmoid_loss(a, b, bias=-1.0),
+    ...     mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P())
+    >>> bool(jnp.allclose(loss_fn(z1, z2), losses.sigmoid_loss(z1, z2, bias=-1.0), atol=1e-5))
+    True
+
+  Args:
+    z1, z2: `[n, D]` float, this device's pairs.
+    mapping, bias, relative_bias, negatives, block_size: as in `sigmoid_loss`.
+    axis_name: the mesh axis the batch is split over; must be bound by `shard_map`.
+    strategy: `"ring"` or `"all_gather"`.
+    where: optional `[n]` bool mask of this device's valid pairs.
+    reduction: `"mean"` (global), `"sum"` (global), or `"none"` (this device's rows).
+
+  Returns:
+    A scalar (mean, sum) or this device's per-row losses.
+  """
+  size = axis_size(axis_name, loss="sharded_sigmoid_loss", wrapper="sigmoid_loss_on_mesh")
+  z1, z2, mapping, bias, relative_bias = _sigmoid.setup(
+      z1, z2, mapping, bias, relative_bias, negatives, reduction, devices=size)
+  _checks.one_of(strategy, STRATEGIES, name="strategy")
+  block_size = _layout.check_block_size(block_size)
+  rows = _local_layout(z1, z2, negatives=negatives, symmetric=False, where=where,
+                       axis_name=axis_name, size=size)
+  reduce_fn = device_reduce(axis_name, strategy)
+  calibrate = functools.partial(_calibration.for_loss, block_size=block_size,
+                                reduce_fn=reduce_fn, total=_calibration.total_across(axis_name))
+  mapping, rows = _sigmoid.with_bias(mapping, rows, bias, relative_bias, calibrate=calibrate)
+  per_row, _ = reduce_fn(
+      rows.rows, rows.columns, mapping=mapping, kind=rows.kind, block_size=block_size,
+      tile_reduction=SigmoidSum())
+  return reduce_across_devices(per_row, rows.rows.valid, reduction=reduction,
+                               masked=where is not None, axis_name=axis_name, size=size)
+
+
+def sigmoid_loss_on_mesh(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
+                         mesh: jax.sharding.Mesh, axis_name: str = "data",
+                         where: jax.typing.ArrayLike | None = None, reduction: str = "mean",
+                         **kwargs) -> jax.Array:
+  """`sharded_sigmoid_loss` on global `[N, D]` arrays, split over `mesh[axis_name]`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import losses
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
+    >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
+    >>> loss = losses.sigmoid_loss_on_mesh(z1, z2, mesh=mesh, negatives="all")
+    >>> bool(jnp.allclose(loss, losses.sigmoid_loss(z1, z2, negatives="all"), atol=1e-5))
+    True
+
+  Args:
+    z1, z2: `[N, D]` float views; `N` divisible by the devices on `axis_name`.
+    mesh: a `jax.sharding.Mesh` with an axis `axis_name`.
+    axis_name: the mesh axis to split the batch over.
+    where: optional `[N]` bool mask of valid pairs.
+    reduction: `"mean"`, `"sum"` or `"none"` (global per-row losses in `sigmoid_loss`'s order).
+    **kwargs: `mapping`, `bias`, `relative_bias`, `negatives`, `strategy`, `block_size`.
+
+  Returns:
+    The loss or the global per-row losses.
+  """
+  return on_mesh(sharded_sigmoid_loss, z1, z2, mesh=mesh, axis_name=axis_name, where=where,
+                 reduction=reduction, **kwargs)

@@ -13,18 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, mappings, specs
-from tfcl_jax.losses import _calibration, _layout
-from tfcl_jax.losses._devices import (
-    STRATEGIES,
-    axis_size,
-    device_reduce,
-    on_mesh,
-    reduce_across_devices,
-)
-from tfcl_jax.losses._engine import tile_reduce
+from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine._tiled import tile_reduce
+from tfcl_jax.losses._engine._tiles import SigmoidSum
 from tfcl_jax.losses._info_nce import setup as info_nce_setup
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
-from tfcl_jax.losses._tiles import SigmoidSum
 from tfcl_jax.mappings._base import finite_check
 from tfcl_jax.mappings._batch_scaled import BatchScaled
 
@@ -111,8 +104,8 @@ def _biased(mapping: mappings.Mapping, bias, relative_bias) -> mappings.Mapping:
                           mapping.scheduled, mapping.step, bound=True)  # checked by the loss
 
 
-def _with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative_bias, *,
-               calibrate) -> tuple[mappings.Mapping, _layout.Layout]:
+def with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative_bias, *,
+              calibrate) -> tuple[mappings.Mapping, _layout.Layout]:
   """The tiles' mapping and layout: a batch-scaled mapping's scale solved on the loss's batch
   (`calibrate(mapping, layout)`, `_calibration.for_loss`), then the bias folded in."""
   mapping, layout = calibrate(mapping, layout)
@@ -123,9 +116,9 @@ def _with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative
   return _biased(mapping, bias, relative_bias), layout
 
 
-def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices=None):
+def setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices=None):
   """Checks the inputs; `devices`: the axis size of a sharded loss (its `z1` a local share).
-  Returns the inputs, the mapping (the bias not yet folded in: `_with_bias`) and the bias."""
+  Returns the inputs, the mapping (the bias not yet folded in: `with_bias`) and the bias."""
   z1, z2 = _layout.check_pair(z1, z2, local=devices is not None)
   _layout.check_mode(negatives, False, reduction)
   batch = z1.shape[0] * (devices or 1)
@@ -228,123 +221,20 @@ def sigmoid_loss(
     Zhai et al., Sigmoid Loss for Language Image Pre-Training, ICCV 2023; Bangachev et al.,
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
-  z1, z2, mapping, bias, relative_bias = _setup(z1, z2, mapping, bias, relative_bias, negatives,
-                                                reduction)
+  z1, z2, mapping, bias, relative_bias = setup(z1, z2, mapping, bias, relative_bias, negatives,
+                                               reduction)
   if _layout.check_finite_mode(check_finite):
     _layout.check_finite(z1, name="z1", mode=check_finite)
     _layout.check_finite(z2, name="z2", mode=check_finite)
     _layout.check_parameters(_biased(mapping, bias, relative_bias), mode=check_finite)
   valid = _layout.check_where(where, z1.shape[0])
   block_size = _layout.check_block_size(block_size)
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
-  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid)
-  mapping, rows = _with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
+  rows = _layout.layout(z1, z2, negatives=negatives, symmetric=False, valid=valid)
+  mapping, rows = with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
       _calibration.for_loss, block_size=block_size))
   per_row, _ = tile_reduce(rows.rows, rows.columns, mapping=mapping, kind=rows.kind,
                            block_size=block_size, tile_reduction=SigmoidSum())
   return _layout.reduce(per_row, rows.rows.valid, reduction, masked=where is not None)
-
-
-def sharded_sigmoid_loss(
-    z1: jax.typing.ArrayLike,
-    z2: jax.typing.ArrayLike,
-    *,
-    mapping: mappings.MappingLike | None = None,
-    bias: float | jax.typing.ArrayLike = 0.0,
-    relative_bias: float | jax.typing.ArrayLike | None = None,
-    negatives: str = "cross",
-    axis_name: str = "data",
-    strategy: str = "ring",
-    block_size: int | None = None,
-    where: jax.typing.ArrayLike | None = None,
-    reduction: str = "mean",
-) -> jax.Array:
-  """`sigmoid_loss` over the global batch, called inside `jax.shard_map` on each device's pairs.
-
-  With `strategy="ring"` (the default) the candidates' blocks travel round the devices by
-  `lax.ppermute` and every device scores its rows against each block as it passes: SigLIP's
-  chunked form (open_clip's neighbour exchange), memory O(n D) per device, never the gathered
-  batch. `"all_gather"` gathers the candidates first. The result equals `sigmoid_loss` on the
-  concatenated batch, and each device's gradients its slice of the single-device ones.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from jax.sharding import PartitionSpec as P
-    >>> from tfcl_jax import losses
-    >>> mesh = jax.sharding.Mesh(jax.devices(), ("data",))
-    >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
-    >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
-    >>> loss_fn = jax.shard_map(lambda a, b: losses.sharded_sigmoid_loss(a, b, bias=-1.0),
-    ...     mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P())
-    >>> bool(jnp.allclose(loss_fn(z1, z2), losses.sigmoid_loss(z1, z2, bias=-1.0), atol=1e-5))
-    True
-
-  Args:
-    z1, z2: `[n, D]` float, this device's pairs.
-    mapping, bias, relative_bias, negatives, block_size: as in `sigmoid_loss`.
-    axis_name: the mesh axis the batch is split over; must be bound by `shard_map`.
-    strategy: `"ring"` or `"all_gather"`.
-    where: optional `[n]` bool mask of this device's valid pairs.
-    reduction: `"mean"` (global), `"sum"` (global), or `"none"` (this device's rows).
-
-  Returns:
-    A scalar (mean, sum) or this device's per-row losses.
-  """
-  size = axis_size(axis_name, loss="sharded_sigmoid_loss", wrapper="sigmoid_loss_on_mesh")
-  z1, z2, mapping, bias, relative_bias = _setup(z1, z2, mapping, bias, relative_bias, negatives,
-                                                reduction, devices=size)
-  _checks.one_of(strategy, STRATEGIES, name="strategy")
-  n = z1.shape[0]
-  if n * size < 2:
-    raise ValueError(f"the global batch needs N >= 2 pairs, got N = {n * size}.")
-  valid = _layout.check_where(where, n)
-  block_size = _layout.check_block_size(block_size)
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = _layout.unit_rows(z1, dtype), _layout.unit_rows(z2, dtype)
-  rows_per_device = n if negatives == "cross" else 2 * n
-  offset = jax.lax.axis_index(axis_name) * rows_per_device
-  rows = _layout.layout(u1, u2, negatives=negatives, symmetric=False, valid=valid, offset=offset)
-  reduce_fn = device_reduce(axis_name, strategy)
-  mapping, rows = _with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
-      _calibration.for_loss, block_size=block_size, reduce_fn=reduce_fn,
-      total=_calibration.total_across(axis_name)))
-  per_row, _ = reduce_fn(
-      rows.rows, rows.columns, mapping=mapping, kind=rows.kind, block_size=block_size,
-      tile_reduction=SigmoidSum())
-  return reduce_across_devices(per_row, rows.rows.valid, reduction=reduction,
-                               masked=where is not None, axis_name=axis_name, size=size)
-
-
-def sigmoid_loss_on_mesh(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
-                         mesh: jax.sharding.Mesh, axis_name: str = "data",
-                         where: jax.typing.ArrayLike | None = None, reduction: str = "mean",
-                         **kwargs) -> jax.Array:
-  """`sharded_sigmoid_loss` on global `[N, D]` arrays, split over `mesh[axis_name]`.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from tfcl_jax import losses
-    >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
-    >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
-    >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
-    >>> loss = losses.sigmoid_loss_on_mesh(z1, z2, mesh=mesh, negatives="all")
-    >>> bool(jnp.allclose(loss, losses.sigmoid_loss(z1, z2, negatives="all"), atol=1e-5))
-    True
-
-  Args:
-    z1, z2: `[N, D]` float views; `N` divisible by the devices on `axis_name`.
-    mesh: a `jax.sharding.Mesh` with an axis `axis_name`.
-    axis_name: the mesh axis to split the batch over.
-    where: optional `[N]` bool mask of valid pairs.
-    reduction: `"mean"`, `"sum"` or `"none"` (global per-row losses in `sigmoid_loss`'s order).
-    **kwargs: `mapping`, `bias`, `relative_bias`, `negatives`, `strategy`, `block_size`.
-
-  Returns:
-    The loss or the global per-row losses.
-  """
-  return on_mesh(sharded_sigmoid_loss, z1, z2, mesh=mesh, axis_name=axis_name, where=where,
-                 reduction=reduction, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses import _calibration, _layout
-from tfcl_jax.losses._engine import tile_reduce
-from tfcl_jax.losses._tiles import LogSumExp, PositiveSum, Side
+from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine._tiled import tile_reduce
+from tfcl_jax.losses._engine._tiles import LogSumExp, PositiveSum, Side
 
 FORMS = ("ntxent", "supcon")
 

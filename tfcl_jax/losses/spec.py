@@ -12,7 +12,7 @@ with a table of every form, is docs/specs.md.
 from __future__ import annotations
 
 from tfcl_jax import mappings, specs
-from tfcl_jax.losses import _layout
+from tfcl_jax.losses._engine import _layout
 from tfcl_jax.losses._info_nce import InfoNCELoss
 from tfcl_jax.losses._loss import SPEC_FORMS, SPECS, LogQ, Loss
 

@@ -71,5 +71,17 @@ def create_train_state(
       model_state=model_state)
 
 
+def model_state(variables) -> dict:
+  """A Flax model's variables other than its `params` (BatchNorm statistics, ...), the
+  `model_state` of `create_train_state`; `{}` when there are none.
+
+  Examples:
+    >>> from tfcl_jax.training import state
+    >>> state.model_state({"params": {"w": 1.0}, "batch_stats": {"mean": 0.0}})
+    {'batch_stats': {'mean': 0.0}}
+  """
+  return {k: v for k, v in variables.items() if k != "params"}
+
+
 def _no_apply(*args, **kwargs):
   raise NotImplementedError("create_train_state was given no apply_fn.")

@@ -1,0 +1,374 @@
+"""The tiled core of every contrastive loss: a schedule of tiles and one custom VJP.
+
+The `[M, K]` logits are never held: tiles of at most `[block, block]` are folded into per-row
+(and per-column) statistics, and the backward pass recomputes each tile (FlashAttention,
+Inf-CL). Three kinds of matrix:
+
+* `"rows"`: anchors against candidates, statistics per anchor (InfoNCE `cross`, extra negatives);
+* `"rows_and_columns"`: the same tiles also give every candidate column its statistics
+  (CLIP's symmetric two-tower loss: both directions in one pass);
+* `"symmetric"`: `S = U U^T` (InfoNCE `all`): each off-diagonal tile is computed once and used
+  for its rows and, transposed, for its columns, forward and backward: half the work.
+
+Dense logits are the one-tile case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import cast
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tfcl_jax.losses._engine._blocks import balanced_tile, by_platform
+from tfcl_jax.losses._engine._tiles import LogSumExp, MappingArgs, Side, TileMapping, TileReduction
+
+KINDS = ("rows", "rows_and_columns", "symmetric")
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Static description of one tiled computation."""
+
+  kind: str
+  block_rows: int
+  block_cols: int
+  tile_mapping: TileMapping
+  column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
+  tile_reduction: TileReduction = LogSumExp()  # what a tile folds into per-row statistics
+
+
+def pad_side(side: Side, multiple: int) -> Side:
+  """Pads `side` to a multiple of `multiple` rows with invalid zero rows."""
+  extra = -side.vectors.shape[0] % multiple
+  if extra == 0:
+    return side
+  return Side(jnp.pad(side.vectors, [(0, extra), (0, 0)]),
+              jnp.pad(side.ids, (0, extra), constant_values=-1),
+              jnp.pad(side.positive_ids, (0, extra), constant_values=-1),
+              jnp.pad(side.valid, (0, extra), constant_values=False),
+              None if side.bias is None else jnp.pad(side.bias, (0, extra)),
+              # A padded row is no one's anchor; scale 1 keeps its masked logits at -inf.
+              None if side.scale is None else jnp.pad(side.scale, (0, extra), constant_values=1))
+
+
+def _blocks(side: Side, block: int) -> Side:
+  return jax.tree.map(lambda x: x.reshape(-1, block, *x.shape[1:]), side)
+
+
+def no_grad(side: Side | None, dvectors) -> Side | None:
+  """The cotangent of `side`: `dvectors` for its vectors, zero for its bias and scale, None
+  elsewhere."""
+  if side is None:
+    return None
+  bias = None if side.bias is None else jnp.zeros_like(side.bias)
+  scale = None if side.scale is None else jnp.zeros_like(side.scale)
+  return Side(dvectors, None, None, None, bias, scale)  # pyright: ignore[reportArgumentType]
+
+
+def has_scale(rows: Side, columns: Side | None) -> bool:
+  """Whether either side carries a per-anchor scale (`Side.scale`)."""
+  return rows.scale is not None or (columns is not None and columns.scale is not None)
+
+
+def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+  """The tiles in scan order: their row-block and column-block indices, two int32 vectors."""
+  if kind == "symmetric":
+    pairs = [(i, j) for i in range(num_row_blocks) for j in range(i, num_row_blocks)]
+  else:
+    pairs = [(i, j) for i in range(num_row_blocks) for j in range(num_col_blocks)]
+  rows, cols = np.array(pairs, np.int32).T
+  return rows, cols
+
+
+# Block `index` (a traced scalar, always in range) of stacked blocks. Reads are dynamic slices:
+# `x[index]` would give the same block through jnp indexing, whose tracing is most of the
+# engine's. Writes stay scatters: XLA:CPU updates the scan's carry in place (a dynamic update
+# slice of a slice plus the tile measured a fifth slower for negatives="all", N = 4096).
+def _get(blocks, index):
+  return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), blocks)
+
+
+def _set(stacked, index, value):
+  return jax.tree.map(lambda s, v: s.at[index].set(v), stacked, value)
+
+
+def _column_use(plan: Plan, i, j):
+  """Whether tile (i, j) feeds its columns' statistics: None (no column side) or a bool."""
+  if plan.kind == "rows":
+    return None
+  if plan.kind == "rows_and_columns":
+    return jnp.bool_(True)
+  return i != j  # symmetric: a diagonal tile's columns are its own rows, already counted
+
+
+def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_stats, col_stats):
+  """Folds every tile of `rows x columns` into the statistics (shapes multiples of the blocks).
+
+  `col_stats` is None for `"rows"`; for `"symmetric"`, `columns` is `rows` and the column
+  statistics are the row statistics.
+  """
+  row_blocks = _blocks(rows, plan.block_rows)
+  col_blocks = _blocks(columns, plan.block_cols)
+  pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
+  # Statistics are `[num, ...]` per row: blocks of rows, any trailing axes kept.
+  row_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_rows, *x.shape[1:]), row_stats)
+  if plan.kind == "symmetric":
+    col_stats = None
+  elif col_stats is not None:
+    col_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:]), col_stats)
+
+  def step(carry, pair):
+    row_stats, col_stats = carry
+    i, j = pair
+    use_cols = _column_use(plan, i, j)
+    columns_stats = _get(row_stats if plan.kind == "symmetric" else col_stats, j) if (
+        use_cols is not None) else None
+    new_rows, new_cols = plan.tile_reduction.forward(plan.tile_mapping, args, _get(row_blocks, i),
+                                           _get(col_blocks, j), _get(row_stats, i),
+                                           columns_stats, use_cols)
+    row_stats = _set(row_stats, i, new_rows)
+    if plan.kind == "symmetric":
+      # On a diagonal tile (i == j) `new_cols` is block j's old statistics: keep block i's.
+      assert use_cols is not None  # i != j for the symmetric kind
+      kept = jax.tree.map(lambda new, now: jnp.where(use_cols, new, now), new_cols,
+                          _get(row_stats, j))
+      row_stats = _set(row_stats, j, kept)
+    elif use_cols is not None:
+      col_stats = _set(col_stats, j, new_cols)
+    return (row_stats, col_stats), None
+
+  (row_stats, col_stats), _ = jax.lax.scan(step, (row_stats, col_stats), pairs)
+  flat = lambda stats: jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), stats)  # noqa: E731
+  return flat(row_stats), None if col_stats is None else flat(col_stats)
+
+
+def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_out, row_g,
+                     col_out, col_g, grads):
+  """Adds the gradients of `sum_i g_i out_i (+ sum_j g'_j out'_j)` over every tile.
+
+  `row_out`, `col_out` are the reduction's finished outputs (InfoNCE's logsumexp).
+
+  `grads = (drows [M, D], dcolumns [K, D] or None, dparams, dconsts)`; for `"symmetric"` the
+  column gradients go into `drows`.
+  """
+  row_blocks = _blocks(rows, plan.block_rows)
+  col_blocks = _blocks(columns, plan.block_cols)
+  pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
+  by_rows = lambda x: x.reshape(-1, plan.block_rows, *x.shape[1:])  # noqa: E731
+  by_cols = lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:])  # noqa: E731
+  row_out, row_g = by_rows(row_out), by_rows(row_g)
+  if plan.kind == "symmetric":
+    col_out, col_g = row_out, row_g
+  elif plan.kind == "rows_and_columns":
+    col_out, col_g = by_cols(col_out), by_cols(col_g)
+  drows, dcols, dparams, dconsts = grads
+  drows = by_rows(drows)
+  dcols = None if dcols is None else by_cols(dcols)
+
+  def step(carry, pair):
+    drows, dcols, dparams, dconsts = carry
+    i, j = pair
+    a, b = _get(row_blocks, i), _get(col_blocks, j)
+    use_cols = _column_use(plan, i, j)
+    if use_cols is None:
+      c_out = jnp.zeros((plan.block_cols,), row_out.dtype)
+      c_g = c_out
+    else:
+      c_out, c_g = _get(col_out, j), jnp.where(use_cols, _get(col_g, j), 0.0)
+    dcos, dp, dk = plan.tile_reduction.backward(plan.tile_mapping, args, a, b, _get(row_out, i),
+                                           _get(row_g, i), c_out, c_g)
+    drows = drows.at[i].add(dcos @ b.vectors)
+    if plan.kind == "symmetric":
+      drows = drows.at[j].add(dcos.T @ a.vectors)
+    elif dcols is not None:
+      dcols = dcols.at[j].add(dcos.T @ a.vectors)
+    dparams = jax.tree.map(jnp.add, dparams, dp)
+    dconsts = tuple(x + y for x, y in zip(dconsts, dk, strict=True))
+    return (drows, dcols, dparams, dconsts), None
+
+  (drows, dcols, dparams, dconsts), _ = jax.lax.scan(
+      step, (drows, dcols, dparams, dconsts), pairs)
+  return (drows.reshape(-1, drows.shape[-1]),
+          None if dcols is None else dcols.reshape(-1, dcols.shape[-1]), dparams, dconsts)
+
+
+def init_stats(plan: Plan, rows: Side, columns: Side | None):
+  dtype = rows.vectors.dtype
+  row_stats = plan.tile_reduction.init(rows.ids.shape[0], dtype, plan.tile_mapping)
+  col_stats = None
+  if plan.kind == "rows_and_columns":
+    assert columns is not None, "the two-tower kind has a column side"
+    col_stats = plan.tile_reduction.init(columns.ids.shape[0], dtype, plan.tile_mapping)
+  return row_stats, col_stats
+
+
+def zero_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side | None):
+  dcols = None
+  if plan.kind != "symmetric" and plan.column_grad:
+    assert columns is not None, "only the symmetric kind has no column side"
+    dcols = jnp.zeros_like(columns.vectors)
+  return (jnp.zeros_like(rows.vectors), dcols, jax.tree.map(jnp.zeros_like, args.params),
+          tuple(jnp.zeros_like(k) for k in args.consts))
+
+
+def saving_inputs(primal, num_static: int = 1):
+  """The forward rule of a custom VJP whose backward recomputes every tile: `primal`'s outputs,
+  with its inputs after the `num_static` static ones (`nondiff_argnums`) and its outputs as the
+  residuals, `(*inputs, outputs)`."""
+
+  def forward(*args):
+    out = primal(*args)
+    return out, (*args[num_static:], out)
+
+  return forward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _reduce(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
+  stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
+  row_stats, col_stats = accumulate(plan, args, rows, rows if columns is None else columns,
+                                    *stats)
+  finish = plan.tile_reduction.finish
+  return finish(row_stats), None if col_stats is None else finish(col_stats)
+
+
+def _reduce_bwd(plan, residuals, cotangents):
+  rows, columns, args, (row_out, col_out) = residuals
+  row_g, col_g = cotangents
+  drows, dcols, dparams, dconsts = accumulate_grads(
+      plan, args, rows, rows if columns is None else columns, row_out, row_g, col_out, col_g,
+      match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
+  # The step's cotangent is None (an integer).
+  return no_grad(rows, drows), no_grad(columns, dcols), MappingArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
+
+
+_reduce.defvjp(saving_inputs(_reduce), _reduce_bwd)
+
+
+def pure_mapping(mapping, dtype, tile_shape, *, like=None,
+                 tile_reduction: TileReduction = LogSumExp(), closed_form: bool = True
+                 ) -> tuple[TileMapping, MappingArgs]:
+  """The static `TileMapping` and array `MappingArgs` of a `Mapping` for tiles of `dtype`.
+
+  A mapping with a closed form the `tile_reduction` asks for (`tile_reduction.fast_form`) is used
+  through it unless `closed_form` is False (sides with a per-anchor scale: `w^s` has no closed
+  form); any other is made pure with `jax.closure_convert` (traced values it closes over become
+  `consts`). Inside `shard_map`, the arguments are cast to vary like `like`.
+  """
+  fast = tile_reduction.fast_form(mapping, jnp.dtype(dtype)) if closed_form else None
+  step = mapping.bound_step()
+  if fast is not None:
+    return TileMapping(mapping.fn, fast), MappingArgs({}, step, ())
+  params = jax.tree.map(jnp.asarray, mapping.params)
+  example = jnp.zeros(tile_shape, dtype)
+  if like is not None:
+    example, params = match_varying((example, params), like)
+  fn, consts = jax.closure_convert(mapping.fn, example, params, step)
+  consts = tuple(consts)
+  if like is not None:
+    consts = match_varying(consts, like)
+  return TileMapping(fn, None), MappingArgs(params, step, consts)
+
+
+def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
+                block_size: int | None, column_grad: bool = True,
+                tile_reduction: TileReduction = LogSumExp()):
+  """`(row_out, col_out)`: a reduction over each row's (and column's) tile entries.
+
+  With `LogSumExp`, the logsumexp of each row's (and column's) negatives' logits.
+
+  Args:
+    rows: the anchors.
+    columns: the candidates; None for `"symmetric"` (the candidates are `rows`).
+    mapping: a `tfcl_jax.mappings.Mapping`.
+    kind: one of `KINDS`.
+    block_size: the largest tile side, or None for `auto_block_size`.
+    column_grad: False when the candidates take no gradient (extra negatives).
+    tile_reduction: a `_tiles.TileReduction`: `LogSumExp()` (InfoNCE), `SigmoidSum()`
+      (SigLIP) or `PositiveSum()` (SupCon's positives).
+
+  Returns:
+    `row_out [M]` and `col_out [K]` (None unless `"rows_and_columns"`); for `LogSumExp`,
+    `-inf` for a row without negatives.
+  """
+  return with_block_size(block_size, functools.partial(
+      _tile_reduce, mapping=mapping, kind=kind, column_grad=column_grad,
+      tile_reduction=tile_reduction), rows, columns)
+
+
+def with_block_size(block_size: int | None, fn, rows: Side, columns: Side | None):
+  """`fn(block_size, rows, columns)`; where `block_size` is None, with the automatic tile side
+  of the platform the program is lowered for (`_blocks.by_platform`)."""
+  if block_size is not None:
+    return fn(block_size, rows, columns)
+  num_rows = rows.ids.shape[0]
+  num_cols = num_rows if columns is None else columns.ids.shape[0]
+  return by_platform(num_rows, num_cols, fn, rows, columns)
+
+
+def planned(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
+            tile_reduction: TileReduction, column_grad: bool = True):
+  """`(plan, args, rows, columns)`: the plan of a tiled computation with tiles balanced under
+  `block_size`, the mapping's arguments, and the sides with their bias and scale constant,
+  padded to whole tiles (`unpadded` cuts the outputs back)."""
+  block_rows = balanced_tile(block_size, rows.ids.shape[0])
+  block_cols = block_rows if columns is None else balanced_tile(block_size, columns.ids.shape[0])
+  tile_mapping, args = pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
+                                    like=rows.vectors, tile_reduction=tile_reduction,
+                                    closed_form=not has_scale(rows, columns))
+  plan = Plan(kind, block_rows, block_cols, tile_mapping, column_grad, tile_reduction)
+  rows = pad_side(constant_bias_and_scale(rows), block_rows)
+  columns = None if columns is None else pad_side(constant_bias_and_scale(columns), block_cols)
+  return plan, args, rows, columns
+
+
+def unpadded(outputs, rows: Side, columns: Side | None):
+  """`(row_out, col_out)` of padded sides cut back to `rows` and `columns` (`col_out` may be
+  None)."""
+  row_out, col_out = cast("tuple[jax.Array, jax.Array | None]", outputs)
+  num_rows = rows.ids.shape[0]
+  num_cols = num_rows if columns is None else columns.ids.shape[0]
+  return row_out[:num_rows], None if col_out is None else col_out[:num_cols]
+
+
+def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
+                 column_grad: bool, tile_reduction: TileReduction):
+  plan, args, padded_rows, padded_cols = planned(
+      block_size, rows, columns, mapping=mapping, kind=kind, tile_reduction=tile_reduction,
+      column_grad=column_grad)
+  if not column_grad:
+    assert padded_cols is not None, "stop_gradient on candidates needs a column side"
+    padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
+  return unpadded(_reduce(plan, padded_rows, padded_cols, args), rows, columns)
+
+
+def constant_bias_and_scale(side: Side) -> Side:
+  """`side` with its bias and scale (if any) under `stop_gradient`: neither takes a gradient."""
+  return side._replace(bias=None if side.bias is None else jax.lax.stop_gradient(side.bias),
+                       scale=None if side.scale is None else jax.lax.stop_gradient(side.scale))
+
+
+def _varying_axes(x) -> frozenset:
+  aval = jax.typeof(x)
+  if hasattr(aval, "vma"):
+    return frozenset(aval.vma)
+  return frozenset(aval.manual_axis_type.varying)
+
+
+def match_varying(tree, like: jax.Array):
+  """Casts the leaves of `tree` to vary over the `shard_map` axes `like` varies over.
+
+  Inside `shard_map`, a replicated mapping parameter used with per-device data must enter
+  a custom VJP as per-device too: its cotangent is per-device, and the cast's transpose
+  sums it over the devices.
+  """
+  axes = tuple(_varying_axes(like))
+
+  def cast(x):
+    missing = tuple(axis for axis in axes if axis not in _varying_axes(x))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+  return jax.tree.map(cast, tree) if axes else tree

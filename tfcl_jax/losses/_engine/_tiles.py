@@ -1,0 +1,373 @@
+"""One tile of a contrastive loss: cosines, the candidate mask, and the tile's share of the
+row (and column) statistics, forward and backward.
+
+A tile is `a @ b.T` for a block of anchors `a` and a block of candidates `b`. Everything that
+differs between losses lives in a `TileReduction` (InfoNCE's `LogSumExp`, SigLIP's
+`SigmoidSum`, SupCon's `PositiveSum`); everything that differs between mappings lives in the mapping
+(`Mapping.fn`, and its `exp_form` when it has one). A fused kernel replaces `forward` and
+`backward` one for one.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from tfcl_jax.mappings import ExpForm
+
+
+class Side(NamedTuple):
+  """Rows of one side of the similarity matrix.
+
+  `vectors: [M, D]` unit rows; `ids: [M] int32` identities; `positive_ids: [M] int32` the id of
+  each row's positive (excluded from its negatives, as is its own id); `valid: [M] bool`;
+  `bias: [M]` or None, added to a row's logit wherever the row is a candidate (the
+  sampling-bias correction `-log q_j` of Yi et al. 2019); it takes no gradient. `scale: [M]` or
+  None, the row's multiplier `s_i > 0` of its logits wherever the row is the anchor (a per-anchor
+  scale solved from the batch, `mappings.perplexity_free`); it takes no gradient either.
+  `LogSumExp` and `PositiveSum` multiply the anchor's logits, `s_i f(c)` (a constant added to
+  every logit of an anchor cancels in their losses); `SigmoidSum` scales them about the mapping's
+  value at `c = 0` (`anchor_logits`), so that the sigmoid loss's bias `b`, folded into its
+  mapping, stays outside the scale: `s_i 2 artanh(c) + b`.
+  """
+
+  vectors: jax.Array
+  ids: jax.Array
+  positive_ids: jax.Array
+  valid: jax.Array
+  bias: jax.Array | None = None
+  scale: jax.Array | None = None
+
+
+class MappingArgs(NamedTuple):
+  """A mapping made pure: `fn(cos, params, step, *consts)` and its array arguments.
+
+  `consts` are traced values `fn` closed over (e.g. a traced `tau`), hoisted by
+  `jax.closure_convert` so that a custom VJP can return their gradients.
+  """
+
+  params: dict[str, Any]
+  step: jax.Array
+  consts: tuple[jax.Array, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TileMapping:
+  """The static part of a mapping inside the kernels: its pure `fn`, and the closed form the
+  reduction asked the mapping for (`exp_form` for InfoNCE, `log_sigmoid_form` for SigLIP), or
+  None."""
+
+  fn: Callable[..., jax.Array]
+  fast: Any
+
+
+def mask(rows: Side, columns: Side) -> jax.Array:
+  """`[m, k]` bool: column j is a negative of row i (and, by symmetry, row i of column j)."""
+  return (rows.valid[:, None] & columns.valid[None, :]
+          & (columns.ids[None, :] != rows.ids[:, None])
+          & (columns.ids[None, :] != rows.positive_ids[:, None]))
+
+
+def _logits(tile_mapping: TileMapping, cos, args: MappingArgs):
+  return tile_mapping.fn(cos, args.params, args.step, *args.consts)
+
+
+def anchor_logits(logits: jax.Array, scale: jax.Array | None,
+                  zero: jax.Array | None = None) -> jax.Array:
+  """`logits` as an anchor with a per-anchor `scale` scores them (`Side.scale`): `scale logits`,
+  or `zero + scale (logits - zero)` about the mapping's value `zero = f(0)`; `logits` where
+  `scale` is None. `scale` broadcasts against `logits` (`[m, 1]` for rows, `[1, k]` for
+  columns)."""
+  if scale is None:
+    return logits
+  return scale * logits if zero is None else zero + scale * (logits - zero)
+
+
+def _pair_logits(tile_mapping: TileMapping, step, a: Side, b: Side, *, about_zero: bool = False):
+  """`fn(cos, params, *consts) -> (row_logits, col_logits)`: the tile's logits as `a`'s rows
+  score them and as `b`'s rows score them (one array twice without a per-anchor scale);
+  `about_zero`: scaled about `f(0)` (`anchor_logits`), the mapping evaluated at 0 once more."""
+
+  def fn(cos, params, *consts):
+    args = MappingArgs(params, step, consts)
+    logits = _logits(tile_mapping, cos, args)
+    if a.scale is None and b.scale is None:
+      return logits, logits
+    # A whole tile of zeros: the pure fn is traced for the tile's shape (`jax.closure_convert`).
+    zero = _logits(tile_mapping, jnp.zeros_like(cos), args) if about_zero else None
+    row_scale = None if a.scale is None else a.scale[:, None]
+    col_scale = None if b.scale is None else b.scale[None, :]
+    return anchor_logits(logits, row_scale, zero), anchor_logits(logits, col_scale, zero)
+
+  return fn
+
+
+def _check_fast(tile_mapping: TileMapping, a: Side, b: Side) -> bool:
+  """Whether the tile takes the mapping's closed form; never with a per-anchor scale (`w^s` has
+  none: the engine then asks for no closed form, `_tiled.pure_mapping(fast=False)`)."""
+  if tile_mapping.fast is None:
+    return False
+  assert a.scale is None and b.scale is None, "a per-anchor scale takes the mapping's fn"
+  return True
+
+
+def _fold(stats, logits, axis: int):
+  """Online logsumexp: folds `logits` (masked to -inf) into `(max, sum exp(logit - max))`."""
+  m, s = stats
+  m_new = jnp.maximum(m, jnp.max(logits, axis=axis))
+  # A row with no candidate yet keeps m = -inf: shift by 0 there to avoid inf - inf.
+  shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+  expanded = jnp.expand_dims(shift, axis)
+  return m_new, s * jnp.exp(m - shift) + jnp.sum(jnp.exp(logits - expanded), axis=axis)
+
+
+def _shifted(logits, bias, axis: int):
+  """`logits` plus the candidates' bias: per column (`axis=0`, the row statistics) or per row
+  (`axis=1`, the column statistics); unchanged for no bias."""
+  if bias is None:
+    return logits
+  return logits + (bias[None, :] if axis == 0 else bias[:, None])
+
+
+def _scaled(weights, bias, axis: int):
+  """`weights * exp(bias)` along the candidates' axis, as `_shifted` in the exp domain."""
+  if bias is None:
+    return weights
+  factor = jnp.exp(bias)
+  return weights * (factor[None, :] if axis == 0 else factor[:, None])
+
+
+class TileReduction(abc.ABC):
+  """What a loss family folds a tile into: per-row (and per-column) statistics, forward and
+  backward. The engine (`_tiled.tile_reduce`) schedules the tiles and owns the custom VJP; a
+  reduction says what one tile contributes. Instances are stateless and compare equal by type,
+  so a reduction is a static argument of `jax.jit` and `jax.custom_vjp`.
+  """
+
+  @abc.abstractmethod
+  def fast_form(self, mapping, dtype) -> Any:
+    """The closed form this reduction uses when `mapping` declares it (e.g. `exp_form`), or
+    None: the tile then calls the mapping's `fn` and differentiates it with `jax.vjp`."""
+
+  @abc.abstractmethod
+  def init(self, num: int, dtype, tile_mapping: TileMapping) -> tuple[jax.Array, ...]:
+    """The statistics of `num` rows before any tile: a tuple of `[num, ...]` arrays."""
+
+  @abc.abstractmethod
+  def finish(self, stats) -> jax.Array:
+    """`[num]` (or `[num, F]`, F features per row): the per-row output from the statistics
+    after the last tile."""
+
+  @abc.abstractmethod
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols) -> tuple[Any, Any]:
+    """`(row_stats, col_stats)` with tile `a @ b.T` folded into the statistics of `a`'s rows
+    and (where the traced bool `use_cols` holds; None: no column side) of `b`'s rows."""
+
+  @abc.abstractmethod
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
+               row_g, col_out, col_g) -> tuple[jax.Array, Any, tuple[jax.Array, ...]]:
+    """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished outputs of both
+    sides and their cotangents (`col_g` zero where the tile's columns were not used)."""
+
+  def combine_across(self, partial: jax.Array, axis_name) -> jax.Array:
+    """The finished column outputs of every device on `axis_name` combined into one (each
+    device's rows gave every column a share; `_devices`' all-gather two-tower path)."""
+    raise NotImplementedError(f"{type(self).__name__} has no column side across devices.")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSumExp(TileReduction):
+  """InfoNCE's reduction: `lse_i = log sum_{j negative of i} exp(f(c_ij) + b_j)` per row
+  (Eq. 1, 11; `b_j` the candidate's `bias`, 0 without one).
+
+  Statistics are `(m, s)` per row, `lse = m + log s`. With a mapping's `exp_form`, `m` stays
+  at its constant `shift` and the tile sums `w(c) = exp(f(c) - shift)` directly; otherwise
+  `m` is the running maximum (FlashAttention's online softmax).
+  """
+
+  def fast_form(self, mapping, dtype) -> ExpForm | None:
+    return mapping.exp_form(dtype)
+
+  def init(self, num: int, dtype, tile_mapping: TileMapping):
+    if tile_mapping.fast is not None:
+      return jnp.full((num,), tile_mapping.fast.shift, dtype), jnp.zeros((num,), dtype)
+    return jnp.full((num,), -jnp.inf, dtype), jnp.zeros((num,), dtype)
+
+  def finish(self, stats) -> jax.Array:
+    m, s = stats
+    nonempty = s > 0
+    return jnp.where(nonempty, jnp.log(jnp.where(nonempty, s, 1.0)) + m, -jnp.inf)
+
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols):
+    """Folds tile `a @ b.T` into the row stats of `a` and (where `use_cols`) the column
+    stats of `b`. `use_cols` is a traced bool or None (no column side)."""
+    cos = a.vectors @ b.vectors.T
+    keep = mask(a, b)
+    if _check_fast(tile_mapping, a, b):
+      w = jnp.where(keep, tile_mapping.fast.weight(cos), 0.0)
+      row_stats = row_stats[0], row_stats[1] + jnp.sum(_scaled(w, b.bias, 0), axis=1)
+      if use_cols is not None:
+        col_sum = jnp.sum(_scaled(w, a.bias, 1), axis=0)
+        col_stats = col_stats[0], col_stats[1] + jnp.where(use_cols, col_sum, 0.0)
+      return row_stats, col_stats
+    row_logits, col_logits = _pair_logits(tile_mapping, args.step, a, b)(cos, args.params,
+                                                                        *args.consts)
+    row_stats = _fold(row_stats, _shifted(jnp.where(keep, row_logits, -jnp.inf), b.bias, 0),
+                      axis=1)
+    if use_cols is not None:
+      folded = _fold(col_stats, _shifted(jnp.where(keep, col_logits, -jnp.inf), a.bias, 1),
+                     axis=0)
+      col_stats = jax.tree.map(lambda new, old: jnp.where(use_cols, new, old), folded, col_stats)
+    return row_stats, col_stats
+
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_lse,
+               row_g, col_lse, col_g):
+    """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished lse and their
+    cotangents on both sides (`col_g` zero where the tile's columns were not used)."""
+    keep = mask(a, b)
+    cos = a.vectors @ b.vectors.T
+    row_ok, col_ok = jnp.isfinite(row_lse), jnp.isfinite(col_lse)
+    row_lse, col_lse = jnp.where(row_ok, row_lse, 0.0), jnp.where(col_ok, col_lse, 0.0)
+    row_g, col_g = jnp.where(row_ok, row_g, 0.0), jnp.where(col_ok, col_g, 0.0)
+    if _check_fast(tile_mapping, a, b):
+      # dlse_i/dc_ij = exp(f_ij + b_j - lse_i) f'_ij = exp(shift - lse_i) e^{b_j} w'(c_ij).
+      shift = tile_mapping.fast.shift
+      row_scale = _scaled((row_g * jnp.exp(shift - row_lse))[:, None], b.bias, 0)
+      col_scale = _scaled((col_g * jnp.exp(shift - col_lse))[None, :], a.bias, 1)
+      dcos = jnp.where(keep, (row_scale + col_scale) * tile_mapping.fast.weight_grad(cos), 0.0)
+      return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
+          jnp.zeros_like(k) for k in args.consts)
+    (row_logits, col_logits), vjp = jax.vjp(_pair_logits(tile_mapping, args.step, a, b), cos,
+                                            args.params, *args.consts)
+    row_logits = jnp.where(keep, row_logits, -jnp.inf)
+    col_logits = jnp.where(keep, col_logits, -jnp.inf)
+    d_rows = row_g[:, None] * jnp.exp(_shifted(row_logits, b.bias, 0) - row_lse[:, None])
+    d_cols = col_g[None, :] * jnp.exp(_shifted(col_logits, a.bias, 1) - col_lse[None, :])
+    dcos, dparams, *dconsts = vjp((d_rows.astype(cos.dtype), d_cols.astype(cos.dtype)))
+    return dcos, dparams, tuple(dconsts)
+
+  def combine_across(self, partial, axis_name):
+    """`log sum_devices exp(partial)`, elementwise; `-inf` with zero gradient where all are."""
+    top = jax.lax.pmax(jax.lax.stop_gradient(partial), axis_name)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    total = jax.lax.psum(jnp.exp(partial - top), axis_name)
+    nonempty = total > 0
+    return jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + top, -jnp.inf)
+
+
+def pair_mask(rows: Side, columns: Side) -> jax.Array:
+  """`[m, k]` bool: the pair (i, j) is scored: both valid, and j is not i itself (unless j is
+  i's positive, as in `cross`, where a row and its positive share an id)."""
+  return (rows.valid[:, None] & columns.valid[None, :]
+          & ((columns.ids[None, :] != rows.ids[:, None])
+             | (columns.ids[None, :] == rows.positive_ids[:, None])))
+
+
+class _Sum(TileReduction):
+  """A reduction that sums per-pair terms: statistics `(sum,)` per row (and column)."""
+
+  def init(self, num: int, dtype, tile_mapping: TileMapping):
+    return (jnp.zeros((num,), dtype),)
+
+  def finish(self, stats) -> jax.Array:
+    return stats[0]
+
+  def fold(self, row_terms, col_terms, row_stats, col_stats, use_cols):
+    """Adds the tile's `row_terms [m, k]` to the row sums and (where `use_cols`) its
+    `col_terms [m, k]` (the same terms as the columns' anchors score them) to the column sums."""
+    row_stats = (row_stats[0] + jnp.sum(row_terms, axis=1),)
+    if use_cols is not None:
+      col_stats = (col_stats[0] + jnp.where(use_cols, jnp.sum(col_terms, axis=0), 0.0),)
+    return row_stats, col_stats
+
+
+@dataclasses.dataclass(frozen=True)
+class SigmoidSum(_Sum):
+  """SigLIP's reduction: `sum_j -log sigmoid(l_ij (f(c_ij) + b))` per row, `l_ij = +1` on the
+  positive, `-1` elsewhere; the bias is folded into the mapping. Mappings with a closed form of the
+  log-sigmoid (`log_sigmoid_form`; Eq. 11's `sigmoid(2 artanh c) = (1 + c)/2`) use it."""
+
+  def fast_form(self, mapping, dtype):
+    return mapping.log_sigmoid_form(dtype)
+
+  def _signs(self, a: Side, b: Side):
+    return jnp.where(b.ids[None, :] == a.positive_ids[:, None], 1.0, -1.0)
+
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols):
+    cos = a.vectors @ b.vectors.T
+    sign = self._signs(a, b).astype(cos.dtype)
+    keep = pair_mask(a, b)
+    if _check_fast(tile_mapping, a, b):
+      terms = jnp.where(keep, tile_mapping.fast.term(cos, sign), 0.0)
+      return self.fold(terms, terms, row_stats, col_stats, use_cols)
+    row_logits, col_logits = _pair_logits(tile_mapping, args.step, a, b, about_zero=True)(
+        cos, args.params, *args.consts)
+    row_terms = jnp.where(keep, jax.nn.softplus(-sign * row_logits), 0.0)
+    col_terms = row_terms if col_logits is row_logits else jnp.where(
+        keep, jax.nn.softplus(-sign * col_logits), 0.0)
+    return self.fold(row_terms, col_terms, row_stats, col_stats, use_cols)
+
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
+               row_g, col_out, col_g):
+    cos = a.vectors @ b.vectors.T
+    sign = self._signs(a, b).astype(cos.dtype)
+    keep = pair_mask(a, b)
+    if _check_fast(tile_mapping, a, b):
+      scale = row_g[:, None] + col_g[None, :]
+      dcos = jnp.where(keep, scale * tile_mapping.fast.term_grad(cos, sign), 0.0)
+      return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
+          jnp.zeros_like(k) for k in args.consts)
+    (row_logits, col_logits), vjp = jax.vjp(
+        _pair_logits(tile_mapping, args.step, a, b, about_zero=True), cos, args.params,
+        *args.consts)
+    # d softplus(-s x)/dx = -s sigmoid(-s x)
+    d_rows = jnp.where(keep, row_g[:, None] * -sign * jax.nn.sigmoid(-sign * row_logits), 0.0)
+    d_cols = jnp.where(keep, col_g[None, :] * -sign * jax.nn.sigmoid(-sign * col_logits), 0.0)
+    dcos, dparams, *dconsts = vjp((d_rows.astype(cos.dtype), d_cols.astype(cos.dtype)))
+    return dcos, dparams, tuple(dconsts)
+
+
+def label_mask(rows: Side, columns: Side) -> jax.Array:
+  """`[m, k]` bool: (i, j) is a positive pair of the supervised loss: both valid, not the
+  same row (`ids`), and the same class (`positive_ids` holds the label)."""
+  return (rows.valid[:, None] & columns.valid[None, :]
+          & (columns.ids[None, :] != rows.ids[:, None])
+          & (columns.positive_ids[None, :] == rows.positive_ids[:, None]))
+
+
+@dataclasses.dataclass(frozen=True)
+class PositiveSum(_Sum):
+  """SupCon's numerator: `sum_{p in P(i)} f(c_ip)` per row, `P(i)` the other rows of `i`'s
+  class (`label_mask`). Linear in the logits, so it needs no closed form."""
+
+  def fast_form(self, mapping, dtype):
+    return None
+
+  def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
+              col_stats, use_cols):
+    cos = a.vectors @ b.vectors.T
+    keep = label_mask(a, b)
+    row_logits, col_logits = _pair_logits(tile_mapping, args.step, a, b)(cos, args.params,
+                                                                        *args.consts)
+    row_terms = jnp.where(keep, row_logits, 0.0)
+    col_terms = row_terms if col_logits is row_logits else jnp.where(keep, col_logits, 0.0)
+    return self.fold(row_terms, col_terms, row_stats, col_stats, use_cols)
+
+  def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
+               row_g, col_out, col_g):
+    cos = a.vectors @ b.vectors.T
+    keep = label_mask(a, b)
+    _, vjp = jax.vjp(_pair_logits(tile_mapping, args.step, a, b), cos, args.params,
+                     *args.consts)
+    d_rows = jnp.where(keep, jnp.broadcast_to(row_g[:, None], cos.shape), 0.0)
+    d_cols = jnp.where(keep, jnp.broadcast_to(col_g[None, :], cos.shape), 0.0)
+    dcos, dparams, *dconsts = vjp((d_rows.astype(cos.dtype), d_cols.astype(cos.dtype)))
+    return dcos, dparams, tuple(dconsts)

@@ -1,0 +1,170 @@
+r"""The Triton kernels' tiles and launch options, and how they see their inputs' rows.
+
+`tiles` chooses, per kernel family, the block of rows, the step through `D` and the launch
+options (`LAUNCH`, a table a measured sweep replaces: `python -m benchmarks.device_bench`),
+how the kernels that could serve both sides of a tile send its column side (`COLUMN_SIDE`),
+and how many programs split a row kernel's columns (`MIN_PROGRAMS`); `is_raw` and
+`inverse_norms` say whether a side holds unit rows (float32) or raw rows (bfloat16 inputs) and
+give the latter's float32 inverse norms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from tfcl_jax.losses._engine import _layout
+
+SMALLEST_BLOCK = 16  # Triton's `dot` needs every side >= 16
+ROLES = ("forward", "backward", "pairs")
+# How a tile's column side (`"all"`'s symmetric tiles, the two-tower loss's columns, the
+# candidates' gradient) reaches its column block, forward and backward:
+# * "separate": no tile serves both sides; the row kernel and a column kernel each form it
+#   (twice the forward's products of `"all"`, a third more of the backward's), no atomics;
+# * "partials": each tile once; a program writes its column shares to its own slots of a
+#   scratch (`[nb / 2, N]` forward, `[nb / 2, N, D]` backward for `"all"`, `nb` slots for the
+#   two-tower loss) that XLA sums; no atomics, memory `N^2 D / block` backward;
+# * "atomic": each tile once; its column share added atomically, once per tile (per step of
+#   `D` where `D` is walked): fenced, acquire-release atomics in the tile loop.
+COLUMN_SIDES = ("separate", "partials", "atomic")
+COLUMN_SIDE = {"forward": "partials", "backward": "separate"}
+# A row kernel splits its column blocks between programs until it has this many (two per SM of
+# an H100 or H200, 132 SMs) or one column block each; XLA adds the splits.
+MIN_PROGRAMS = 264
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One kernel family's tile: `block` rows and columns per tile, `D` in steps of `block_d`
+  (held whole when one step covers it), and its launch's `num_warps` and `num_stages`."""
+
+  block: int
+  block_d: int
+  num_warps: int
+  num_stages: int
+
+
+# (family, byte width of the inputs) -> Launch, its `block_d` the widest step through `D`.
+# Chosen from compile reports for sm_80 and sm_90 (`python -m benchmarks.kernel_resources`,
+# N = 16384, D = 256), not from timings; a GPU's `device_bench --suite quick` replaces them:
+# * "forward" (the logsumexps, no `D`-sized accumulator): tiled as a matrix product, 128 x 128
+#   tiles, `D` in steps of 16, 8 warps: 64 x 128 per warpgroup MMA on sm_90, no spills (steps
+#   of 32 spill up to 104 bytes on sm_80 with a mapping without a closed form);
+# * "backward" (the row and column gradient kernels) and "pairs" (the gradient kernels whose
+#   tiles serve both sides): 64-row tiles and one warpgroup, 64 x 64 per MMA for the tile and
+#   for `dS V` in steps of 64 through `D`. With 8 warps a 64 x 64 tile is split into 64 x 32
+#   MMAs; `D` = 256 held whole (a [64, 256] float32 gradient block) or in steps of 128 spills
+#   hundreds of bytes, and float32 steps of 64 still spill up to 80 bytes in some gradient
+#   kernels (`docs/platforms.md`).
+LAUNCH = {("forward", 2): Launch(128, 16, 8, 4), ("forward", 4): Launch(128, 16, 8, 3),
+          ("backward", 2): Launch(64, 64, 4, 2), ("backward", 4): Launch(64, 64, 4, 1),
+          ("pairs", 2): Launch(64, 64, 4, 2), ("pairs", 4): Launch(64, 64, 4, 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """Each family's `Launch` (its `block_d` resolved for the padded `dim`), the column sides
+  (forward, backward) and the row kernels' `min_programs`. `block`: the largest block, to
+  which `N` is padded."""
+
+  forward: Launch
+  backward: Launch
+  pairs: Launch
+  dim: int
+  columns: tuple[str, str] = ("partials", "separate")
+  min_programs: int = MIN_PROGRAMS
+
+  @property
+  def block(self) -> int:
+    return max(self.forward.block, self.backward.block, self.pairs.block)
+
+  def padded_dim(self, dim: int) -> int:
+    del dim  # resolved when the tiles were chosen
+    return self.dim
+
+  def blocks(self) -> set[int]:
+    return {self.forward.block, self.backward.block, self.pairs.block}
+
+
+def _next_power_of_two(n: int) -> int:
+  return 1 << max(0, n - 1).bit_length()
+
+
+def _floor_power_of_two(n: int) -> int:
+  return 1 << (n.bit_length() - 1)
+
+
+def _width(dtype) -> int:
+  return min(jnp.dtype(dtype).itemsize, 4)
+
+
+def splits(row_blocks: int, column_blocks: int, min_programs: int) -> int:
+  """How many programs share a row block's column blocks: the fewest (a power of two dividing
+  `column_blocks`) that make `row_blocks * splits >= min_programs`, else the most.
+
+  Examples:
+    >>> from tfcl_jax.losses._kernels import _triton_tiles
+    >>> _triton_tiles.splits(64, 64, 264), _triton_tiles.splits(512, 512, 264)
+    (8, 1)
+  """
+  count = 1
+  while row_blocks * count < min_programs and column_blocks % (2 * count) == 0:
+    count *= 2
+  return count
+
+
+def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
+          dtype=jnp.float32) -> Tiles:
+  """The kernels' tiles, powers of two, from `LAUNCH` and `COLUMN_SIDE`.
+
+  `D` is held whole (rounded up to a power of two, at least 16) by a family whose step is at
+  least that, else walked in its steps; `D` is padded to whole steps of every family. A
+  family's `block`: `block_size` rounded down to a power of two (the same for every family)
+  or its own; at most the padded number of rows, at least 16.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.losses._kernels import _triton_tiles
+    >>> t = _triton_tiles.tiles(4096, 4096, 768, None)
+    >>> t.forward, t.backward.block_d, t.dim
+    (Launch(block=128, block_d=16, num_warps=8, num_stages=3), 64, 768)
+    >>> _triton_tiles.tiles(4096, 4096, 200, None, jnp.bfloat16).backward
+    Launch(block=64, block_d=64, num_warps=4, num_stages=2)
+    >>> _triton_tiles.tiles(21, 21, 6, 16).block
+    16
+  """
+  whole = max(SMALLEST_BLOCK, _next_power_of_two(dim))
+  largest = _next_power_of_two(max(num_rows, num_cols))
+  launches = []
+  for role in ROLES:
+    launch = LAUNCH[role, _width(dtype)]
+    block = launch.block if block_size is None else _floor_power_of_two(block_size)
+    block = max(SMALLEST_BLOCK, min(block, largest))
+    launches.append(dataclasses.replace(launch, block=block,
+                                        block_d=min(whole, launch.block_d)))
+  step = max(launch.block_d for launch in launches)
+  return Tiles(*launches, dim=-(-dim // step) * step,
+               columns=(COLUMN_SIDE["forward"], COLUMN_SIDE["backward"]),
+               min_programs=MIN_PROGRAMS)
+
+
+def is_raw(vectors: jax.Array) -> bool:
+  """Whether a side's vectors are raw rows (16-bit floats) rather than unit rows."""
+  return jnp.dtype(vectors.dtype).itemsize < 4
+
+
+def stats_dtype(vectors: jax.Array):
+  """The dtype of the tile math and of the statistics: float32 at least."""
+  return jnp.promote_types(vectors.dtype, jnp.float32)
+
+
+def inverse_norms(vectors: jax.Array) -> jax.Array:
+  """`r = 1 / max(||z||, floor)` in float32 for raw rows, pre-scaled by `_layout.raw_rows` (whose
+  floor is `RAW_ROW_FLOOR`: `losses.l2_normalize`'s at every scale), ones for unit rows."""
+  if not is_raw(vectors):
+    return jnp.ones(vectors.shape[:1], stats_dtype(vectors))
+  z = vectors.astype(jnp.float32)
+  floor = _layout.RAW_ROW_FLOOR
+  return jax.lax.rsqrt(jnp.maximum(jnp.sum(z * z, axis=1), floor * floor))
