@@ -62,10 +62,19 @@ class Figure:
   legend_columns: int = 1
 
 
-def _c_points(points: int, c_one_offset: float, *, start: float) -> np.ndarray:
+def _c_axes(points: int, line_points: int, c_one_offset: float, *, start: float
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """The autodiff points (`points` from `start`, the last at `C = 1 - c_one_offset`) and the
+  closed form's `line_points` over `[0, 1]`."""
   grid = np.linspace(start, 1.0, points)
   grid[-1] = 1.0 - c_one_offset
-  return grid
+  return grid, np.linspace(0.0, 1.0, line_points)
+
+
+def _open_at_one(closed, line_x: np.ndarray) -> np.ndarray:
+  """`closed` on `line_x`, whose last point is `C = 1`, where the closed form's open interval
+  ends and the gradient scale is 0."""
+  return np.append(np.asarray(closed(line_x[:-1])), 0.0)
 
 
 def _by_tau(c: np.ndarray, taus: np.ndarray, n: int) -> np.ndarray:
@@ -104,8 +113,7 @@ def figure2(*, taus: Sequence[float] = (0.1, 0.25, 0.5, 1.0), points: int = 20,
     >>> curve.label, bool(abs(curve.closed - curve.autodiff).max() < 1e-4)
     ('tau=0.5', True)
   """
-  x = _c_points(points, c_one_offset, start=0.025)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.025)
   auto = _by_tau(x, np.asarray(taus), 2)
   return Figure(
       name="figure2_eq4", xlabel="C", title="Figure 2: Eq. 4, |dL/dC| with division by tau (N = 2)",
@@ -135,8 +143,7 @@ def figure3(*, cs: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
 def figure4(*, tau: float = 0.25, ns: Sequence[int] = (2, 4, 8, 16), points: int = 20,
             line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
   """Figure 4: Eq. 7, `|dL/dC|` over C with division by tau, one curve per N."""
-  x = _c_points(points, c_one_offset, start=0.025)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.025)
   auto = _by_n(mappings.temperature(tau), x, ns)
   curves = tuple(Curve(f"N={n}", line_x, np.asarray(closed_forms.eq7(line_x, tau, n)), x,
                        np.asarray(closed_forms.eq7(x, tau, n)), auto[k])
@@ -148,8 +155,7 @@ def figure4(*, tau: float = 0.25, ns: Sequence[int] = (2, 4, 8, 16), points: int
 def figure5(*, ns: Sequence[int] = (2, 4, 8, 16), points: int = 20, line_points: int = 400,
             c_one_offset: float = 1e-6) -> Figure:
   """Figure 5: Eq. 13, `|dL/dC|` over C with the free mapping (Eq. 11), a curve per N."""
-  x = _c_points(points, c_one_offset, start=0.025)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.025)
   auto = _by_n(mappings.temperature_free(), x, ns)
   curves = tuple(Curve(f"N={n}", line_x, np.asarray(closed_forms.eq13(line_x, n)), x,
                        np.asarray(closed_forms.eq13(x, n)), auto[k]) for k, n in enumerate(ns))
@@ -163,8 +169,7 @@ def eq10_figure(*, ts: Sequence[float] = (-1.0, 0.0, 1.0, 2.0, round(math.log(1 
 
   The default's last t is CLIP's initial value log(1 / 0.07).
   """
-  x = _c_points(points, c_one_offset, start=0.0)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.0)
   t_grid = np.asarray(ts, np.float64)
   auto = np.asarray(gradients.temperature_gradient_scale(x[None, :], t_grid[:, None]))
   curves = tuple(Curve(f"t={t:g} (tau={np.exp(-t):.3g})", line_x,
@@ -214,8 +219,7 @@ def scaled_free_figure(*, ns: Sequence[int] = (2, 64, 512), tau: float = 0.1, po
   References:
     Kim & Kim, arXiv 2501.17683, Eq. 7, 11, 12 and 13.
   """
-  x = _c_points(points, c_one_offset, start=0.025)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.025)
   free = _by_n(mappings.temperature_free(), x, ns)
   fixed = _by_n(mappings.temperature(tau), x, ns)
   curves = []
@@ -225,9 +229,8 @@ def scaled_free_figure(*, ns: Sequence[int] = (2, 64, 512), tau: float = 0.1, po
                         np.asarray(closed_forms.eq13(x, n)), free[k], color, "-"))
     if n > 2:
       s = mappings.free_scale(n)
-      # The last line point is C = 1, where the closed form's open interval ends: 0 there.
-      line_y = np.append(np.asarray(closed_forms.scaled_free_gradient_scale(line_x[:-1], n, s)),
-                         0.0)
+      line_y = _open_at_one(
+          lambda c, n=n, s=s: closed_forms.scaled_free_gradient_scale(c, n, s), line_x)
       (auto,) = _by_n(mappings.n_aware_free(num_candidates=n), x, (n,))
       curves.append(Curve(f"free_n, N={n} (s={s:.3g})", line_x, line_y, x,
                           np.asarray(closed_forms.scaled_free_gradient_scale(x, n, s)), auto,
@@ -277,13 +280,12 @@ def learnable_free_t_figure(*, ns: Sequence[int] = (2, 64, 512),
   References:
     Kim & Kim, arXiv 2501.17683, Eq. 8, 10, 11 and 12.
   """
-  x = _c_points(points, c_one_offset, start=0.0)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.0)
   learnable = _by_n_t(mappings.learnable_free(), x, ns)
   curves = []
   for k, n in enumerate(ns):
-    line_y = np.append(
-        np.asarray(closed_forms.learnable_free_t_gradient_scale(line_x[:-1], n, 0.0)), 0.0)
+    line_y = _open_at_one(lambda c, n=n: closed_forms.learnable_free_t_gradient_scale(c, n, 0.0),
+                          line_x)
     curves.append(Curve(f"learnable_free t=0, N={n}", line_x, line_y, x,
                         np.asarray(closed_forms.learnable_free_t_gradient_scale(x, n, 0.0)),
                         learnable[k], f"C{k}", "-"))
@@ -300,8 +302,7 @@ def sigmoid_figure(*, n: int = 16, taus: Sequence[float] = (0.1, 0.5, 1.0), poin
                    line_points: int = 400, c_one_offset: float = 1e-6) -> Figure:
   """`|dL/dC|` of the sigmoid loss at [C, -C, ...]: division by tau (b = 0), the free mapping with
   b = 0 and with the best b at C = 1 (-log(N - 1) / 2), and the doubled log-odds."""
-  x = _c_points(points, c_one_offset, start=0.025)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.025)
   free = mappings.temperature_free()
   best_b = -0.5 * np.log(n - 1.0)
   cases = [(f"tau={tau:g}, b=0", mappings.temperature(tau), 0.0,
@@ -325,8 +326,7 @@ def sigmoid_t_figure(*, n: int = 16, ts: Sequence[float] = (0.0, round(math.log(
 
   The defaults include SigLIP's initial t = log 10 and b = -10.
   """
-  x = _c_points(points, c_one_offset, start=0.0)
-  line_x = np.linspace(0.0, 1.0, line_points)
+  x, line_x = _c_axes(points, line_points, c_one_offset, start=0.0)
   curves = []
   for t in ts:
     for b in biases:

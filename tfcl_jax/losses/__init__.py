@@ -13,9 +13,10 @@ case, chosen automatically where they are faster.
 from tfcl_jax.losses import queue
 from tfcl_jax.losses._batch_scale import batch_scale, supervised_batch_scale
 from tfcl_jax.losses._dot import DotProductLoss, dot_product_softmax
+from tfcl_jax.losses._engine._arguments import check_block_size
 from tfcl_jax.losses._engine._blocks import auto_block_size, balanced_tile
 from tfcl_jax.losses._engine._devices import STRATEGIES
-from tfcl_jax.losses._engine._layout import check_block_size, l2_normalize, norm_floor
+from tfcl_jax.losses._engine._layout import l2_normalize, norm_floor
 from tfcl_jax.losses._info_nce import InfoNCELoss, info_nce
 from tfcl_jax.losses._sharded import (
     info_nce_on_mesh,

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks
-from tfcl_jax.losses._engine import _layout
+from tfcl_jax.losses._engine import _arguments, _layout
 from tfcl_jax.losses._loss import SPECS, Loss
 
 
@@ -52,14 +52,14 @@ def dot_product_softmax(
     Yi et al., Sampling-Bias-Corrected Neural Modeling for Large Corpus Item Recommendations,
     RecSys 2019.
   """
-  q, c = _layout.check_pair(q, c, names=("q", "c"))
-  _checks.one_of(reduction, _layout.REDUCTIONS, name="reduction")
+  q, c = _arguments.check_pair(q, c, names=("q", "c"))
+  _checks.one_of(reduction, _arguments.REDUCTIONS, name="reduction")
   n = q.shape[0]
-  valid = _layout.check_where(where, n)
+  valid = _arguments.check_where(where, n)
   dtype = _checks.compute_dtype(q.dtype, c.dtype)
   logits = q.astype(dtype) @ c.astype(dtype).T
   if candidate_bias is not None:
-    bias = _layout.check_bias_row(candidate_bias, n, rows="c")
+    bias = _arguments.check_bias_row(candidate_bias, n, rows="c")
     logits = logits + jax.lax.stop_gradient(bias.astype(dtype))[None, :]
   mask = jnp.ones((n,), bool) if valid is None else valid
   logits = jnp.where(mask[None, :], logits, -jnp.inf)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine import _arguments, _calibration, _layout
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import Side
 from tfcl_jax.losses._kernels import _pallas
@@ -87,13 +87,13 @@ def check_candidate_bias(candidate_bias, n: int, *, negatives: str, symmetric: b
       raise ValueError("with symmetric=True, candidate_bias is a pair (bias of z2's rows as the "
                        "candidates of z1 -> z2, bias of z1's rows as the candidates of z2 -> z1), "
                        f"e.g. (-log q_items, -log q_users); got {type(candidate_bias).__name__}.")
-    columns = _layout.check_bias_row(candidate_bias[0], n, rows="z2")
-    rows = _layout.check_bias_row(candidate_bias[1], n, rows="z1")
+    columns = _arguments.check_bias_row(candidate_bias[0], n, rows="z2")
+    rows = _arguments.check_bias_row(candidate_bias[1], n, rows="z1")
     return jax.lax.stop_gradient(columns), jax.lax.stop_gradient(rows)
   if isinstance(candidate_bias, (tuple, list)):
     raise ValueError("a pair of candidate biases is for symmetric=True (CLIP's loss); the "
                      "one-directional loss takes the [N] bias of z2's rows.")
-  return jax.lax.stop_gradient(_layout.check_bias_row(candidate_bias, n, rows="z2")), None
+  return jax.lax.stop_gradient(_arguments.check_bias_row(candidate_bias, n, rows="z2")), None
 
 
 def info_nce(
@@ -267,18 +267,18 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
           block_size, extra_negatives, extra_where, implementation: str, candidate_bias,
           check_finite) -> Batch:
   """`info_nce`'s arguments checked (each error names its argument) and laid out: `Batch`."""
-  z1, z2 = _layout.check_pair(z1, z2)
-  if _layout.check_finite_mode(check_finite):
-    _layout.check_finite(z1, name="z1", mode=check_finite)
-    _layout.check_finite(z2, name="z2", mode=check_finite)
-  _layout.check_mode(negatives, symmetric, reduction)
-  valid = _layout.check_where(where, z1.shape[0])
-  block_size = _layout.check_block_size(block_size)
-  bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
-  mapping = _layout.loss_mapping(
+  z1, z2 = _arguments.check_pair(z1, z2)
+  if _arguments.check_finite_mode(check_finite):
+    _arguments.check_finite(z1, name="z1", mode=check_finite)
+    _arguments.check_finite(z2, name="z2", mode=check_finite)
+  _arguments.check_mode(negatives, symmetric, reduction)
+  valid = _arguments.check_where(where, z1.shape[0])
+  block_size = _arguments.check_block_size(block_size)
+  bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
+  mapping = _arguments.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank))
   if check_finite:
-    _layout.check_parameters(mapping, mode=check_finite)
+    _arguments.check_parameters(mapping, mode=check_finite)
 
   _checks.one_of(implementation, IMPLEMENTATIONS, name="implementation")
   bias = check_candidate_bias(candidate_bias, z1.shape[0], negatives=negatives,

@@ -15,7 +15,7 @@ import jax
 
 from tfcl_jax import _checks, mappings
 from tfcl_jax.losses import _sigmoid
-from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine import _arguments, _calibration, _layout
 from tfcl_jax.losses._engine._devices import (
   STRATEGIES,
   axis_size,
@@ -113,12 +113,12 @@ def local_setup(z1, z2, *, mapping, negatives: str, symmetric: bool, axis_name, 
                 block_size, where, reduction: str, extra_negatives, extra_where) -> Batch:
   """`sharded_info_nce`'s arguments checked and laid out on this device: `Batch` (no bias)."""
   size = axis_size(axis_name)
-  z1, z2 = _layout.check_pair(z1, z2, local=True)
-  _layout.check_mode(negatives, symmetric, reduction)
+  z1, z2 = _arguments.check_pair(z1, z2, local=True)
+  _arguments.check_mode(negatives, symmetric, reduction)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
-  block_size = _layout.check_block_size(block_size)
-  bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
-  mapping = _layout.loss_mapping(
+  block_size = _arguments.check_block_size(block_size)
+  bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
+  mapping = _arguments.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0] * size, negatives, bank))
   rows = _local_layout(z1, z2, negatives=negatives, symmetric=symmetric, where=where,
                        axis_name=axis_name, size=size)
@@ -133,7 +133,7 @@ def _local_layout(z1, z2, *, negatives: str, symmetric: bool, where, axis_name,
   n = z1.shape[0]
   if n * size < 2:
     raise ValueError(f"the global batch needs N >= 2 pairs to have a negative, got N = {n * size}.")
-  valid = _layout.check_where(where, n)
+  valid = _arguments.check_where(where, n)
   rows_per_device = n if negatives == "cross" else 2 * n
   offset = jax.lax.axis_index(axis_name) * rows_per_device
   return _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid,
@@ -239,7 +239,7 @@ def sharded_sigmoid_loss(
   z1, z2, mapping, bias, relative_bias = _sigmoid.setup(
       z1, z2, mapping, bias, relative_bias, negatives, reduction, devices=size)
   _checks.one_of(strategy, STRATEGIES, name="strategy")
-  block_size = _layout.check_block_size(block_size)
+  block_size = _arguments.check_block_size(block_size)
   rows = _local_layout(z1, z2, negatives=negatives, symmetric=False, where=where,
                        axis_name=axis_name, size=size)
   reduce_fn = device_reduce(axis_name, strategy)

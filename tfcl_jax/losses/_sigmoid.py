@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, mappings, specs
-from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine import _arguments, _calibration, _layout
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import SigmoidSum
 from tfcl_jax.losses._info_nce import setup as info_nce_setup
@@ -119,10 +119,10 @@ def with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative_
 def setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices=None):
   """Checks the inputs; `devices`: the axis size of a sharded loss (its `z1` a local share).
   Returns the inputs, the mapping (the bias not yet folded in: `with_bias`) and the bias."""
-  z1, z2 = _layout.check_pair(z1, z2, local=devices is not None)
-  _layout.check_mode(negatives, False, reduction)
+  z1, z2 = _arguments.check_pair(z1, z2, local=devices is not None)
+  _arguments.check_mode(negatives, False, reduction)
   batch = z1.shape[0] * (devices or 1)
-  mapping = _layout.loss_mapping(
+  mapping = _arguments.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives))
   bias = _check_bias(bias)
   if relative_bias is not None:
@@ -223,12 +223,12 @@ def sigmoid_loss(
   """
   z1, z2, mapping, bias, relative_bias = setup(z1, z2, mapping, bias, relative_bias, negatives,
                                                reduction)
-  if _layout.check_finite_mode(check_finite):
-    _layout.check_finite(z1, name="z1", mode=check_finite)
-    _layout.check_finite(z2, name="z2", mode=check_finite)
-    _layout.check_parameters(_biased(mapping, bias, relative_bias), mode=check_finite)
-  valid = _layout.check_where(where, z1.shape[0])
-  block_size = _layout.check_block_size(block_size)
+  if _arguments.check_finite_mode(check_finite):
+    _arguments.check_finite(z1, name="z1", mode=check_finite)
+    _arguments.check_finite(z2, name="z2", mode=check_finite)
+    _arguments.check_parameters(_biased(mapping, bias, relative_bias), mode=check_finite)
+  valid = _arguments.check_where(where, z1.shape[0])
+  block_size = _arguments.check_block_size(block_size)
   rows = _layout.layout(z1, z2, negatives=negatives, symmetric=False, valid=valid)
   mapping, rows = with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
       _calibration.for_loss, block_size=block_size))

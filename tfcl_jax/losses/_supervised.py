@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses._engine import _calibration, _layout
+from tfcl_jax.losses._engine import _arguments, _calibration, _layout
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import LogSumExp, PositiveSum, Side
 
@@ -134,19 +134,19 @@ def supervised_info_nce(
     Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2; Kim & Kim,
     arXiv 2501.17683, Eq. 1 and 11.
   """
-  z = _layout.check_embeddings(z, name="z", rows="B")
-  if _layout.check_finite_mode(check_finite):
-    _layout.check_finite(z, name="z", mode=check_finite)
+  z = _arguments.check_embeddings(z, name="z", rows="B")
+  if _arguments.check_finite_mode(check_finite):
+    _arguments.check_finite(z, name="z", mode=check_finite)
   labels = jnp.asarray(labels)
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise TypeError(f"labels must have an integer dtype, got {labels.dtype}.")
   if labels.shape != (z.shape[0],):
     raise ValueError(f"labels must have shape [B] = ({z.shape[0]},), got {labels.shape}.")
   _checks.one_of(form, FORMS, name="form")
-  block_size = _layout.check_block_size(block_size)
-  mapping = _layout.loss_mapping(mapping, num_candidates=z.shape[0] - 1)
+  block_size = _arguments.check_block_size(block_size)
+  mapping = _arguments.loss_mapping(mapping, num_candidates=z.shape[0] - 1)
   if check_finite:
-    _layout.check_parameters(mapping, mode=check_finite)
+    _arguments.check_parameters(mapping, mode=check_finite)
   if _checks.is_concrete(labels):
     # NumPy: under `jit` jnp would trace even concrete labels (closed over) and not convert.
     values = np.asarray(labels)

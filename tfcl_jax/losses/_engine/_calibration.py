@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, mappings
-from tfcl_jax.losses._engine import _layout, _moments
+from tfcl_jax.losses._engine import _arguments, _layout, _moments
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import (
   MappingArgs,
@@ -170,12 +170,12 @@ def solve_batch(fn: BatchScaled, batch, *, reduce_fn=tile_reduce,
 def supervised_scale(fn: BatchScaled, z, labels, *, block_size=None) -> jax.Array:
   """`fn`'s scale on the supervised batch `z [B, D]`, `labels [B]` (`supervised_batch_scale`),
   the arguments checked."""
-  z = _layout.check_embeddings(z, name="z", rows="B")
+  z = _arguments.check_embeddings(z, name="z", rows="B")
   labels = jnp.asarray(labels)
   if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.shape != z.shape[:1]:
     raise ValueError(f"labels must be [B] = ({z.shape[0]},) integers, got shape {labels.shape} "
                      f"and dtype {labels.dtype}.")
-  block_size = _layout.check_block_size(block_size)
+  block_size = _arguments.check_block_size(block_size)
   if fn.scale is not None:
     return check_scale(fn, fn.scale, z.shape[0], what="one per row of z")
   u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))

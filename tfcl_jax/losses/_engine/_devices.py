@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tfcl_jax.losses._engine import _layout, _tiled
+from tfcl_jax.losses._engine import _arguments, _tiled
 from tfcl_jax.losses._engine._tiles import LogSumExp, Side, TileReduction
 
 #: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
@@ -145,14 +145,14 @@ def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where, reduction, extra_nega
   """Runs `local_loss` (a sharded loss) under `jax.shard_map` on global `[N, D]` views."""
   if axis_name not in mesh.axis_names:
     raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}.")
-  z1, z2 = _layout.check_pair(z1, z2)
+  z1, z2 = _arguments.check_pair(z1, z2)
   size = mesh.shape[axis_name]
   if z1.shape[0] % size:
     raise ValueError(
         f"z1 and z2 must have a batch divisible by the {size} devices of axis {axis_name!r}, "
         f"got N = {z1.shape[0]}.")
-  where = _layout.check_where(where, z1.shape[0])
-  bank, bank_where = _layout.check_extra(extra_negatives, extra_where, z1.shape[1])
+  where = _arguments.check_where(where, z1.shape[0])
+  bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
   batch, replicated = PartitionSpec(axis_name), PartitionSpec()
   extra = {} if bank is None else dict(extra_negatives=bank, extra_where=bank_where)
 

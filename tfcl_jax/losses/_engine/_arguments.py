@@ -1,0 +1,251 @@
+"""The loss functions' argument checks: embeddings, masks, biases, modes, the block size, the
+mapping a loss is given, and `check_finite`.
+
+Every public loss (single-device, sharded, sigmoid, supervised, dot) checks its arguments here
+before its layout (`_layout`), so that a bad argument is refused with its name and what was
+expected, not deep inside the tiles.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from tfcl_jax import _checks, mappings
+
+NEGATIVES = ("cross", "all")
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_bias_row(bias, n: int, *, rows: str) -> jax.Array:
+  """`bias` as `[n]` floats, one per row of `rows` (a candidate's logit bias).
+
+  Raises:
+    TypeError: not floats; ValueError: another shape (both name `candidate_bias`).
+  """
+  bias = jnp.asarray(bias)
+  if not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise TypeError(f"candidate_bias must be a float array, got dtype {bias.dtype}.")
+  if bias.shape != (n,):
+    raise ValueError(f"candidate_bias must have shape ({n},) (one per row of {rows}), got "
+                     f"{bias.shape}.")
+  return bias
+
+
+def check_where(where, n: int, *, name: str = "where") -> jax.Array | None:
+  if where is None:
+    return None
+  where = jnp.asarray(where)
+  if where.dtype != jnp.bool_:
+    raise TypeError(f"{name} must be a boolean mask, got dtype {where.dtype}.")
+  if where.shape != (n,):
+    raise ValueError(f"{name} must have shape ({n},), got {where.shape}.")
+  return where
+
+
+def check_block_size(block_size: int | None) -> int | None:
+  """Checks `block_size`: None (automatic) or an int > 0.
+
+  Examples:
+    >>> from tfcl_jax.losses import check_block_size
+    >>> check_block_size(512), check_block_size(None)
+    (512, None)
+  """
+  if block_size is None:
+    return None
+  return _checks.positive_int(block_size, name="block_size (or None: automatic)")
+
+
+def check_embeddings(z, *, name: str, rows: str = "N") -> jax.Array:
+  """Checks float embeddings `[rows, D]` with `D >= 1`: a cosine needs at least one feature.
+
+  Every loss's inputs go through here (and `check_pair`), so an empty feature axis fails
+  with its name instead of deep inside the tiles.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.losses._engine import _arguments
+    >>> _arguments.check_embeddings(jnp.zeros((8, 0)), name="z1")
+    Traceback (most recent call last):
+    ...
+    ValueError: z1 must have D >= 1 features (shape [N, D]), got shape (8, 0).
+
+  Raises:
+    TypeError: `z` is not floating.
+    ValueError: `z` is not rank 2, or has no features.
+  """
+  z = _checks.float_matrix(z, name=name)
+  if z.shape[1] < 1:
+    raise ValueError(f"{name} must have D >= 1 features (shape [{rows}, D]), got shape "
+                     f"{z.shape}.")
+  return z
+
+
+def check_pair(z1, z2, *, local: bool = False, names: tuple[str, str] = ("z1", "z2")
+               ) -> tuple[jax.Array, jax.Array]:
+  """Checks two views `[N, D]`, `D >= 1`, of the same shape (`local`: a device's share, N >= 1);
+  errors call them `names`."""
+  first, second = names
+  z1 = check_embeddings(z1, name=first)
+  z2 = check_embeddings(z2, name=second)
+  if z1.shape != z2.shape:
+    raise ValueError(f"{first} and {second} must have the same shape [N, D], got {z1.shape} and "
+                     f"{z2.shape}.")
+  if not local and z1.shape[0] < 2:
+    raise ValueError(f"{first} and {second} need N >= 2 pairs to have a negative, got "
+                     f"N = {z1.shape[0]}.")
+  return z1, z2
+
+
+#: The values of the losses' `check_finite`: off, checks of concrete values, or checks that
+#: `jax.experimental.checkify` reports from inside a trace.
+CHECK_FINITE = (False, True, "checkify")
+
+
+def check_finite_mode(check_finite) -> bool | str:
+  """`check_finite` checked: one of `CHECK_FINITE`.
+
+  Raises:
+    ValueError: any other value.
+  """
+  if not any(check_finite is value or (isinstance(value, str) and check_finite == value)
+             for value in CHECK_FINITE):
+    raise ValueError(f"check_finite must be one of {CHECK_FINITE}, got {check_finite!r}.")
+  return check_finite
+
+
+def _traced(what: str) -> ValueError:
+  return ValueError(
+      f"check_finite=True checks concrete values, but {what} is traced (the loss is inside "
+      "jax.jit, grad, vmap or another transformation). A check inside a trace is reported only "
+      "through jax.experimental.checkify: pass check_finite='checkify' and wrap the traced "
+      "function, error, value = checkify.checkify(jax.jit(f))(...), then error.throw() raises "
+      "the first failed check.")
+
+
+def check_finite(x: jax.Array, *, name: str, mode: bool | str) -> None:
+  """`check_finite` of the losses: every value of `x` is finite (no NaN, no inf).
+
+  Concrete `x` (called outside any transformation) raises at once. A traced `x` adds a
+  `jax.experimental.checkify` check under `mode="checkify"`, reported by the function that
+  `checkify.checkify` wraps; under `mode=True` it is refused, since JAX can report a check
+  inside a trace only through checkify.
+
+  Raises:
+    ValueError: concrete `x` holds a NaN or an inf (names `name` and the first bad row); a
+      traced `x` under `mode=True` (says how to check it).
+  """
+  if _checks.is_concrete(x):
+    bad = ~np.isfinite(np.asarray(x))
+    if bad.any():
+      row = int(np.argwhere(bad)[0][0])
+      raise ValueError(f"{name} must be finite (check_finite), got {int(bad.sum())} "
+                       f"NaN/inf value(s), the first in row {row}.")
+    return
+  if mode != "checkify":
+    raise _traced(name)
+  checkify.check(jnp.all(jnp.isfinite(x)), f"{name} must be finite (check_finite), got "
+                 "NaN/inf value(s).")
+
+
+def check_parameters(mapping: mappings.Mapping, *, mode: bool | str) -> None:
+  """`check_finite` of the losses: the mapping's parameters meet its declared conditions.
+
+  `Mapping.parameter_checks`: a traced `tau` finite and > 0, a learnable `t` finite, ...
+  A concrete condition raises at once; a traced one adds a `jax.experimental.checkify` check
+  under `mode="checkify"` and is refused under `mode=True`, as `check_finite` does. Without it
+  a traced `tau = 0` gives a non-finite loss and `tau < 0` a finite but meaningless one.
+
+  Raises:
+    ValueError: a concrete parameter fails its condition (names the parameter and the mapping);
+      a traced one under `mode=True`.
+  """
+  for check in mapping.parameter_checks():
+    # `{}` is checkify's slot for the traced value; braces of the names are escaped.
+    condition = f"{check.name} must be {check.requirement} (check_finite)"
+    message = (condition.replace("{", "{{").replace("}", "}}") + ", got {} (mapping "
+               + repr(mapping.spec).replace("{", "{{").replace("}", "}}") + ").")
+    if _checks.is_concrete(check.valid):
+      if not bool(check.valid):
+        raise ValueError(message.format(np.asarray(check.value)))
+    elif mode != "checkify":
+      raise _traced(f"the parameter {check.name} of mapping {mapping.spec!r}")
+    else:
+      checkify.check(check.valid, message, check.value)
+
+
+def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
+                 ) -> mappings.Mapping:
+  """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`), refusing what would silently
+  not train or not follow its schedule.
+
+  Refused, each with the fix in the message:
+
+  - a spec string of a mapping with trainable params (`"learnable_free=100"`): a string cannot
+    hold them, the loss would rebuild them at their initial values on every call;
+  - a built mapping with trainable params that was never bound (`mapping=m` rather than
+    `m.bind(params=p["loss"])`) and whose params are not traced: the loss sees constants, and
+    the gradient on them is 0 (a mapping passed through `jax.grad` as an argument has traced
+    params and trains: it passes). `m.bind(params=m.params)` holds them fixed on purpose;
+  - a spec string of a scheduled mapping (`"anneal=log:0.5"`), or a built one without a bound
+    step: it would run at step 0 on every call. `m.bind(step=step)` gives it the step.
+
+  Raises:
+    ValueError: one of the above, naming the mapping and the fix.
+  """
+  built = mappings.as_mapping(mapping, num_candidates=num_candidates)
+  spec = built.spec
+  if isinstance(mapping, str) and built.learnable:
+    names = sorted(built.params)
+    raise ValueError(
+        f"mapping={mapping!r} has trainable params {names}, which a spec string cannot hold: "
+        f"the loss would use their initial values on every call and never train them. Build "
+        f"the mapping once, m = mappings.from_spec({spec!r}), keep m.params with the trainable "
+        f"params (e.g. params['loss']) and pass mapping=m.bind(params=params['loss']) (the "
+        f"README's quickstart), or name the loss by its loss spec, losses.from_spec({spec!r}), "
+        f"whose params go into the train state; to evaluate at the initial values on purpose, "
+        f"pass mapping=m.bind(params=m.params).")
+  if built.learnable and not built.bound and all(
+      _checks.is_concrete(leaf) for leaf in jax.tree.leaves(built.params)):
+    raise ValueError(
+        f"mapping {spec!r} has trainable params {sorted(built.params)} but was passed unbound: "
+        f"the loss would use the values it was built with, and the gradient on them would be 0 "
+        f"(they would never train). Keep m.params with the trainable params (e.g. "
+        f"params['loss']) and pass mapping=m.bind(params=params['loss']) inside the loss "
+        f"function (the README's quickstart); to hold them fixed on purpose (evaluation, a "
+        f"frozen scale), pass mapping=m.bind(params=m.params).")
+  if built.scheduled and built.step is None:
+    where = (f"mapping={mapping!r} is a spec string, which cannot carry the training step"
+             if isinstance(mapping, str) else f"mapping {spec!r} was passed without a step")
+    raise ValueError(
+        f"{where}: the schedule would stay at step 0 on every call and never anneal. Build it "
+        f"once, m = mappings.from_spec({spec!r}), and pass mapping=m.bind(step=step) with the "
+        f"train state's step (losses.from_spec({spec!r}) takes step= when called); to evaluate "
+        f"at step 0 on purpose, pass mapping=m.bind(step=0).")
+  return built
+
+
+def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:
+  _checks.one_of(negatives, NEGATIVES, name="negatives")
+  _checks.one_of(reduction, REDUCTIONS, name="reduction")
+  if not isinstance(symmetric, (bool, np.bool_)):
+    raise TypeError(f"symmetric must be a bool, got {symmetric!r}.")
+  if symmetric and negatives == "all":
+    raise ValueError(
+        'symmetric=True is for negatives="cross" (CLIP\'s two-tower loss); negatives="all" '
+        "already scores every row of both views as an anchor.")
+
+
+def check_extra(extra_negatives, extra_where, dim: int):
+  """Checks a bank of extra negatives `[K, D]` and its optional mask `[K]`."""
+  if extra_negatives is None:
+    if extra_where is not None:
+      raise ValueError("extra_where was given without extra_negatives.")
+    return None, None
+  bank = _checks.float_matrix(extra_negatives, name="extra_negatives")
+  if bank.shape[1] != dim:
+    raise ValueError(f"extra_negatives must have shape [K, {dim}] (the embeddings' D), got "
+                     f"{bank.shape}.")
+  return bank, check_where(extra_where, bank.shape[0], name="extra_where")
