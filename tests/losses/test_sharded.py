@@ -76,11 +76,11 @@ def test_per_row_losses_in_single_device_order():
 
 def test_gradient_on_an_explicit_mesh_without_set_mesh():
   # Explicit axes (jax.make_mesh's default from JAX 0.9); value_and_grad must work without
-  # `jax.set_mesh`.
+  # `jax.set_mesh` (jitted: the eager ring dispatches every step of the ring op by op).
   z1, z2, _, _ = _views()
   mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-  got = jax.value_and_grad(lambda a: losses.info_nce_on_mesh(a, z2, mesh=mesh, strategy="ring",
-                                                             symmetric=True))(z1)
+  got = jax.jit(jax.value_and_grad(lambda a: losses.info_nce_on_mesh(
+      a, z2, mesh=mesh, strategy="ring", symmetric=True)))(z1)
   expected = jax.jit(jax.value_and_grad(lambda a: losses.info_nce(a, z2, symmetric=True)))(z1)
   chex.assert_trees_all_close(got, expected, atol=1e-5)
 

@@ -65,9 +65,9 @@ def sharded_info_nce(
     >>> mesh = jax.sharding.Mesh(jax.devices(), ("data",))  # 1, 2, 4 or 8 devices
     >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
     >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
-    >>> loss_fn = jax.shard_map(
+    >>> loss_fn = jax.jit(jax.shard_map(
     ...     lambda a, b: losses.sharded_info_nce(a, b, strategy="ring", symmetric=True),
-    ...     mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P())
+    ...     mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P()))
     >>> expected = losses.info_nce(z1, z2, symmetric=True)
     >>> bool(jnp.allclose(loss_fn(z1, z2), expected, atol=1e-5))
     True
@@ -166,7 +166,7 @@ def info_nce_on_mesh(
     >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
     >>> grad = jax.jit(jax.grad(
     ...     lambda a: losses.info_nce_on_mesh(a, z2, mesh=mesh, negatives="all")))
-    >>> expected = jax.grad(lambda a: losses.info_nce(a, z2, negatives="all"))(z1)
+    >>> expected = jax.jit(jax.grad(lambda a: losses.info_nce(a, z2, negatives="all")))(z1)
     >>> bool(jnp.allclose(grad(z1), expected, atol=1e-5))
     True
 
@@ -219,8 +219,8 @@ def sharded_sigmoid_loss(
     >>> mesh = jax.sharding.Mesh(jax.devices(), ("data",))
     >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
     >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
-    >>> loss_fn = jax.shard_map(lambda a, b: losses.sharded_sigmoid_loss(a, b, bias=-1.0),
-    ...     mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P())
+    >>> loss_fn = jax.jit(jax.shard_map(lambda a, b: losses.sharded_sigmoid_loss(a, b, bias=-1.0),
+    ...     mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P()))
     >>> bool(jnp.allclose(loss_fn(z1, z2), losses.sigmoid_loss(z1, z2, bias=-1.0), atol=1e-5))
     True
 
@@ -265,7 +265,8 @@ def sigmoid_loss_on_mesh(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
     >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
     >>> z1 = jax.random.normal(jax.random.key(0), (8, 4))
     >>> z2 = jax.random.normal(jax.random.key(1), (8, 4))
-    >>> loss = losses.sigmoid_loss_on_mesh(z1, z2, mesh=mesh, negatives="all")
+    >>> loss = jax.jit(lambda a, b: losses.sigmoid_loss_on_mesh(a, b, mesh=mesh,
+    ...                                                         negatives="all"))(z1, z2)
     >>> bool(jnp.allclose(loss, losses.sigmoid_loss(z1, z2, negatives="all"), atol=1e-5))
     True
 
