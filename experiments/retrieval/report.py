@@ -109,19 +109,29 @@ def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
         cells += [f"{d['mean']:+.2f} ({d['sem']:.2f})", f"{d['p_value']:.2g}",
                   f"{d['wins']}/{d['seeds']}"]
       lines.append(f"| {spec} | " + " | ".join(cells) + " |")
-  learnable = [s for s in present if not math.isnan(np.mean(of(s, "scale_start")))]
-  if learnable:
-    lines += ["", "Learnable logit scale `exp(t)` (capped where the spec says): start, end "
-              "and largest value over training, mean over seeds; runs that reached the cap.",
-              "", "| loss | start | end | max | runs at the cap |", "|---|---|---|---|---|"]
-    for spec in learnable:
-      # The cap is the mapping's; any candidate count builds it (a `prior` bias needs one).
-      cap = mappings.max_logit_scale(losses.from_spec(spec, num_candidates=2).mapping)
-      at_cap = sum(v >= cap - 1e-6 for v in of(spec, "scale_max")) if cap else 0
+  scaled = [s for s in present if not math.isnan(np.mean(of(s, "scale_start")))]
+  if scaled:
+    lines += ["", "Logit scale over training: learnt, `exp(t)` (capped where the spec says), or "
+              "solved from each batch (`calibrated_free`, `perplexity_free`'s mean over anchors, "
+              f"`accuracy_free`, within [{mappings.S_MIN:g}, {mappings.S_MAX:g}]): start, end and "
+              "largest value, mean over seeds; runs at a bound: the largest value at the cap, or "
+              "for a solved scale at the top of its range or the last value at its floor.",
+              "", "| loss | start | end | max | runs at a bound |", "|---|---|---|---|---|"]
+    for spec in scaled:
+      # Any candidate count builds the loss (a `prior` bias needs one).
+      loss = losses.from_spec(spec, num_candidates=2)
+      lows, highs = of(spec, "scale_end"), of(spec, "scale_max")
+      if loss.batch_scaled:
+        at_bound = sum(low <= mappings.S_MIN * (1 + 1e-4) or high >= mappings.S_MAX * (1 - 1e-4)
+                       for low, high in zip(lows, highs, strict=True))
+        bound = ""
+      else:
+        cap = mappings.max_logit_scale(loss.mapping)
+        at_bound = sum(v >= cap - 1e-6 for v in highs) if cap else 0
+        bound = "" if cap else " (no cap)"
       lines.append(f"| {spec} | {np.mean(of(spec, 'scale_start')):.2f} | "
-                   f"{np.mean(of(spec, 'scale_end')):.2f} | {np.mean(of(spec, 'scale_max')):.2f}"
-                   f" | {at_cap}/{len(of(spec, 'seed'))}" + (" (no cap)" if not cap else "")
-                   + " |")
+                   f"{np.mean(lows):.2f} | {np.mean(highs):.2f}"
+                   f" | {at_bound}/{len(of(spec, 'seed'))}{bound} |")
   return "\n".join(lines) + "\n"
 
 
