@@ -294,7 +294,7 @@ def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, 
              for r in learnable)  # the largest value includes the last one
   with open(os.path.join(workdir, "results.md")) as f:
     markdown = f.read()
-  assert "| clip:learnable=0.07:100 |" in markdown and "runs at the cap" in markdown
+  assert "| clip:learnable=0.07:100 |" in markdown and "runs at a bound" in markdown
   assert "`free` minus each loss" in markdown
   assert os.path.exists(os.path.join(workdir, "retrieval.png"))
   for spec, scaled in (("free", False), ("clip_learnable_0.07_100", True)):  # no column of NaNs
@@ -361,3 +361,27 @@ def test_one_epoch_on_real_movielens_100k(tmp_path):
   assert data.items.vocab_sizes["genres"] == 20  # 19 genres and padding
   # 25 steps of feature towers already rank above chance (100 / 1682 = 0.059).
   assert row["top@100"] > 0.075 and row["steps"] == 25
+
+
+def test_the_scale_section_counts_runs_at_the_solved_scales_bounds():
+  # Synthetic rows: a solved scale that ends at its floor, one that reaches its top, one inside
+  # the range, and a learnt scale at CLIP's cap of 100.
+  config = retrieval_ml100k.get_config()
+  nan = float("nan")
+  base = {**{f"top@{k}": 0.5 for k in report.KS}, "ndcg@10": 0.1, "train_seconds": 1.0}
+  rows = [
+      dict(base, spec="free", seed=0, scale_start=nan, scale_end=nan, scale_max=nan),
+      dict(base, spec="accuracy_free", seed=0, scale_start=0.03, scale_end=0.01, scale_max=0.04),
+      dict(base, spec="accuracy_free", seed=1, scale_start=0.03, scale_end=0.02, scale_max=0.04),
+      dict(base, spec="calibrated_free", seed=0, scale_start=1.0, scale_end=50.0,
+           scale_max=100.0),
+      dict(base, spec="learnable=0.07:100", seed=0, scale_start=14.29, scale_end=100.0,
+           scale_max=100.0),
+  ]
+  markdown = report.table(rows, [r["spec"] for r in rows], config=config, command="cmd")
+  lines = {line.split(" | ")[0].strip("| "): line for line in markdown.splitlines()
+           if line.startswith("| ") and line.count("|") == 6}
+  assert lines["accuracy_free"].endswith("| 1/2 |")  # seed 0 ends at the floor 0.01
+  assert lines["calibrated_free"].endswith("| 1/1 |")  # reaches the top, 100
+  assert lines["learnable=0.07:100"].endswith("| 1/1 |")  # at the mapping's cap
+  assert "free" not in lines  # no scale: not in the section
