@@ -71,7 +71,7 @@ def draw_scales(rows, found: Sequence[ScaleTrace], file) -> None:
   drawn = [family for family in families(rows) if any(t.row.family == family for t in found)]
   columns = min(4, max(1, len(drawn)))
   lines = -(-max(1, len(drawn)) // columns)
-  fig, axes = plt.subplots(lines, columns, figsize=(4.8 * columns, 4.4 * lines), squeeze=False)
+  fig, axes = plt.subplots(lines, columns, figsize=(4.8 * columns, 6.0 * lines), squeeze=False)
   for ax, family in zip(axes.flat, drawn, strict=False):
     mine = [t for t in found if t.row.family == family]
     keys = list(dict.fromkeys(t.row.key for t in mine))
@@ -85,7 +85,8 @@ def draw_scales(rows, found: Sequence[ScaleTrace], file) -> None:
     ax.set_xlabel("fraction of training")
     ax.set_ylabel("scale: min(exp(t), cap), or solved from the batch", fontsize=8)
     ax.set_title(family, fontsize=10)
-    ax.legend(fontsize=5.5)
+    # Below the panel: a legend inside would hide the lines of a busy family.
+    ax.legend(fontsize=5.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
   for ax in axes.flat[len(drawn):]:
     ax.set_axis_off()
   if not drawn:
