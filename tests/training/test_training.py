@@ -278,3 +278,38 @@ def test_read_csv_reads_an_empty_cell_as_nan(tmp_path):
   columns = outputs.read_csv(str(path))
   np.testing.assert_array_equal(columns["loss"], [0.5, 0.25])
   np.testing.assert_array_equal(columns["examples_per_sec"], [100.0, np.nan])
+
+
+def test_the_host_keeps_one_step_in_flight(tmp_path):
+  # A stop request (SIGTERM) is honoured at a step boundary, but the checkpoint then waits for
+  # every step the host has dispatched: dispatching step k, the loop must have waited for step
+  # k - 2 (step k - 1 runs meanwhile), not run ahead to the next fetch of the metrics.
+  weights = jnp.eye(128) * 0.5
+
+  @jax.jit
+  def compiled(train_state, batch, key):
+    del key
+    x = jax.lax.fori_loop(0, 50, lambda _, x: jnp.tanh(x @ weights), batch["x"])
+    return train_state.replace(step=train_state.step + 1), {"loss": jnp.sum(x)}
+
+  outputs_so_far, ready_at_dispatch = [], []
+
+  def train_step(train_state, batch, key):
+    # At the dispatch of step k: was step k - 2 finished?
+    if len(outputs_so_far) >= 2:
+      ready_at_dispatch.append(outputs_so_far[-2]["loss"].is_ready())
+    out = compiled(train_state, batch, key)
+    outputs_so_far.append(out[1])
+    return out
+
+  def batches(start):
+    for _ in range(start, 12):
+      yield {"x": np.ones((128, 128), np.float32)}
+
+  train_state = state.create_train_state(model_params={"w": jnp.zeros(())}, tx=optax.sgd(0.1))
+  compiled(train_state, {"x": np.ones((128, 128), np.float32)}, None)  # compiled before timing
+  loop.train(train_state, train_step=train_step, batches=batches, num_steps=12,
+             workdir=str(tmp_path / "run"), key=jax.random.key(0),
+             mesh=sharding.make_mesh(jax.devices()[:1]), config={}, log_every=100,
+             checkpoint_every=100, progress=False)
+  assert len(ready_at_dispatch) == 10 and all(ready_at_dispatch), ready_at_dispatch

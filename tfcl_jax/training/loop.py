@@ -224,8 +224,9 @@ def train(
     last finite loss, before the step is checkpointed.
   * SIGTERM (a preempted job): the run saves a checkpoint at the next step boundary (the final
     one if that comes first) and raises `preemption.Preempted` (its `step`); a command line
-    exits with
-    status 143. The previous SIGTERM handler is restored when `train` returns or raises.
+    exits with status 143. The loop keeps one step in flight (it waits for step `k - 1` after
+    dispatching step `k`), so the checkpoint waits for at most two steps' compute. The
+    previous SIGTERM handler is restored when `train` returns or raises.
   * Ctrl-C (SIGINT, one process): the same at the next step boundary, then `KeyboardInterrupt`;
     a second Ctrl-C interrupts at once. The previous handler is restored likewise.
   * A full disk on a checkpoint, CSV, TensorBoard or `config.json` write: `files.DiskFull` (an
@@ -289,9 +290,16 @@ def train(
   with outputs.Outputs(workdir, start=start, num_steps=num_steps, desc=desc,
                        progress=progress) as out, Preemption() as preemption:
     window = _MetricsWindow(out, examples_per_step, run=f"{desc!r} ({workdir})")
+    in_flight = None
     for step_number, host_batch in _numbered_batches(batches, start, num_steps):
       batch = sharding.shard_batch(host_batch, mesh, sharded=batch_sharded)
       state, metrics = train_step(state, batch, key)
+      # One step in flight: the device stays busy, and the host never runs more than a step
+      # ahead of it, so that a stop (SIGTERM, Ctrl-C) is honoured within about two steps'
+      # compute, not after every step dispatched since the last fetch of the metrics.
+      if in_flight is not None:
+        jax.block_until_ready(in_flight)
+      in_flight = metrics
       window.add(metrics)
       last = step_number == num_steps
       preempted = not last and preemption.reached(step_number)
