@@ -97,6 +97,7 @@ def _check(rows: list[dict]):
     assert kernel_resources.problems(row) == [], where
 
 
+@pytest.mark.heavy  # six compilations for two GPUs: CI's heavy step
 def test_every_variant_of_all_compiles_without_spills_or_unpromised_fences():
   rows = _compiled(modes=["all"], dims=[128], rows=1024, dtype="float32",
                    variants=["separate", "partials", "atomic"])
