@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import math
 import os
 import socket
 import struct
@@ -168,8 +169,12 @@ class _Summaries:
     self._write([encode(file_version="brain.Event:2")])
 
   def scalars(self, prefix: str, rows: list[dict[str, float]]):
+    """Each row's finite values; a NaN or infinite one (a value undefined for the run, e.g. a
+    ratio over an empty set) is left to the CSV: TensorBoard draws no point for it and
+    tensorboardX would warn at every row."""
     self._write([self.encode(step=int(row["step"]), tag=f"{prefix}/{name}", value=value)
-                 for row in rows for name, value in row.items()])
+                 for row in rows for name, value in row.items()
+                 if math.isfinite(value)])
 
   def _write(self, records: list[bytes], *, flush: bool = False):
     if self.file is None:
@@ -276,7 +281,8 @@ class Outputs:
     return float(row[SECONDS])
 
   def scalars(self, prefix: str, rows: list[dict[str, float]]):
-    """Adds each row's values to TensorBoard as `<prefix>/<name>` at the row's `step`."""
+    """Adds each row's finite values to TensorBoard as `<prefix>/<name>` at the row's `step`
+    (a NaN or infinite value stays in the CSV only)."""
     if self.summaries is not None:
       self.summaries.scalars(prefix, rows)
 
