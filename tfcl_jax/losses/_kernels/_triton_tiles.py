@@ -48,7 +48,10 @@ class Launch:
 
 # (family, byte width of the inputs) -> Launch, its `block_d` the widest step through `D`.
 # Chosen from compile reports for sm_80 and sm_90 (`python -m benchmarks.kernel_resources`,
-# N = 16384, D = 256), not from timings; a GPU's `device_bench --suite quick` replaces them:
+# N = 16384, D = 256). Timed on one H200 (`device_bench --suite quick`, N = 16384, D = 256,
+# `benchmarks/results/quick_h200.md`): these column sides are the fastest of the three; 128-row
+# gradient tiles with 8 warps were 7-16% faster than 64/4 but spill 200-760 bytes in the offline
+# compile, and stay out of the table until `device_bench --suite sweep` times them across N:
 # * "forward" (the logsumexps, no `D`-sized accumulator): tiled as a matrix product, 128 x 128
 #   tiles, `D` in steps of 16, 8 warps: 64 x 128 per warpgroup MMA on sm_90, no spills (steps
 #   of 32 spill up to 104 bytes on sm_80 with a mapping without a closed form);
