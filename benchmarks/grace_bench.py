@@ -8,7 +8,7 @@ process-CPU seconds (CPU / cores approximates the wall time on an idle machine),
 projected time of a 1000-epoch run.
 
 Run: python -m benchmarks.grace_bench [--epochs 20] [--mapping free] [--dataset citeseer]
-  [--block_size 512]
+  [--block_size 512] [--data_dir DIR]
 """
 
 from __future__ import annotations
@@ -46,9 +46,13 @@ def main():
   parser.add_argument("--dataset", default="citeseer", choices=("citeseer", "cora"))
   parser.add_argument("--block_size", type=int, default=None,
                       help="tile side of the loss (default: the config's; None is automatic)")
+  parser.add_argument("--data_dir", default=None,
+                      help="folder of the raw Planetoid files (default: the config's)")
   args = parser.parse_args()
 
   config = grace_citeseer.get_config(args.dataset)
+  if args.data_dir:
+    config.data_dir = args.data_dir
   block_size = args.block_size or config.block_size
   graph, batch = grace.load_graph(config)
   mapping = mappings.from_spec(args.mapping)
