@@ -511,3 +511,26 @@ def test_dot_product_softmax_is_optax_cross_entropy():
     losses.dot_product_softmax(q, c, candidate_bias=bias[:3])
   with pytest.raises(ValueError, match="q and c must have the same shape"):
     losses.dot_product_softmax(q, c[:, :3])
+
+
+@pytest.mark.parametrize("spec", ["tau=0.004", "calibrated_free@100"])
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_sharp_one_directional_gradient_is_finite_and_equals_dense_autodiff(spec, block_size):
+  # Logits up to +-250 (float32's exp overflows past ~88): the columns of a one-directional loss
+  # take no gradient and have no logsumexp of their own, and once gave 0 * inf = NaN there.
+  z1, z2 = random_pair(10, 3, seed=7, noise=1.5)
+  if spec == "tau=0.004":
+    mapping, logits_of = mappings.temperature(0.004), lambda c: c / 0.004
+  else:  # the batch-scaled mapping bound at its cap: s 2 artanh(c), s = 100
+    mapping = mappings.calibrated_free().bind(scale=mappings.S_MAX)
+    logits_of = lambda c: mappings.S_MAX * (jnp.log1p(c) - jnp.log1p(-c))  # noqa: E731
+  value, grad = jax.value_and_grad(lambda a: losses.info_nce(
+      a, z2.astype(np.float32), mapping=mapping, block_size=block_size))(z1.astype(np.float32))
+  chex.assert_tree_all_finite((value, grad))
+  with jax.enable_x64(True):
+    expected, expected_grad = jax.value_and_grad(lambda a: _dense_reference_loss(
+        a, jnp.asarray(z2), logits_of, "cross", False))(jnp.asarray(z1))
+  assert float(expected) > 1.0  # a loss well above float32's rounding: the gradient is not zero
+  np.testing.assert_allclose(value, expected, rtol=1e-4)
+  np.testing.assert_allclose(grad, expected_grad, rtol=2e-3,
+                             atol=2e-4 * float(np.abs(expected_grad).max()))

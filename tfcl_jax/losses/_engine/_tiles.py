@@ -181,6 +181,14 @@ class TileReduction(abc.ABC):
     raise NotImplementedError(f"{type(self).__name__} has no column side across devices.")
 
 
+def _times_exp(g: jax.Array, x: jax.Array) -> jax.Array:
+  """`g exp(x)`, and 0 wherever `g` is 0 whatever `x`: a side that takes no gradient (the columns
+  of a one-directional loss, an unused column block) has no logsumexp to subtract, and its
+  `exp(x)` overflows to `inf` once a logit passes ~88 (float32), where `0 * inf` is NaN."""
+  used = g != 0
+  return jnp.where(used, g * jnp.exp(jnp.where(used, x, 0.0)), 0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class LogSumExp(TileReduction):
   """InfoNCE's reduction: `lse_i = log sum_{j negative of i} exp(f(c_ij) + b_j)` per row
@@ -239,8 +247,8 @@ class LogSumExp(TileReduction):
     if _check_fast(tile_mapping, a, b):
       # dlse_i/dc_ij = exp(f_ij + b_j - lse_i) f'_ij = exp(shift - lse_i) e^{b_j} w'(c_ij).
       shift = tile_mapping.fast.shift
-      row_scale = _scaled((row_g * jnp.exp(shift - row_lse))[:, None], b.bias, 0)
-      col_scale = _scaled((col_g * jnp.exp(shift - col_lse))[None, :], a.bias, 1)
+      row_scale = _scaled(_times_exp(row_g, shift - row_lse)[:, None], b.bias, 0)
+      col_scale = _scaled(_times_exp(col_g, shift - col_lse)[None, :], a.bias, 1)
       dcos = jnp.where(keep, (row_scale + col_scale) * tile_mapping.fast.weight_grad(cos), 0.0)
       return dcos, jax.tree.map(jnp.zeros_like, args.params), tuple(
           jnp.zeros_like(k) for k in args.consts)
@@ -248,8 +256,8 @@ class LogSumExp(TileReduction):
                                             args.params, *args.consts)
     row_logits = jnp.where(keep, row_logits, -jnp.inf)
     col_logits = jnp.where(keep, col_logits, -jnp.inf)
-    d_rows = row_g[:, None] * jnp.exp(_shifted(row_logits, b.bias, 0) - row_lse[:, None])
-    d_cols = col_g[None, :] * jnp.exp(_shifted(col_logits, a.bias, 1) - col_lse[None, :])
+    d_rows = _times_exp(row_g[:, None], _shifted(row_logits, b.bias, 0) - row_lse[:, None])
+    d_cols = _times_exp(col_g[None, :], _shifted(col_logits, a.bias, 1) - col_lse[None, :])
     dcos, dparams, *dconsts = vjp((d_rows.astype(cos.dtype), d_cols.astype(cos.dtype)))
     return dcos, dparams, tuple(dconsts)
 
