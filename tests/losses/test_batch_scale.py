@@ -332,3 +332,29 @@ def test_supervised_with_scale_reports_the_dense_solve(form):
     np.testing.assert_allclose(  # the minimum of L_out, whose scale both forms take
         ref.supervised(z_64, labels, np.asarray(scale, np.float64), form="supcon"),
         ref.supervised(z_64, labels, want, form="supcon"), rtol=1e-6)
+
+
+def test_moment_sums_per_chunk_on_a_cpu_and_per_tile_elsewhere_equal_numpy():
+  # `_row_sums` loops over `_ROWS`-row chunks on a CPU (cache) and takes the whole tile on an
+  # accelerator (no loop of small launches); both forms against a NumPy transcription.
+  from tfcl_jax.losses._engine import _moments
+  from tfcl_jax.mappings._batch_scaled import GRID_EXPONENTS
+  from tfcl_jax.training import lowering
+
+  rng = np.random.default_rng(0)
+  m, n = 2 * _moments._ROWS + 5, 19  # chunks that do not divide the rows
+  d = -rng.exponential(2.0, (m, n))
+  below = rng.random((m, n)) > 0.2
+  bias = -rng.exponential(1.0, n)
+  scales = 2.0 ** np.asarray(GRID_EXPONENTS, np.float64)
+  w = np.where(below[:, None], np.exp(scales[None, :, None] * d[:, None] + bias), 0.0)
+  expected = np.stack([np.sum(w * d[:, None] ** p, -1) for p in range(5)], -1)
+  with jax.enable_x64(True):
+    args = (jnp.asarray(d), jnp.asarray(below), jnp.asarray(bias))
+    np.testing.assert_allclose(_moments._row_sums(*args), expected, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(_moments._chunk_sums(*args), expected, rtol=1e-12, atol=1e-300)
+  shapes = [jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((256, 256), bool),
+            jax.ShapeDtypeStruct((256,), jnp.float32)]
+  loops = {platform: lowering.lower(_moments._row_sums, *shapes, platform=platform).as_text()
+           .count("stablehlo.while") for platform in ("cpu", "cuda", "tpu")}
+  assert loops == {"cpu": 1, "cuda": 0, "tpu": 0}
