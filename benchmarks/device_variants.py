@@ -156,8 +156,9 @@ def launch_rows(dtype: str, launch) -> list[str]:
   for family in GRADIENT_FAMILIES:
     row = _triton_tiles.LAUNCH[family, width]
     stages = launch[2] if len(launch) > 2 else row.num_stages
+    step = "" if row.block_k is None else f", {row.block_k}"
     rows.append(f"LAUNCH[{family!r}, {width}] = Launch({launch[0]}, {row.block_d}, {launch[1]}, "
-                f"{stages})")
+                f"{stages}{step})")
   return rows
 
 

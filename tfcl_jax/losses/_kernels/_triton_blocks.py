@@ -65,14 +65,15 @@ def unavailable() -> str | None:
 @dataclasses.dataclass(frozen=True)
 class Geometry:
   """Static tile geometry: `block` rows per program and per step, `D` in `chunks` of
-  `block_d` columns, `steps` blocks of the other side per program; `scaled`: raw rows with
-  inverse norms."""
+  `block_d` columns (the similarity products in steps of `block_k`), `steps` blocks of the
+  other side per program; `scaled`: raw rows with inverse norms."""
 
   block: int
   block_d: int
   chunks: int
   steps: int
   scaled: bool
+  block_k: int
 
   @property
   def whole(self) -> bool:
@@ -80,7 +81,9 @@ class Geometry:
 
 
 def geometry(launch: Launch, dim: int, steps: int, vectors) -> Geometry:
-  return Geometry(launch.block, launch.block_d, dim // launch.block_d, steps, is_raw(vectors))
+  block_k = min(launch.block_k or launch.block_d, launch.block_d)
+  return Geometry(launch.block, launch.block_d, dim // launch.block_d, steps, is_raw(vectors),
+                  block_k)
 
 
 def span(g: Geometry, j):
@@ -114,15 +117,16 @@ def _dot(a, b, dims) -> jax.Array:
 
 def products(g: Geometry, a_ref, a_span, b_ref, b_span, a, b) -> jax.Array:
   """`A B^T` of the blocks `a_ref[a_span]` and `b_ref[b_span]`: `a` and `b` are those blocks
-  already loaded (whole `D`), else `D` is walked in chunks (the reduction loop)."""
+  already loaded (whole `D`), else `D` is walked in steps of `block_k` (the reduction loop)."""
   if g.whole:
     return _dot(a, b, _NT)
 
   def add(c, acc):
-    d = columns(g, c)
+    d = pl.ds(pl.multiple_of(c * g.block_k, g.block_k), g.block_k)
     return acc + _dot(a_ref[a_span, d], b_ref[b_span, d], _NT)
 
-  return over_chunks(g, add, jnp.zeros((g.block, g.block), jnp.float32))
+  steps = g.chunks * (g.block_d // g.block_k)
+  return loop(0, steps, add, jnp.zeros((g.block, g.block), jnp.float32))
 
 
 def scaled(g: Geometry, raw, r_scale, c_scale) -> jax.Array:

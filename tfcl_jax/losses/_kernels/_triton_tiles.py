@@ -38,12 +38,15 @@ MIN_PROGRAMS = 264
 @dataclasses.dataclass(frozen=True)
 class Launch:
   """One kernel family's tile: `block` rows and columns per tile, `D` in steps of `block_d`
-  (held whole when one step covers it), and its launch's `num_warps` and `num_stages`."""
+  (held whole when one step covers it), and its launch's `num_warps` and `num_stages`;
+  `block_k`: where `D` is walked, the similarity products' narrower step through it (None:
+  `block_d`), which keeps a gradient kernel's `dS V` products `block_d` wide."""
 
   block: int
   block_d: int
   num_warps: int
   num_stages: int
+  block_k: int | None = None
 
 
 # (family, byte width of the inputs) -> Launch, its `block_d` the widest step through `D`.
@@ -59,10 +62,13 @@ class Launch:
 #   tiles serve both sides): 64-row tiles and one warpgroup, 64 x 64 per MMA for the tile and
 #   for `dS V` in steps of 64 through `D`. With 8 warps a 64 x 64 tile is split into 64 x 32
 #   MMAs; `D` = 256 held whole (a [64, 256] float32 gradient block) or in steps of 128 spills
-#   hundreds of bytes, and float32 steps of 64 still spill up to 80 bytes in some gradient
-#   kernels (`docs/platforms.md`).
+#   hundreds of bytes. Float32's row and column gradient kernels take the tile's products
+#   `S = U V^T` in steps of 32 through `D` (`block_k`): in steps of 64 they spilled 40-80 bytes
+#   on sm_90, in steps of 32 none (24-48 bytes on sm_80, where 8 warps would spill none but
+#   split sm_90's MMAs: the launch is not chosen per GPU). The pair kernels keep steps of 64
+#   (in steps of 32 `"all"`'s spilled 32 bytes on sm_90 instead of none).
 LAUNCH = {("forward", 2): Launch(128, 16, 8, 4), ("forward", 4): Launch(128, 16, 8, 3),
-          ("backward", 2): Launch(64, 64, 4, 2), ("backward", 4): Launch(64, 64, 4, 1),
+          ("backward", 2): Launch(64, 64, 4, 2), ("backward", 4): Launch(64, 64, 4, 1, 32),
           ("pairs", 2): Launch(64, 64, 4, 2), ("pairs", 4): Launch(64, 64, 4, 1)}
 
 
@@ -131,10 +137,10 @@ def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
     >>> import jax.numpy as jnp
     >>> from tfcl_jax.losses._kernels import _triton_tiles
     >>> t = _triton_tiles.tiles(4096, 4096, 768, None)
-    >>> t.forward, t.backward.block_d, t.dim
-    (Launch(block=128, block_d=16, num_warps=8, num_stages=3), 64, 768)
+    >>> t.forward.block_d, t.backward, t.dim
+    (16, Launch(block=64, block_d=64, num_warps=4, num_stages=1, block_k=32), 768)
     >>> _triton_tiles.tiles(4096, 4096, 200, None, jnp.bfloat16).backward
-    Launch(block=64, block_d=64, num_warps=4, num_stages=2)
+    Launch(block=64, block_d=64, num_warps=4, num_stages=2, block_k=None)
     >>> _triton_tiles.tiles(21, 21, 6, 16).block
     16
   """
