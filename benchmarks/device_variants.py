@@ -127,20 +127,26 @@ GRADIENT_FAMILIES = ("backward", "pairs")  # the `_triton_tiles.LAUNCH` rows a l
 def kernel_options(*, columns=None, launch=None):
   """The fused kernels traced with `columns`, `(forward, backward)` of
   `_triton_tiles.COLUMN_SIDE`, and `launch`, `(block, warps)` or `(block, warps, stages)` of
-  the gradient kernels for every dtype; None keeps the table's."""
-  saved_launch, saved_columns = dict(_triton_tiles.LAUNCH), dict(_triton_tiles.COLUMN_SIDE)
+  the gradient kernels for every dtype and GPU (`LAUNCH_BEFORE_HOPPER` too); None keeps the
+  tables'."""
+  tables = (_triton_tiles.LAUNCH, _triton_tiles.LAUNCH_BEFORE_HOPPER)
+  saved = [dict(table) for table in tables]
+  saved_columns = dict(_triton_tiles.COLUMN_SIDE)
   if columns is not None:
     _triton_tiles.COLUMN_SIDE.update(forward=columns[0], backward=columns[1])
   if launch is not None:
-    for key, value in saved_launch.items():
-      if key[0] in GRADIENT_FAMILIES:
-        _triton_tiles.LAUNCH[key] = dataclasses.replace(
-            value, block=launch[0], num_warps=launch[1],
-            num_stages=launch[2] if len(launch) > 2 else value.num_stages)
+    for table, before in zip(tables, saved, strict=True):
+      for key, value in before.items():
+        if key[0] in GRADIENT_FAMILIES:
+          table[key] = dataclasses.replace(
+              value, block=launch[0], num_warps=launch[1],
+              num_stages=launch[2] if len(launch) > 2 else value.num_stages)
   try:
     yield
   finally:
-    _triton_tiles.LAUNCH.update(saved_launch)
+    for table, before in zip(tables, saved, strict=True):
+      table.clear()
+      table.update(before)
     _triton_tiles.COLUMN_SIDE.update(saved_columns)
 
 
@@ -154,10 +160,12 @@ def launch_rows(dtype: str, launch) -> list[str]:
   width = 2 if dtype == "bfloat16" else 4
   rows = []
   for family in GRADIENT_FAMILIES:
-    row = _triton_tiles.LAUNCH[family, width]
+    row = _triton_tiles.launch(family, jnp.bfloat16 if width == 2 else jnp.float32)
     stages = launch[2] if len(launch) > 2 else row.num_stages
     step = "" if row.block_k is None else f", {row.block_k}"
-    rows.append(f"LAUNCH[{family!r}, {width}] = Launch({launch[0]}, {row.block_d}, {launch[1]}, "
+    table = ("LAUNCH_BEFORE_HOPPER" if _triton_tiles.target_capability() < 90
+             and (family, width) in _triton_tiles.LAUNCH_BEFORE_HOPPER else "LAUNCH")
+    rows.append(f"{table}[{family!r}, {width}] = Launch({launch[0]}, {row.block_d}, {launch[1]}, "
                 f"{stages}{step})")
   return rows
 

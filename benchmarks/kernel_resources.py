@@ -146,10 +146,10 @@ def report(*, specs, modes, dims, rows: int, dtype, capabilities, variants):
     for spec in specs:
       for mode in modes:
         for d in dims:
-          with column_side(variant):
-            kernels = triton_modules(spec, mode, rows, d, jnp.dtype(dtype))
-          for kernel in kernels:
-            for capability in capabilities:
+          for capability in capabilities:  # traced per GPU: its launches (`for_capability`)
+            with column_side(variant), _triton_tiles.for_capability(capability):
+              kernels = triton_modules(spec, mode, rows, d, jnp.dtype(dtype))
+            for kernel in kernels:
               yield {"variant": variant, "spec": spec, "mode": mode, "d": d,
                      "kernel": kernel["name"], "num_warps": kernel["num_warps"],
                      "num_stages": kernel["num_stages"], "capability": capability,

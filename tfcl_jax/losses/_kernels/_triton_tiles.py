@@ -10,6 +10,7 @@ give the latter's float32 inverse norms.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
@@ -64,12 +65,65 @@ class Launch:
 #   MMAs; `D` = 256 held whole (a [64, 256] float32 gradient block) or in steps of 128 spills
 #   hundreds of bytes. Float32's row and column gradient kernels take the tile's products
 #   `S = U V^T` in steps of 32 through `D` (`block_k`): in steps of 64 they spilled 40-80 bytes
-#   on sm_90, in steps of 32 none (24-48 bytes on sm_80, where 8 warps would spill none but
-#   split sm_90's MMAs: the launch is not chosen per GPU). The pair kernels keep steps of 64
-#   (in steps of 32 `"all"`'s spilled 32 bytes on sm_90 instead of none).
+#   on sm_90, in steps of 32 none (on sm_80 with 4 warps 24-48 bytes: `LAUNCH_BEFORE_HOPPER`).
+#   The pair kernels keep steps of 64 (in steps of 32 `"all"`'s spilled 32 bytes on sm_90
+#   instead of none).
 LAUNCH = {("forward", 2): Launch(128, 16, 8, 4), ("forward", 4): Launch(128, 16, 8, 3),
           ("backward", 2): Launch(64, 64, 4, 2), ("backward", 4): Launch(64, 64, 4, 1, 32),
           ("pairs", 2): Launch(64, 64, 4, 2), ("pairs", 4): Launch(64, 64, 4, 1)}
+# Where a GPU before Hopper (compute capability < 9.0, no warpgroup MMAs to split) differs:
+# float32's row and column gradient kernels with 8 warps spill none on sm_80 (4 warps: 24-48
+# bytes), from the same compile reports.
+LAUNCH_BEFORE_HOPPER = {("backward", 4): Launch(64, 64, 8, 1, 32)}
+#: The compute capability the kernels are traced for without a GPU: Pallas's own assumption.
+DEFAULT_CAPABILITY = 90
+_capability_override: list[int] = []
+
+
+def target_capability() -> int:
+  """The compute capability the kernels are traced for: the first local GPU's, else
+  `DEFAULT_CAPABILITY` (as Pallas lowers them), unless `for_capability` sets one."""
+  if _capability_override:
+    return _capability_override[-1]
+  try:
+    gpu = jax.local_devices(backend="gpu")[0]
+  except RuntimeError:
+    return DEFAULT_CAPABILITY
+  try:
+    return int(str(gpu.compute_capability).replace(".", ""))
+  except (AttributeError, ValueError):  # a ROCm GPU: its own launch table is not measured
+    return DEFAULT_CAPABILITY
+
+
+@contextlib.contextmanager
+def for_capability(capability: int):
+  """The kernels traced for compute capability `capability` (`sm_80`: 80), whatever the host
+  has: the launches of `launch` for that GPU (compile reports for several GPUs from one host)."""
+  _capability_override.append(capability)
+  try:
+    yield
+  finally:
+    _capability_override.pop()
+
+
+def launch(role: str, dtype) -> Launch:
+  """The `LAUNCH` entry of kernel family `role` for inputs of `dtype` on the target GPU
+  (`target_capability`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from tfcl_jax.losses._kernels import _triton_tiles
+    >>> with _triton_tiles.for_capability(80):
+    ...   _triton_tiles.launch("backward", jnp.float32).num_warps
+    8
+    >>> with _triton_tiles.for_capability(90):
+    ...   _triton_tiles.launch("backward", jnp.float32).num_warps
+    4
+  """
+  key = (role, _width(dtype))
+  if target_capability() < 90 and key in LAUNCH_BEFORE_HOPPER:
+    return LAUNCH_BEFORE_HOPPER[key]
+  return LAUNCH[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +180,8 @@ def splits(row_blocks: int, column_blocks: int, min_programs: int) -> int:
 
 def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
           dtype=jnp.float32) -> Tiles:
-  """The kernels' tiles, powers of two, from `LAUNCH` and `COLUMN_SIDE`.
+  """The kernels' tiles, powers of two, from `LAUNCH` (`launch`: for the target GPU) and
+  `COLUMN_SIDE`.
 
   `D` is held whole (rounded up to a power of two, at least 16) by a family whose step is at
   least that, else walked in its steps; `D` is padded to whole steps of every family. A
@@ -148,12 +203,12 @@ def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
   largest = _next_power_of_two(max(num_rows, num_cols))
   launches = []
   for role in ROLES:
-    launch = LAUNCH[role, _width(dtype)]
-    block = launch.block if block_size is None else _floor_power_of_two(block_size)
+    chosen = launch(role, dtype)
+    block = chosen.block if block_size is None else _floor_power_of_two(block_size)
     block = max(SMALLEST_BLOCK, min(block, largest))
-    launches.append(dataclasses.replace(launch, block=block,
-                                        block_d=min(whole, launch.block_d)))
-  step = max(launch.block_d for launch in launches)
+    launches.append(dataclasses.replace(chosen, block=block,
+                                        block_d=min(whole, chosen.block_d)))
+  step = max(chosen.block_d for chosen in launches)
   return Tiles(*launches, dim=-(-dim // step) * step,
                columns=(COLUMN_SIDE["forward"], COLUMN_SIDE["backward"]),
                min_programs=MIN_PROGRAMS)
