@@ -125,3 +125,16 @@ def test_the_default_float32_gradient_kernel_at_d256_spills_on_no_gpu():
   grads = {row["capability"]: row for row in rows if row["kernel"] == "info_nce_lse_row_grad"}
   assert grads[80]["num_warps"] == 8 and grads[90]["num_warps"] == 4
   _check(rows)
+
+
+@pytest.mark.heavy  # six compilations for two GPUs: CI's heavy step
+def test_the_float32_forward_without_a_closed_form_spills_on_no_gpu():
+  # A learnt temperature: the online logsumexp forward. With 3 stages it spilled 88 bytes on
+  # sm_80 at D = 128 (`LAUNCH_BEFORE_HOPPER` takes 2 there).
+  pytest.importorskip("triton")
+  rows = list(kernel_resources.report(specs=["learnable=0.07"], modes=["cross"], dims=[128],
+                                      rows=4096, dtype="float32", capabilities=[80, 90],
+                                      variants=["default"]))
+  forwards = {row["capability"]: row for row in rows if row["kernel"] == "info_nce_lse"}
+  assert forwards[80]["num_stages"] == 2 and forwards[90]["num_stages"] == 3
+  _check(rows)

@@ -71,10 +71,13 @@ class Launch:
 LAUNCH = {("forward", 2): Launch(128, 16, 8, 4), ("forward", 4): Launch(128, 16, 8, 3),
           ("backward", 2): Launch(64, 64, 4, 2), ("backward", 4): Launch(64, 64, 4, 1, 32),
           ("pairs", 2): Launch(64, 64, 4, 2), ("pairs", 4): Launch(64, 64, 4, 1)}
-# Where a GPU before Hopper (compute capability < 9.0, no warpgroup MMAs to split) differs:
-# float32's row and column gradient kernels with 8 warps spill none on sm_80 (4 warps: 24-48
-# bytes), from the same compile reports.
-LAUNCH_BEFORE_HOPPER = {("backward", 4): Launch(64, 64, 8, 1, 32)}
+# Where a GPU before Hopper (compute capability < 9.0, no warpgroup MMAs to split) differs,
+# from the same compile reports on sm_80 (N = 16384, D = 128, 256, 768): float32's row and
+# column gradient kernels with 8 warps spill none (4 warps: 24-48 bytes at D = 256); its
+# forwards with 2 stages none (3 stages: 88 bytes at D = 128 for a mapping without a closed
+# form).
+LAUNCH_BEFORE_HOPPER = {("forward", 4): Launch(128, 16, 8, 2),
+                        ("backward", 4): Launch(64, 64, 8, 1, 32)}
 #: The compute capability the kernels are traced for without a GPU: Pallas's own assumption.
 DEFAULT_CAPABILITY = 90
 _capability_override: list[int] = []
