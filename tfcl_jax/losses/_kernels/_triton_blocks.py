@@ -90,8 +90,10 @@ def span(g: Geometry, j):
   return pl.ds(pl.multiple_of(j * g.block, g.block), g.block)
 
 
-def columns(g: Geometry, c):
-  return pl.ds(pl.multiple_of(c * g.block_d, g.block_d), g.block_d)
+def columns(g: Geometry, c, width: int | None = None):
+  """The `c`-th step of `width` columns through `D` (default `block_d`)."""
+  width = g.block_d if width is None else width
+  return pl.ds(pl.multiple_of(c * width, width), width)
 
 
 def every_column(ref):
@@ -122,7 +124,7 @@ def products(g: Geometry, a_ref, a_span, b_ref, b_span, a, b) -> jax.Array:
     return _dot(a, b, _NT)
 
   def add(c, acc):
-    d = pl.ds(pl.multiple_of(c * g.block_k, g.block_k), g.block_k)
+    d = columns(g, c, g.block_k)
     return acc + _dot(a_ref[a_span, d], b_ref[b_span, d], _NT)
 
   steps = g.chunks * (g.block_d // g.block_k)
