@@ -138,3 +138,18 @@ def test_the_float32_forward_without_a_closed_form_spills_on_no_gpu():
   forwards = {row["capability"]: row for row in rows if row["kernel"] == "info_nce_lse"}
   assert forwards[80]["num_stages"] == 2 and forwards[90]["num_stages"] == 3
   _check(rows)
+
+
+@pytest.mark.heavy  # four compilations for two GPUs: CI's heavy step
+def test_the_gradient_kernel_of_eq11_with_a_scale_spills_on_no_gpu():
+  # `learnable_free` (Eq. 11 times a learnt scale; a solved scale the same): no closed form, so
+  # the tile takes the mapping's `jax.vjp`. Traced as `log1p(c) - log1p(-c)`, the gradient
+  # kernels spilled 376-680 bytes on sm_90 at D = 128-256 (`cross`); the kernels trace Eq. 11
+  # in its kernel form (`mappings._scaled_free.kernel_form`: one log of the odds, the
+  # derivative in closed form), and NT-Xent's spills none.
+  pytest.importorskip("triton")
+  rows = list(kernel_resources.report(specs=["learnable_free=100"], modes=["all"], dims=[256],
+                                      rows=4096, dtype="float32", capabilities=[80, 90],
+                                      variants=["default"]))
+  assert {row["kernel"] for row in rows} == {"info_nce_lse", "info_nce_lse_row_grad"}
+  _check(rows)
