@@ -84,6 +84,14 @@ def _compiled(**kwargs) -> list[dict]:
   return list(kernel_resources.report(specs=["free"], capabilities=[80, 90], **kwargs))
 
 
+def _default_float32(spec: str, mode: str, dim: int) -> list[dict]:
+  """The default variant's kernels of `spec` in `mode`, float32, N = 4096, on sm_80 and sm_90."""
+  pytest.importorskip("triton")
+  return list(kernel_resources.report(specs=[spec], modes=[mode], dims=[dim], rows=4096,
+                                      dtype="float32", capabilities=[80, 90],
+                                      variants=["default"]))
+
+
 def _check(rows: list[dict]):
   assert rows
   for row in rows:
@@ -118,10 +126,7 @@ def test_the_default_float32_gradient_kernel_at_d256_spills_on_no_gpu():
   # D = 256 walked in steps of 64 with the tile's products in steps of 32 (`Launch.block_k`):
   # in steps of 64 this kernel spilled 56 bytes on sm_90 at N = 4096; with 4 warps on sm_80,
   # 40 (`LAUNCH_BEFORE_HOPPER` takes 8 there).
-  pytest.importorskip("triton")
-  rows = list(kernel_resources.report(specs=["free"], modes=["all"], dims=[256], rows=4096,
-                                      dtype="float32", capabilities=[80, 90],
-                                      variants=["default"]))
+  rows = _default_float32("free", "all", 256)
   grads = {row["capability"]: row for row in rows if row["kernel"] == "info_nce_lse_row_grad"}
   assert grads[80]["num_warps"] == 8 and grads[90]["num_warps"] == 4
   _check(rows)
@@ -131,10 +136,7 @@ def test_the_default_float32_gradient_kernel_at_d256_spills_on_no_gpu():
 def test_the_float32_forward_without_a_closed_form_spills_on_no_gpu():
   # A learnt temperature: the online logsumexp forward. With 3 stages it spilled 88 bytes on
   # sm_80 at D = 128 (`LAUNCH_BEFORE_HOPPER` takes 2 there).
-  pytest.importorskip("triton")
-  rows = list(kernel_resources.report(specs=["learnable=0.07"], modes=["cross"], dims=[128],
-                                      rows=4096, dtype="float32", capabilities=[80, 90],
-                                      variants=["default"]))
+  rows = _default_float32("learnable=0.07", "cross", 128)
   forwards = {row["capability"]: row for row in rows if row["kernel"] == "info_nce_lse"}
   assert forwards[80]["num_stages"] == 2 and forwards[90]["num_stages"] == 3
   _check(rows)
@@ -147,9 +149,6 @@ def test_the_gradient_kernel_of_eq11_with_a_scale_spills_on_no_gpu():
   # kernels spilled 376-680 bytes on sm_90 at D = 128-256 (`cross`); the kernels trace Eq. 11
   # in its kernel form (`mappings._scaled_free.kernel_form`: one log of the odds, the
   # derivative in closed form), and NT-Xent's spills none.
-  pytest.importorskip("triton")
-  rows = list(kernel_resources.report(specs=["learnable_free=100"], modes=["all"], dims=[256],
-                                      rows=4096, dtype="float32", capabilities=[80, 90],
-                                      variants=["default"]))
+  rows = _default_float32("learnable_free=100", "all", 256)
   assert {row["kernel"] for row in rows} == {"info_nce_lse", "info_nce_lse_row_grad"}
   _check(rows)
