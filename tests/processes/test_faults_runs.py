@@ -148,6 +148,25 @@ def _lock(workdir):
     return json.load(f)
 
 
+def test_a_sweep_resumes_elsewhere_from_its_result_files_alone(tmp_path):
+  # Moved to another machine: only two finished runs' result.json (no config.json, lock,
+  # checkpoints or tables) copied into a fresh workdir. The same command reads those two as they
+  # are (marked here by a value no training gives) and trains only the third.
+  first, moved = tmp_path / "first", tmp_path / "moved"
+  assert _sweep(tmp_path, first)[0] == 0
+  for seed in (0, 1):
+    result = json.loads((first / "runs" / "free" / f"seed{seed}" / "result.json").read_text())
+    assert result["value"] == 0.5 + seed
+    (moved / "runs" / "free" / f"seed{seed}").mkdir(parents=True)
+    (moved / "runs" / "free" / f"seed{seed}" / "result.json").write_text(
+        json.dumps({**result, "value": 100.0 + seed}))
+  code, _, err = _sweep(tmp_path, moved)
+  assert code == 0, err
+  with open(moved / "results.csv") as f:
+    values = {int(row["seed"]): float(row["value"]) for row in csv.DictReader(f)}
+  assert values == {0: 100.0, 1: 101.0, 2: 2.5}
+
+
 def test_a_second_sweep_on_a_live_workdir_is_refused_then_a_dead_holder_is_taken_over(tmp_path):
   workdir = tmp_path / "w"
   holder = _sweep(tmp_path, workdir, "--config.hold_seed=1", wait=False)
