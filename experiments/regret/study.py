@@ -87,19 +87,33 @@ def goes_on(screen: Sequence[dict], new_mappings: Sequence[str], screening_rows:
             ) -> dict[str, str]:
   """The screening rule of `docs/regret.md` for each new mapping: it goes on to every row if its
   worst-case regret over the screening rows is no larger than free's, or if it is within noise
-  on more screening rows than free. Decided only once both have every screening row."""
+  on more screening rows than free.
+
+  Decided once both have every screening row, or before where no missing row can change it: a
+  row can only raise a worst case and add a row within noise, so the rule holds whatever is
+  missing if the mapping is already within noise on more rows than free can reach (or has every
+  row and a worst case no larger than free's so far), and fails whatever is missing if it cannot
+  reach free's count and free has every row with a smaller worst case. Such a verdict says
+  "settled" and how many rows each had.
+  """
   by = {s["candidate"]: s for s in screen}
   free = by["free"]
   verdict = {}
   for candidate in new_mappings:
     mine = by[candidate]
-    if mine["rows"] < screening_rows or free["rows"] < screening_rows:
-      verdict[candidate] = (f"pending ({mine['rows']}/{screening_rows} screening rows, free "
-                            f"{free['rows']}/{screening_rows})")
-    elif mine["worst"] <= free["worst"] or mine["within_noise"] > free["within_noise"]:
-      verdict[candidate] = "goes on"
+    missing, free_missing = screening_rows - mine["rows"], screening_rows - free["rows"]
+    counts = f"{mine['rows']}/{screening_rows} screening rows, free {free['rows']}/{screening_rows}"
+    if not missing and not free_missing:
+      verdict[candidate] = ("goes on" if mine["worst"] <= free["worst"]
+                            or mine["within_noise"] > free["within_noise"] else "stops")
+    elif (mine["within_noise"] > free["within_noise"] + free_missing
+          or (not missing and mine["worst"] <= free["worst"])):
+      verdict[candidate] = f"goes on (settled with {counts})"
+    elif (mine["within_noise"] + missing <= free["within_noise"] and not free_missing
+          and mine["rows"] and mine["worst"] > free["worst"]):
+      verdict[candidate] = f"stops (settled with {counts})"
     else:
-      verdict[candidate] = "stops"
+      verdict[candidate] = f"pending ({counts})"
   return verdict
 
 
@@ -192,7 +206,8 @@ def decide(over: RowSet, by_candidate: Sequence[dict], screenings: Sequence[Scre
   pending = [c for c, v in verdicts.items() if v.startswith("pending")]
   if pending:
     return "pending: screening of " + ", ".join(f"`{c}`" for c in pending)
-  finalists = [c for c in candidates_of(over.decides) if verdicts.get(c, "goes on") == "goes on"]
+  finalists = [c for c in candidates_of(over.decides)
+               if verdicts.get(c, "goes on").startswith("goes on")]
   return decision(by_candidate, finalists)
 
 

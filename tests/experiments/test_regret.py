@@ -188,6 +188,20 @@ def test_screening_rule():
   verdict = study.goes_on(screen, new, 2)
   assert verdict["learnable_free=100"] == "stops"
   assert verdict["free_n"].startswith("pending")
+  # Settled before every row: within noise on more rows than free can reach (free misses one),
+  # or unable to reach free's count and behind free's final worst case.
+  screen = [_summary("free", 3.0, 1, rows_run=3, of_rows=4),
+            _summary("learnable_free=100", 9.0, 3, rows_run=3, of_rows=4),
+            _summary("free_n", 9.0, 2, rows_run=3, of_rows=4)]
+  verdict = study.goes_on(screen, new, 4)
+  assert verdict == {"learnable_free=100": "goes on (settled with 3/4 screening rows, free 3/4)",
+                     "free_n": "pending (3/4 screening rows, free 3/4)"}
+  screen = [_summary("free", 3.0, 2, rows_run=4, of_rows=4),
+            _summary("learnable_free=100", 4.0, 1, rows_run=3, of_rows=4),
+            _summary("free_n", 2.0, 0, rows_run=2, of_rows=4)]
+  verdict = study.goes_on(screen, new, 4)
+  assert verdict == {"learnable_free=100": "stops (settled with 3/4 screening rows, free 4/4)",
+                     "free_n": "pending (2/4 screening rows, free 4/4)"}
 
 
 def test_decision_rule_ties_under_half_a_unit():
@@ -345,7 +359,10 @@ def test_round_2_screens_on_its_own_rows_and_leaves_round_1_as_it_was(tmp_path):
   assert (by["accuracy_free"]["rows"], by["accuracy_free"]["within_noise"]) == (2, 2)
   assert second.verdict["calibrated_free"] == "stops"  # 12 > 11, within noise on 0 rows as free
   assert second.verdict["perplexity_free"] == "goes on"  # 10.5 <= 11
-  assert second.verdict["accuracy_free"].startswith("pending (2/3 screening rows")
+  # accuracy_free has not run A, but is within noise on 2 rows where free, with every row, is
+  # on none: whatever A holds, it goes on.
+  assert second.verdict["accuracy_free"] == ("goes on (settled with 2/3 screening rows, "
+                                             "free 3/3)")
 
 
 def test_scale_traces_from_each_kind_of_column(tmp_path):
