@@ -190,18 +190,18 @@ def test_screening_rule():
   assert verdict["free_n"].startswith("pending")
   # Settled before every row: within noise on more rows than free can reach (free misses one),
   # or unable to reach free's count and behind free's final worst case.
-  screen = [_summary("free", 3.0, 1, rows_run=3, of_rows=4),
-            _summary("learnable_free=100", 9.0, 3, rows_run=3, of_rows=4),
-            _summary("free_n", 9.0, 2, rows_run=3, of_rows=4)]
-  verdict = study.goes_on(screen, new, 4)
-  assert verdict == {"learnable_free=100": "goes on (settled with 3/4 screening rows, free 3/4)",
-                     "free_n": "pending (3/4 screening rows, free 3/4)"}
-  screen = [_summary("free", 3.0, 2, rows_run=4, of_rows=4),
-            _summary("learnable_free=100", 4.0, 1, rows_run=3, of_rows=4),
-            _summary("free_n", 2.0, 0, rows_run=2, of_rows=4)]
-  verdict = study.goes_on(screen, new, 4)
-  assert verdict == {"learnable_free=100": "stops (settled with 3/4 screening rows, free 4/4)",
-                     "free_n": "pending (2/4 screening rows, free 4/4)"}
+  # (worst, within noise, rows run) of free, learnable_free and free_n over 4 screening rows.
+  cases = [
+      (((3.0, 1, 3), (9.0, 3, 3), (9.0, 2, 3)),
+       ("goes on (settled with 3/4 screening rows, free 3/4)",
+        "pending (3/4 screening rows, free 3/4)")),
+      (((3.0, 2, 4), (4.0, 1, 3), (2.0, 0, 2)),
+       ("stops (settled with 3/4 screening rows, free 4/4)",
+        "pending (2/4 screening rows, free 4/4)"))]
+  for summaries, expected in cases:
+    screen = [_summary(name, worst, within, rows_run=run, of_rows=4) for name, (worst, within, run)
+              in zip(("free", *new), summaries, strict=True)]
+    assert tuple(study.goes_on(screen, new, 4)[name] for name in new) == expected
 
 
 def test_decision_rule_ties_under_half_a_unit():
