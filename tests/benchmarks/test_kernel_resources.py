@@ -92,6 +92,14 @@ def _default_float32(spec: str, mode: str, dim: int) -> list[dict]:
                                       variants=["default"]))
 
 
+def _default_bfloat16(spec: str, mode: str, dim: int) -> list[dict]:
+  """`_default_float32` with bfloat16 inputs."""
+  pytest.importorskip("triton")
+  return list(kernel_resources.report(specs=[spec], modes=[mode], dims=[dim], rows=4096,
+                                      dtype="bfloat16", capabilities=[80, 90],
+                                      variants=["default"]))
+
+
 def _check(rows: list[dict]):
   assert rows
   for row in rows:
@@ -151,4 +159,15 @@ def test_the_gradient_kernel_of_eq11_with_a_scale_spills_on_no_gpu():
   # derivative in closed form), and NT-Xent's spills none.
   rows = _default_float32("learnable_free=100", "all", 256)
   assert {row["kernel"] for row in rows} == {"info_nce_lse", "info_nce_lse_row_grad"}
+  _check(rows)
+
+
+@pytest.mark.heavy  # six compilations for two GPUs: CI's heavy step
+def test_the_bfloat16_gradient_kernels_before_hopper_spill_none():
+  # A fixed temperature, `cross`, D = 256: with 4 warps on sm_80 the column gradient kernel
+  # spilled 24 bytes (up to 200 at D = 768); `LAUNCH_BEFORE_HOPPER` takes 8 warps there, while
+  # sm_90 keeps one warpgroup (8 would split its MMAs to 64 x 32).
+  rows = _default_bfloat16("tau=0.07", "cross", 256)
+  grads = [row for row in rows if "grad" in row["kernel"]]
+  assert {(row["capability"], row["num_warps"]) for row in grads} == {(80, 8), (90, 4)}
   _check(rows)
