@@ -152,8 +152,9 @@ def _scales(rows: Sequence[Row], found: Sequence[scales.ScaleTrace]) -> list[str
   lines = ["## What each scale did", "",
            "Mean over seeds, per row family, from the runs' `scale@<epoch>` (retrieval), "
            "`final_t` (a learnt scale, from its spec's start to `min(exp(t), cap)`) or "
-           "`final_scale` (a scale solved from the batch) columns; rows that read the same runs "
-           "are drawn once.", ""]
+           "`final_scale` (a scale solved from the batch) columns, or, where the sweep's run logs "
+           "were traced (`python -m experiments.regret.traces`), the solved scale at every 5% of "
+           "training from `<table>_scales.csv`; rows that read the same runs are drawn once.", ""]
   for family in figures.families(rows):
     mine = [t for t in found if t.row.family == family]
     by_row = {t.row.key: [u for u in mine if u.row.key == t.row.key] for t in mine}

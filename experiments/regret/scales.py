@@ -4,7 +4,9 @@ A run records its scale in one of three ways: the retrieval sweeps write `scale_
 scale after each epoch, `scale@1 .. scale@E`; the other sweeps write the learnt `final_t`, whose
 scale is `min(exp(t), cap)` with the start and the cap of the candidate's spec
 (`tfcl_jax.mappings.logit_scale`, `max_logit_scale`); a scale solved from the batch writes
-`final_scale`, the last one. Rows and candidates with none of them are left out, and named.
+`final_scale`, the last one, and its path over training where the sweep's run logs were traced
+into `<table>_scales.csv` (`experiments.regret.traces`), which is preferred. Rows and candidates
+with none of them are left out, and named.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from experiments.regret import traces as run_logs
 from experiments.regret.rows import CANDIDATES, Row
 from experiments.regret.runs import RESULTS, candidate_of, read_table
 
@@ -69,11 +72,13 @@ def trajectory(line: dict, candidate: str) -> tuple[tuple[float, ...], tuple[flo
 
 
 def traces(rows: Sequence[Row], results: str = RESULTS) -> list[ScaleTrace]:
-  """Each (row, candidate) whose runs record a scale: the first of the row's tables that does,
-  over its first `row.seeds` seeds (a run's several lines, MSC's classes, give one trace). Rows
-  that read the same runs (SimCLR on MNIST-1D, kNN and linear) give them once, for the first."""
+  """Each (row, candidate) whose runs record a scale (a traced path first, `trajectory`
+  otherwise): the first of the row's tables that does, over its first `row.seeds` seeds (a
+  run's several lines, MSC's classes, give one trace). Rows that read the same runs (SimCLR on
+  MNIST-1D, kNN and linear) give them once, for the first."""
   out = []
   cache: dict[str, list[dict] | None] = {}
+  logged: dict[str, dict] = {}
   seen = set()
   for row in rows:
     for candidate in CANDIDATES:
@@ -82,10 +87,12 @@ def traces(rows: Sequence[Row], results: str = RESULTS) -> list[ScaleTrace]:
           break
         if table not in cache:
           cache[table] = read_table(table, results)
+          logged[table] = run_logs.read(table, results)
         by_seed = {}
         for line in cache[table] or ():
           if candidate_of(str(line["spec"]), row) == candidate:
-            found = trajectory(line, candidate)
+            found = (logged[table].get((str(line["spec"]), int(line["seed"])))
+                     or trajectory(line, candidate))
             if found is not None:
               by_seed.setdefault(int(line["seed"]), found)
         seeds = sorted(by_seed)[:row.seeds]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.regret import report, rows, runs, scales, study
+from experiments.regret import report, rows, runs, scales, study, traces
 
 
 def _write(path, lines):
@@ -415,3 +415,41 @@ def test_readme_shows_round_1s_summary_over_its_rows():
   assert all(line.split(" | ")[1].endswith("/16") for line in table[2:])
   assert "\n".join(table) in readme, (
       "README's regret summary differs from round 1's rows in python -m experiments.regret")
+
+
+def _run_folder(folder, spec, seed, steps, scales):
+  folder.mkdir(parents=True)
+  (folder / "result.json").write_text(f'{{"spec": "{spec}", "seed": {seed}}}')
+  _write(folder / "metrics.csv", [{"step": t, "loss": 1.0, "loss/scale": s}
+                                  for t, s in zip(steps, scales, strict=True)])
+
+
+def test_traced_run_logs_give_a_row_its_scale_path(tmp_path):
+  # Two runs of one spec and seed (MSC's classes) average; a run without a result is unfinished.
+  work = tmp_path / "work"
+  _run_folder(work / "runs" / "calibrated_free" / "class0" / "seed0", "calibrated_free", 0,
+              [1, 11, 21], [1.0, 2.0, 4.0])
+  _run_folder(work / "runs" / "calibrated_free" / "class1" / "seed0", "calibrated_free", 0,
+              [1, 11, 21], [3.0, 4.0, 6.0])
+  _run_folder(work / "runs" / "calibrated_free" / "class0" / "seed1", "calibrated_free", 1,
+              [2, 4], [5.0, "nan"])  # a non-finite logged scale is dropped
+  (work / "runs" / "calibrated_free" / "class0" / "seed2").mkdir()
+  traced = traces.read_workdir(str(work))
+  assert set(traced) == {("calibrated_free", 0), ("calibrated_free", 1)}
+  # fraction f of the last step 21 is step 21 f, linear between logged steps, the first value
+  # before step 1; the mean of the two classes
+  expect = [np.interp(21 * f, [1, 11, 21], [2.0, 3.0, 5.0]) for f in traces.PROGRESS]
+  np.testing.assert_allclose(traced[("calibrated_free", 0)], expect)
+  np.testing.assert_allclose(traced[("calibrated_free", 1)], 5.0)
+  results = tmp_path / "results"
+  results.mkdir()
+  _write(results / "r.csv", [{"spec": "calibrated_free", "seed": s, "acc": 0.1,
+                              "final_scale": 9.0} for s in range(2)])
+  assert traces.main(["--table", "r", "--workdir", str(work), "--results", str(results)]) == str(
+      results / "r_scales.csv")
+  row = rows.Row("r", "r", "MSC", "acc", 2, ("r",))
+  (found,) = scales.traces([row], str(results))
+  assert found.progress == traces.PROGRESS and found.seeds == 2
+  np.testing.assert_allclose(found.scale, (np.array(expect) + 5.0) / 2, rtol=1e-5)
+  with pytest.raises(ValueError, match="--table"):
+    traces.main(["--table", "absent", "--workdir", str(work), "--results", str(results)])
