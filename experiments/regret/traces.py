@@ -9,6 +9,9 @@ their mean). `experiments.regret.scales` draws a row's trajectory from that file
 exists.
 
     python -m experiments.regret.traces --table regret2_msc_digits --workdir runs/regret2/msc_digits
+
+A sweep still running keeps, beside its finished runs' `result.json` in
+`experiments/results/unfinished/NAME`, their logs cut to what a trace reads (`--cut_into`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import csv
 import json
 import math
 import os
+import shutil
 from collections.abc import Sequence
 
 import numpy as np
@@ -53,6 +57,37 @@ def sample(steps: np.ndarray, scales: np.ndarray) -> np.ndarray:
   """The scale at each of `PROGRESS`, the fraction of the last logged step (the first logged
   value before the first step logged)."""
   return np.interp(np.asarray(PROGRESS) * steps[-1], steps, scales)
+
+
+def kept_steps(steps: np.ndarray) -> np.ndarray:
+  """The indices of the logged `steps` that `sample` reads: the first, and the two logged steps
+  around each sampled one, so that a log cut to them samples as the whole log does."""
+  at = np.asarray(PROGRESS) * steps[-1]
+  right = np.clip(np.searchsorted(steps, at), 0, len(steps) - 1)
+  return np.unique(np.concatenate([[0], right, np.maximum(right - 1, 0)]))
+
+
+def cut(workdir: str, dest: str) -> int:
+  """Copies, for every finished run under `workdir/runs` that logs a scale, its `result.json`
+  and its `metrics.csv` cut to `step` and `loss/scale` at `kept_steps` into the same folder
+  under `dest` (what a sweep kept to resume elsewhere needs for its traces). Returns the number
+  of runs cut."""
+  count = 0
+  for folder, _, files in sorted(os.walk(os.path.join(workdir, "runs"))):
+    found = _run_log(folder) if "result.json" in files else None
+    if found is None:
+      continue
+    _, _, steps, scales = found
+    out = os.path.join(dest, os.path.relpath(folder, workdir))
+    os.makedirs(out, exist_ok=True)
+    shutil.copyfile(os.path.join(folder, "result.json"), os.path.join(out, "result.json"))
+    with open(os.path.join(out, "metrics.csv"), "w", newline="") as f:
+      lines = csv.writer(f)
+      lines.writerow(("step", COLUMN))
+      for i in kept_steps(steps):
+        lines.writerow((f"{steps[i]:g}", repr(float(scales[i]))))
+    count += 1
+  return count
 
 
 def read_workdir(workdir: str) -> dict[tuple[str, int], np.ndarray]:
@@ -99,10 +134,17 @@ def read(table: str, results: str = RESULTS) -> dict[tuple[str, int], tuple[tupl
 
 def main(argv: Sequence[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--table", required=True, help="the committed table the runs belong to")
+  parser.add_argument("--table", help="the committed table the runs belong to")
   parser.add_argument("--workdir", required=True, help="the sweep's workdir")
   parser.add_argument("--results", default=RESULTS)
+  parser.add_argument("--cut_into", help="instead: write the runs' logs cut to what a trace "
+                      "reads into this folder (`experiments/results/unfinished/NAME`)")
   args = parser.parse_args(argv)
+  if args.cut_into:
+    print(f"cut {cut(args.workdir, args.cut_into)} run logs into {args.cut_into}")
+    return args.cut_into
+  if not args.table:
+    raise ValueError("--table: the committed table the runs belong to is required")
   if not os.path.exists(os.path.join(args.results, args.table + ".csv")):
     raise ValueError(f"--table: {args.table}.csv is not in {args.results}")
   path = write(args.table, read_workdir(args.workdir), args.results)

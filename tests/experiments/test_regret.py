@@ -453,3 +453,15 @@ def test_traced_run_logs_give_a_row_its_scale_path(tmp_path):
   np.testing.assert_allclose(found.scale, (np.array(expect) + 5.0) / 2, rtol=1e-5)
   with pytest.raises(ValueError, match="--table"):
     traces.main(["--table", "absent", "--workdir", str(work), "--results", str(results)])
+  # Logs cut to what a trace reads trace as the whole logs do, on unevenly logged steps too.
+  logged = list(range(1, 61)) + [63, 70, 88, 100]
+  _run_folder(work / "runs" / "perplexity_free" / "seed0", "perplexity_free", 0, logged,
+              np.arange(len(logged), dtype=float) ** 2)
+  kept = tmp_path / "kept"
+  traces.main(["--workdir", str(work), "--cut_into", str(kept)])
+  cut = traces.read_workdir(str(kept))
+  assert set(cut) == set(traces.read_workdir(str(work)))
+  for key, value in traces.read_workdir(str(work)).items():
+    np.testing.assert_allclose(cut[key], value, rtol=1e-6)
+  assert len((kept / "runs" / "perplexity_free" / "seed0" / "metrics.csv").read_text()
+             .splitlines()) < len(logged) // 2
