@@ -132,7 +132,8 @@ def _screenings(result: Study) -> list[str]:
 def _matrix(result: Study) -> list[str]:
   lines = ["## Every row", "",
            "Mean regret (s.e.) over the row's seeds; `*` beyond seed noise (p ≤ 0.05, behind "
-           "the reference); `-` not yet run at the row's seed count.", "",
+           "the reference); `-` not run at the row's seed count (not yet, or stopped at "
+           "screening).", "",
            "| row | best fixed τ | " + " | ".join(f"`{c}`" for c in CANDIDATES) + " |",
            "|---|---|" + "---|" * len(CANDIDATES)]
   by_cell = {(c["row"], c["candidate"]): c for c in result.full}
@@ -167,6 +168,8 @@ def _scales(rows: Sequence[Row], found: Sequence[scales.ScaleTrace]) -> list[str
 def _per_row(result: Study) -> list[str]:
   lines = ["## Per row: seeds, p, seeds won, where the runs come from", ""]
   shown = {(c["row"], c["candidate"]): ("full", c) for c in result.full}
+  # A candidate its screening stopped runs no further row (nor a screening row once settled).
+  stopped = {c for s in result.screenings for c, v in s.verdict.items() if v.startswith("stops")}
   for s in reversed(result.screenings):
     for c in s.cells:
       shown.setdefault((c["row"], c["candidate"]), (f"screening round {s.round.number}", c))
@@ -188,7 +191,8 @@ def _per_row(result: Study) -> list[str]:
               "|---|---|---|---|---|---|---|"]
     for candidate in CANDIDATES:
       if (row.key, candidate) not in shown:
-        lines.append(f"| `{row.loss(candidate)}` | not yet run | | | | | |")
+        why = "stopped at screening" if candidate in stopped else "not yet run"
+        lines.append(f"| `{row.loss(candidate)}` | {why} | | | | | |")
         continue
       stage, c = shown[(row.key, candidate)]
       source = (f"`{c['table']}.csv`" if c["pairs"] == "same sweep" else

@@ -465,3 +465,25 @@ def test_traced_run_logs_give_a_row_its_scale_path(tmp_path):
     np.testing.assert_allclose(cut[key], value, rtol=1e-6)
   assert len((kept / "runs" / "perplexity_free" / "seed0" / "metrics.csv").read_text()
              .splitlines()) < len(logged) // 2
+
+
+
+def test_per_row_names_a_candidate_its_screening_stopped(tmp_path):
+  # Round 2 screens on A, T and TQ: calibrated_free is 12 behind on A (free 11) and within
+  # noise nowhere, so it stops; perplexity_free goes on. Neither has run F: one never will.
+  _write(tmp_path / "a.csv", _runs({
+      "tau=0.1": [0.50] * 4, "free": [0.49] * 4, "learnable_free=100": [0.47] * 4,
+      "calibrated_free": [0.48] * 4, "perplexity_free": [0.495] * 4}))
+  _write(tmp_path / "a_grid.csv", _runs({"tau=0.05": [0.60] * 4}))
+  _regrets(tmp_path, "t", {"free": 2.0, "learnable_free=100": 1.0, "free_n": 9.0,
+                           "calibrated_free": 2.5, "perplexity_free": 0.0})
+  _regrets(tmp_path, "tq", {"free": 3.0, "calibrated_free": 1.0, "perplexity_free": 4.0},
+           suffix="+logq")
+  _regrets(tmp_path, "f", {"free": 2.0})
+  result = study.study(str(tmp_path), _toy_design())
+  assert result.screenings[1].verdict["calibrated_free"] == "stops"
+  assert result.screenings[1].verdict["perplexity_free"] == "goes on"
+  sections = report.markdown(result, []).split("\n### ")
+  row_f = next(s for s in sections if s.startswith("F"))
+  assert "| `calibrated_free` | stopped at screening |" in row_f
+  assert "| `perplexity_free` | not yet run |" in row_f
