@@ -467,7 +467,6 @@ def test_traced_run_logs_give_a_row_its_scale_path(tmp_path):
              .splitlines()) < len(logged) // 2
 
 
-
 def test_per_row_names_a_candidate_its_screening_stopped(tmp_path):
   # Round 2 screens on A, T and TQ: calibrated_free is 12 behind on A (free 11) and within
   # noise nowhere, so it stops; perplexity_free goes on. Neither has run F: one never will.
