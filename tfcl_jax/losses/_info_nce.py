@@ -242,7 +242,6 @@ def info_nce(
       raise ValueError("implementation='pallas' needs a tfcl_jax.mappings.Mapping whose params "
                        f"are scalars, got {mapping!r}; use implementation='xla'.")
     lse_fn = _pallas.pallas_reduce
-    rows = _pallas.with_raw_rows(rows, batch.z1, batch.z2)
   lse = negatives_lse(rows, mapping=mapping, block_size=batch.block_size, bank=batch.bank,
                       lse_fn=lse_fn, bank_fn=lse_fn)
   per_row = row_losses(rows, lse, mapping, positive_bias=batch.bias)
@@ -285,7 +284,7 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
                               symmetric=symmetric, extra_negatives=bank,
                               implementation=implementation)
   rows = _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid)
-  dtype = rows.rows.vectors.dtype
+  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   positive_bias = None
   if bias is not None:
     assert rows.columns is not None  # negatives="cross": z2's rows are the candidates
@@ -296,7 +295,7 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
       rows = rows._replace(rows=rows.rows._replace(bias=row_bias))
       assert column_bias is not None  # check_candidate_bias: a pair has z2's bias first
       positive_bias = jnp.concatenate([column_bias, row_bias])
-  bank = None if bank is None else _layout.bank_side(bank, bank_where, dtype)
+  bank = None if bank is None else _layout.bank_side(bank, bank_where, rows.rows.vectors.dtype)
   return Batch(z1, z2, mapping, rows, bank, positive_bias, block_size)
 
 

@@ -42,7 +42,8 @@ def _ntxent(u: jax.Array, labels: jax.Array, mapping) -> jax.Array:
 
 
 def _supcon(u: jax.Array, labels: jax.Array, mapping, block_size, scale=None) -> jax.Array:
-  """`L_out` on the tiles; `scale`: `[B]` per-anchor scales of the free `mapping`, or None."""
+  """`L_out` on the tiles of the rows `u` (`_layout.operand_rows`); `scale`: `[B]` per-anchor
+  scales of the free `mapping`, or None."""
   n = u.shape[0]
   ids = jnp.arange(n, dtype=jnp.int32)
   valid = jnp.ones((n,), bool)
@@ -154,10 +155,10 @@ def supervised_info_nce(
     if not np.any(same & ~np.eye(z.shape[0], dtype=bool)):
       raise ValueError("labels must contain at least one positive pair (two equal labels).")
 
-  u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))
-  mapping, scale = _calibration.supervised_for_loss(mapping, u, labels, block_size=block_size)
+  rows = _layout.operand_rows(z, _layout.operand_dtype(z.dtype))  # raw 16-bit rows, or unit
+  mapping, scale = _calibration.supervised_for_loss(mapping, rows, labels, block_size=block_size)
   if form == "ntxent":
-    return _ntxent(u, labels, mapping)
+    return _ntxent(_layout.unit(rows), labels, mapping)
   if scale is not None:  # per anchor: the free mapping, each row scaled as an anchor
-    return _supcon(u, labels, mappings.temperature_free(), block_size, scale)
-  return _supcon(u, labels, mapping, block_size)
+    return _supcon(rows, labels, mappings.temperature_free(), block_size, scale)
+  return _supcon(rows, labels, mapping, block_size)

@@ -11,10 +11,18 @@ import functools
 import jax
 
 # Automatic tile side per backend, rows `(largest matrix side or None for any, tile)`, the
-# first that covers the matrix; a matrix within its tile is one tile. Measured on CPU; on GPU
-# and TPU the cost argument of docs/losses.md (`benchmarks.device_bench --suite sweep` prints
-# measured rows of this form).
-_BLOCKS = {"cpu": ((None, 512),), "gpu": ((None, 4096),), "tpu": ((None, 4096),)}
+# first that covers the matrix; a matrix within its tile is one tile. Measured on CPU; on GPU,
+# the H200 tile sweep at a matrix side of 32,768 (docs/platforms.md: tiles of 8,192 took 10.1 ms
+# against 12.0 for 4,096, each step of the tile loop costing a fixed 50-115 us there), below
+# 2^14 the cost argument of docs/losses.md; on TPU the cost argument
+# (`benchmarks.device_bench --suite sweep` prints measured rows of this form).
+_BLOCKS = {"cpu": ((None, 512),), "gpu": ((2 ** 14 - 1, 4096), (None, 8192)),
+           "tpu": ((None, 4096),)}
+# Tiles per step of the tile loops (`jax.lax.scan`'s unroll), rows `(largest tile side or None for
+# any, unroll)`, the first that covers the tile: more tiles per step trade the step's fixed cost
+# for a longer program. 1 everywhere until a device sweep measures otherwise
+# (`benchmarks.device_bench --suite sweep`).
+_UNROLL = ((None, 1),)
 # The platforms a program can be lowered for, and the backend whose default each takes.
 _PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
@@ -40,9 +48,11 @@ def auto_block_size(num_rows: int, num_cols: int, backend: str | None = None) ->
   (`python -m benchmarks.loss_bench`); a `[512, 512]` float32 tile (1 MiB) stays in cache.
   On GPU and TPU, one tile up to 4,096 rows, else tiles of 4,096: a `[4096, 4096]` float32
   tile is 64 MiB, and each step of the tile loop does enough work (8.6 GFLOP per product at
-  D = 256) to hide the step's fixed cost (kernel launches on GPU); docs/losses.md gives the
-  argument. The losses take the backend the program is lowered for (`by_platform`), so a
-  program lowered for `cuda` on a CPU host gets the GPU's tiles.
+  D = 256) to hide most of the step's fixed cost (kernel launches on GPU); docs/losses.md gives
+  the argument. On GPU, matrices with a side of 2^14 or more take tiles of 8,192 (256 MiB in
+  float32): the H200 tile sweep measured them faster there (docs/platforms.md). The losses take
+  the backend the program is lowered for (`by_platform`), so a program lowered for `cuda` on a
+  CPU host gets the GPU's tiles.
 
   Examples:
     >>> from tfcl_jax.losses import auto_block_size
@@ -50,6 +60,8 @@ def auto_block_size(num_rows: int, num_cols: int, backend: str | None = None) ->
     (512, 300)
     >>> auto_block_size(8192, 8192, "gpu"), auto_block_size(3000, 3000, "tpu")
     (4096, 3000)
+    >>> auto_block_size(32768, 32768, "gpu"), auto_block_size(32768, 32768, "tpu")
+    (8192, 4096)
 
   Args:
     num_rows: rows of the similarity matrix.
@@ -61,6 +73,18 @@ def auto_block_size(num_rows: int, num_cols: int, backend: str | None = None) ->
   largest = max(num_rows, num_cols)
   block = next(tile for side, tile in table if side is None or largest <= side)
   return largest if largest <= block else block
+
+
+def scan_unroll(block_rows: int, block_cols: int) -> int:
+  """Tiles per step of the tile loops for tiles of `block_rows x block_cols` (`_UNROLL`).
+
+  Examples:
+    >>> from tfcl_jax.losses._engine._blocks import scan_unroll
+    >>> scan_unroll(4096, 4096)
+    1
+  """
+  largest = max(block_rows, block_cols)
+  return next(unroll for side, unroll in _UNROLL if side is None or largest <= side)
 
 
 def by_platform(num_rows: int, num_cols: int, fn, *args):

@@ -18,7 +18,7 @@ from typing import cast
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import _checks, mappings
+from tfcl_jax import mappings
 from tfcl_jax.losses._engine import _arguments, _layout, _moments
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import (
@@ -28,6 +28,7 @@ from tfcl_jax.losses._engine._tiles import (
   TileMapping,
   TileReduction,
   mask,
+  stats_dtype,
 )
 from tfcl_jax.mappings._batch_scaled import (
   BatchScaled,
@@ -178,8 +179,8 @@ def supervised_scale(fn: BatchScaled, z, labels, *, block_size=None) -> jax.Arra
   block_size = _arguments.check_block_size(block_size)
   if fn.scale is not None:
     return check_scale(fn, fn.scale, z.shape[0], what="one per row of z")
-  u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))
-  return supervised_solve(fn.target, u, labels, block_size=block_size)
+  rows = _layout.operand_rows(z, _layout.operand_dtype(z.dtype))
+  return supervised_solve(fn.target, rows, labels, block_size=block_size)
 
 
 def for_loss(mapping: mappings.Mapping, layout: _layout.Layout, **solve_kwargs
@@ -230,11 +231,12 @@ class _NegativeTop(TileReduction):
 
 def supervised_solve(target: str, u: jax.Array, labels: jax.Array, *, block_size
                      ) -> jax.Array:
-  """The scale of `target` for `supervised_info_nce`: every row an anchor, its candidates every
-  other row; `calibrated` takes the mean of its positives' logits as its positive's (SupCon's
-  `L_out`), `accuracy` counts it correct when its best candidate shares its label; the global
-  ones average over the anchors with a positive."""
+  """The scale of `target` for `supervised_info_nce` on its rows `u` (`_layout.operand_rows`):
+  every row an anchor, its candidates every other row; `calibrated` takes the mean of its
+  positives' logits as its positive's (SupCon's `L_out`), `accuracy` counts it correct when its
+  best candidate shares its label; the global ones average over the anchors with a positive."""
   u = jax.lax.stop_gradient(u)
+  dtype = stats_dtype(u)
   n = u.shape[0]
   ids = jnp.arange(n, dtype=jnp.int32)
   labels = labels.astype(jnp.int32)
@@ -245,13 +247,13 @@ def supervised_solve(target: str, u: jax.Array, labels: jax.Array, *, block_size
                        tile_reduction=tile_reduction)[0]
 
   every = _moments.unpack(run(Side(u, ids, ids, valid), _moments.ScaleMoments()))
-  positive = correct = jnp.zeros((n,), u.dtype)
+  positive = correct = jnp.zeros((n,), dtype)
   if target != "perplexity":
     positives = jnp.sum(labels[:, None] == labels[None, :], axis=1) - 1  # O(B^2) ints, no D
     valid = positives > 0
   if target == "calibrated":
     positive_sum = run(Side(u, ids, labels, valid), PositiveSum())
-    positive = positive_sum / jnp.maximum(positives, 1).astype(u.dtype)
+    positive = positive_sum / jnp.maximum(positives, 1).astype(dtype)
   elif target == "accuracy":
     correct = every.top > run(Side(u, labels, labels, jnp.ones((n,), bool)), _NegativeTop())
   return _scale(target, sum_over_anchors, every, positive, correct, valid)
@@ -268,7 +270,7 @@ def supervised_for_loss(mapping: mappings.Mapping, u: jax.Array, labels: jax.Arr
     scale = supervised_solve(fn.target, u, labels, block_size=block_size)
   else:
     scale = check_scale(fn, fn.scale, u.shape[0], what="one per row of z")
-  scale = scale.astype(u.dtype)
+  scale = scale.astype(stats_dtype(u))
   if fn.per_anchor:  # the dense form calls the mapping on [B, B] cosines: rows are anchors
     return mapping.bind(scale=scale), scale
   return with_scale_parameter(mapping, scale), None

@@ -43,6 +43,8 @@ def _ring(axis_name):
 def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
   size, send = _ring(axis_name)
   like = rows.vectors
+  # Raw rows travel with their inverse norms (`_tiled.with_inverse_norms`), computed once.
+  rows, columns = _tiled.with_inverse_norms(rows), _tiled.with_inverse_norms(columns)
   row_stats, col_stats = _tiled.match_varying(_tiled.init_stats(plan, rows, columns), like)
 
   def hop(_, carry):
@@ -60,10 +62,11 @@ def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
 
 
 def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
-  rows, columns, args, (row_out, col_out) = residuals
+  home_rows, home_cols, args, (row_out, col_out) = residuals
   row_g, col_g = cotangents
   size, send = _ring(axis_name)
-  like = rows.vectors
+  like = home_rows.vectors
+  rows, columns = _tiled.with_inverse_norms(home_rows), _tiled.with_inverse_norms(home_cols)
   drows, dcols, dparams, dconsts = _tiled.match_varying(
       _tiled.zero_grads(plan, args, rows, columns), like)
 
@@ -79,7 +82,7 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
   (_, _, _, dcols), (drows, dparams, dconsts) = jax.lax.fori_loop(
       0, size, hop, (travel, (drows, dparams, dconsts)))
   # None: JAX's cotangent for the integer and boolean leaves.
-  return (_tiled.no_grad(rows, drows), _tiled.no_grad(columns, dcols),
+  return (_tiled.side_grad(home_rows, drows), _tiled.side_grad(home_cols, dcols),
           args._replace(params=dparams, step=None, consts=dconsts))
 
 

@@ -14,28 +14,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks
-from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._engine._tiles import Side, is_raw, stats_dtype
 
 # The L2 normalisation's floor on a row's norm (PyTorch's `F.normalize(eps=1e-12)`, rounded down
-# to a power of two so that the kernels' pre-scaled rows share one floor): a row of smaller norm
-# is divided by the floor, a zero row maps to zero (cosine 0 with everything).
+# to a power of two so that pre-scaled rows share one floor): a row of smaller norm is divided by
+# the floor, a zero row maps to zero (cosine 0 with everything).
 _NORM_FLOOR = 2.0 ** -40  # 9.09e-13
 
 
 def norm_floor(dtype: jax.typing.DTypeLike) -> float:
-  """The floor on a row's norm for inputs of `dtype`: `2^-40` (9.1e-13), or `2^-7` for float16.
+  """The floor on a row's norm for inputs of `dtype`: `2^-40` (9.1e-13), or `2^-14` (6.1e-5,
+  float16's smallest normal number) for float16.
 
-  Rows of norm at least the floor are normalised exactly at every scale the dtype holds; a row
-  of smaller norm is divided by the floor (`z / floor`, PyTorch's `F.normalize` convention), so a
-  zero row maps to zero, cosine 0 with every row, with gradient `1 / floor`: `2^40`, or 128 for
-  float16 inputs, whose largest finite value is 65504.
+  Norms are computed in float32 at least, so every row keeps its direction down to the floor:
+  in float16, every row with a normal entry. A row of smaller norm is divided by the floor
+  (`z / floor`, PyTorch's `F.normalize` convention): a zero row maps to zero, cosine 0 with
+  every row, and its gradient is `1 / floor` times its unit row's, `2^40`, or `2^14` for
+  float16 inputs, whose largest finite value is 65504: finite for unit-row gradients up to 4.
 
   Examples:
     >>> from tfcl_jax import losses
     >>> losses.norm_floor("float32") == 2.0 ** -40, losses.norm_floor("float16")
-    (True, 0.0078125)
+    (True, 6.103515625e-05)
   """
-  return 2.0 ** -7 if jnp.dtype(dtype) == jnp.float16 else _NORM_FLOOR
+  return 2.0 ** -14 if jnp.dtype(dtype) == jnp.float16 else _NORM_FLOOR
 
 
 def _power_of_two(exponent: jax.Array, dtype) -> jax.Array:
@@ -115,11 +117,59 @@ RAW_ROW_FLOOR = 0.5
 
 
 def raw_rows(z: jax.Array) -> jax.Array:
-  """Raw 16-bit rows for the fused kernels, scaled by a power of two (exact, `scaled_rows`):
-  their entries lie below 1 in magnitude, their products neither overflow nor underflow, and
-  `r / max(||r||, RAW_ROW_FLOOR)` is `z / max(||z||, norm_floor(z.dtype))` at every scale."""
+  """Raw 16-bit rows for the tiles and the fused kernels, scaled by a power of two (exact,
+  `scaled_rows`): their entries lie below 1 in magnitude, their products neither overflow nor
+  underflow, and `r / max(||r||, RAW_ROW_FLOOR)` is `z / max(||z||, norm_floor(z.dtype))` at every
+  scale."""
   r, _ = scaled_rows(z.astype(jnp.float32), eps=norm_floor(z.dtype))
   return r.astype(z.dtype)
+
+
+def operand_dtype(*dtypes) -> jnp.dtype:
+  """The dtype the tile products take for inputs of `dtypes`: their common dtype when it is a
+  16-bit float (bfloat16, float16: raw rows, products accumulated in float32), else the compute
+  dtype (float32 at least: unit rows)."""
+  common = jnp.result_type(*dtypes)
+  return common if jnp.dtype(common).itemsize < 4 else _checks.compute_dtype(*dtypes)
+
+
+def operand_rows(z: jax.Array, dtype) -> jax.Array:
+  """The rows of `z` as the tiles take them for the operand `dtype` (`operand_dtype`): raw rows
+  (`raw_rows`) of a 16-bit dtype, normalised inside the engine with float32 norms applied after
+  each product; else unit rows (`unit_rows`)."""
+  if jnp.dtype(dtype).itemsize < 4:
+    return raw_rows(z.astype(dtype))
+  return unit_rows(z, dtype)
+
+
+def inverse_norms(vectors: jax.Array) -> jax.Array:
+  """`1 / max(||r||, RAW_ROW_FLOOR)` in float32 for raw rows `r` (`raw_rows`: the floor of
+  `losses.l2_normalize` at every scale), ones for unit rows."""
+  if not is_raw(vectors):
+    return jnp.ones(vectors.shape[:1], stats_dtype(vectors))
+  r = vectors.astype(jnp.float32)
+  return jax.lax.rsqrt(jnp.maximum(jnp.sum(r * r, axis=1), RAW_ROW_FLOOR * RAW_ROW_FLOOR))
+
+
+def unit(vectors: jax.Array) -> jax.Array:
+  """Unit rows: raw rows normalised in float32 (`RAW_ROW_FLOOR`), unit rows as they are."""
+  if not is_raw(vectors):
+    return vectors
+  return _normalize_raw(vectors.astype(jnp.float32))
+
+
+def _normalize_raw(r: jax.Array) -> jax.Array:
+  return l2_normalize(r, eps=RAW_ROW_FLOOR)
+
+
+def through_norm(vectors: jax.Array, unit_grad: jax.Array) -> jax.Array:
+  """The cotangent of a side's `vectors` from the gradient `unit_grad` of its unit rows: itself
+  for unit rows; for raw rows, carried through their normalisation (`unit`) in float32 and
+  rounded once, to the rows' dtype."""
+  if not is_raw(vectors):
+    return unit_grad
+  _, vjp = jax.vjp(_normalize_raw, vectors.astype(unit_grad.dtype))
+  return vjp(unit_grad)[0].astype(vectors.dtype)
 
 
 def candidates_per_anchor(n: int, negatives: str, bank: jax.Array | None = None) -> int:
@@ -147,34 +197,38 @@ class Layout(NamedTuple):
 def layout(z1: jax.Array, z2: jax.Array, *, negatives: str, symmetric: bool,
            valid: jax.Array | None, offset: int | jax.Array = 0) -> Layout:
   """Rows and candidates of InfoNCE (see `info_nce`) for the views `z1`, `z2` of `[n, D]`, as
-  their unit rows `u1`, `u2` in the views' common dtype (`unit_rows`).
+  the tiles take them in the views' common dtype (`operand_rows`: raw 16-bit rows, or unit rows
+  in float32 or float64); the positives' cosines in float32 at least.
 
   Ids are `offset + 0 .. n-1` for the pairs (`cross`), or `offset + 0 .. 2n-1` for the rows
   of `concat([u1, u2])` (`all`); `offset` places a device's rows in a sharded batch.
   """
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  u1, u2 = unit_rows(z1, dtype), unit_rows(z2, dtype)
-  n = u1.shape[0]
+  dtype = operand_dtype(z1.dtype, z2.dtype)
+  v1, v2 = operand_rows(z1, dtype), operand_rows(z2, dtype)
+  n = v1.shape[0]
   valid = jnp.ones((n,), bool) if valid is None else valid
-  positive_cos = jnp.sum(u1 * u2, axis=-1)
+  positive_cos = jnp.sum(unit(v1) * unit(v2), axis=-1)
   if negatives == "cross":
     ids = offset + jnp.arange(n, dtype=jnp.int32)
-    rows, columns = Side(u1, ids, ids, valid), Side(u2, ids, ids, valid)
+    rows, columns = Side(v1, ids, ids, valid), Side(v2, ids, ids, valid)
     if symmetric:
       return Layout(rows, columns, "rows_and_columns", jnp.concatenate([positive_cos] * 2))
     return Layout(rows, columns, "rows", positive_cos)
   ids = offset + jnp.arange(2 * n, dtype=jnp.int32)
   positive_ids = jnp.concatenate([ids[n:], ids[:n]])
-  both = Side(jnp.concatenate([u1, u2]), ids, positive_ids, jnp.concatenate([valid, valid]))
+  both = Side(jnp.concatenate([v1, v2]), ids, positive_ids, jnp.concatenate([valid, valid]))
   return Layout(both, None, "symmetric", jnp.concatenate([positive_cos] * 2))
 
 
-def bank_side(bank: jax.Array, where: jax.Array | None, dtype) -> Side:
-  """Extra negatives as candidate columns: unit rows, never an anchor's self or positive."""
+def bank_side(bank: jax.Array, where: jax.Array | None, row_dtype) -> Side:
+  """Extra negatives as candidate columns, never an anchor's self or positive: raw rows when
+  the bank and the anchors (`row_dtype`, their vectors' dtype) share a 16-bit dtype, else unit
+  rows (`operand_rows`)."""
   k = bank.shape[0]
   ids = jnp.full((k,), -3, jnp.int32)
   valid = jnp.ones((k,), bool) if where is None else where
-  return Side(jax.lax.stop_gradient(unit_rows(bank, dtype)), ids, ids, valid)
+  vectors = operand_rows(bank, operand_dtype(bank.dtype, row_dtype))
+  return Side(jax.lax.stop_gradient(vectors), ids, ids, valid)
 
 
 def anchor_valid(layout_: Layout) -> jax.Array:

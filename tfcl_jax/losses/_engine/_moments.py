@@ -21,7 +21,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax.losses._engine._tiles import MappingArgs, Side, TileMapping, TileReduction, mask
+from tfcl_jax.losses._engine._tiles import (
+  MappingArgs,
+  Side,
+  TileMapping,
+  TileReduction,
+  cosines,
+  mask,
+)
 from tfcl_jax.mappings._batch_scaled import GRID_EXPONENTS, GridMoments
 
 _SCALES = tuple(2.0 ** k for k in GRID_EXPONENTS)
@@ -171,7 +178,7 @@ class ScaleMoments(TileReduction):
 
   def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
               col_stats, use_cols):
-    cos = a.vectors @ b.vectors.T
+    cos = cosines(a, b)
     keep = mask(a, b)
     logits = tile_mapping.fn(cos, args.params, args.step, *args.consts)
     row_stats = _fold(row_stats, logits, keep, b.bias)

@@ -8,7 +8,16 @@ Inf-CL). Three kinds of matrix:
 * `"rows_and_columns"`: the same tiles also give every candidate column its statistics
   (CLIP's symmetric two-tower loss: both directions in one pass);
 * `"symmetric"`: `S = U U^T` (InfoNCE `all`): each off-diagonal tile is computed once and used
-  for its rows and, transposed, for its columns, forward and backward: half the work.
+  for its rows and, transposed, for its columns, forward and backward: half the work. The
+  diagonal tiles run in a scan of their own: a diagonal tile's cotangent `G` gives its rows'
+  gradient in one product, `(G + G^T) U_i`.
+
+Tile products take the sides' own dtype with float32 accumulation (`_tiles.cosines`,
+`_tiles.weighted_rows`): raw 16-bit rows are normalised inside the custom VJP (their float32
+inverse norms scale each product), and their gradient is carried through the normalisation in
+float32 and rounded once (`_layout.through_norm`). Per tile of `b x b` rows of `D` entries: one
+product forward, three backward (the cosines again, then the rows' and the columns' gradients);
+a diagonal tile of `"symmetric"` two backward.
 
 Dense logits are the one-tile case.
 """
@@ -23,8 +32,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax.losses._engine._blocks import balanced_tile, by_platform
-from tfcl_jax.losses._engine._tiles import LogSumExp, MappingArgs, Side, TileMapping, TileReduction
+from tfcl_jax.losses._engine import _layout
+from tfcl_jax.losses._engine._blocks import balanced_tile, by_platform, scan_unroll
+from tfcl_jax.losses._engine._tiles import (
+  LogSumExp,
+  MappingArgs,
+  Side,
+  TileMapping,
+  TileReduction,
+  is_raw,
+  stats_dtype,
+  weighted_rows,
+)
 
 KINDS = ("rows", "rows_and_columns", "symmetric")
 
@@ -38,6 +57,7 @@ class Plan:
   tile_mapping: TileMapping
   column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
   tile_reduction: TileReduction = LogSumExp()  # what a tile folds into per-row statistics
+  unroll: int = 1  # tiles per step of the scans (`jax.lax.scan`'s unroll; `_blocks.scan_unroll`)
 
 
 def pad_side(side: Side, multiple: int) -> Side:
@@ -51,7 +71,8 @@ def pad_side(side: Side, multiple: int) -> Side:
               jnp.pad(side.valid, (0, extra), constant_values=False),
               None if side.bias is None else jnp.pad(side.bias, (0, extra)),
               # A padded row is no one's anchor; scale 1 keeps its masked logits at -inf.
-              None if side.scale is None else jnp.pad(side.scale, (0, extra), constant_values=1))
+              None if side.scale is None else jnp.pad(side.scale, (0, extra), constant_values=1),
+              None if side.inverse_norm is None else jnp.pad(side.inverse_norm, (0, extra)))
 
 
 def _blocks(side: Side, block: int) -> Side:
@@ -73,14 +94,23 @@ def has_scale(rows: Side, columns: Side | None) -> bool:
   return rows.scale is not None or (columns is not None and columns.scale is not None)
 
 
-def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-  """The tiles in scan order: their row-block and column-block indices, two int32 vectors."""
+def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int
+           ) -> list[tuple[np.ndarray, np.ndarray, bool | None]]:
+  """The tiles in scan order, as scans: `(row blocks, column blocks, use_cols)` per scan, two
+  int32 vectors and whether the tiles feed their columns' statistics (None: no column side).
+  `"symmetric"` has two scans: the diagonal tiles (rows only: a diagonal tile's columns are its
+  own rows), then the tiles above the diagonal, each serving its rows and its columns."""
   if kind == "symmetric":
-    pairs = [(i, j) for i in range(num_row_blocks) for j in range(i, num_row_blocks)]
-  else:
-    pairs = [(i, j) for i in range(num_row_blocks) for j in range(num_col_blocks)]
+    diagonal = np.arange(num_row_blocks, dtype=np.int32)
+    above = [(i, j) for i in range(num_row_blocks) for j in range(i + 1, num_row_blocks)]
+    scans: list[tuple[np.ndarray, np.ndarray, bool | None]] = [(diagonal, diagonal, None)]
+    if above:
+      rows, cols = np.array(above, np.int32).T
+      scans.append((rows, cols, True))
+    return scans
+  pairs = [(i, j) for i in range(num_row_blocks) for j in range(num_col_blocks)]
   rows, cols = np.array(pairs, np.int32).T
-  return rows, cols
+  return [(rows, cols, None if kind == "rows" else True)]
 
 
 # Block `index` (a traced scalar, always in range) of stacked blocks. Reads are dynamic slices:
@@ -95,15 +125,6 @@ def _set(stacked, index, value):
   return jax.tree.map(lambda s, v: s.at[index].set(v), stacked, value)
 
 
-def _column_use(plan: Plan, i, j):
-  """Whether tile (i, j) feeds its columns' statistics: None (no column side) or a bool."""
-  if plan.kind == "rows":
-    return None
-  if plan.kind == "rows_and_columns":
-    return jnp.bool_(True)
-  return i != j  # symmetric: a diagonal tile's columns are its own rows, already counted
-
-
 def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_stats, col_stats):
   """Folds every tile of `rows x columns` into the statistics (shapes multiples of the blocks).
 
@@ -112,35 +133,36 @@ def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_sta
   """
   row_blocks = _blocks(rows, plan.block_rows)
   col_blocks = _blocks(columns, plan.block_cols)
-  pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
+  symmetric = plan.kind == "symmetric"
   # Statistics are `[num, ...]` per row: blocks of rows, any trailing axes kept.
   row_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_rows, *x.shape[1:]), row_stats)
-  if plan.kind == "symmetric":
+  if symmetric:
     col_stats = None
   elif col_stats is not None:
     col_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:]), col_stats)
 
-  def step(carry, pair):
-    row_stats, col_stats = carry
-    i, j = pair
-    use_cols = _column_use(plan, i, j)
-    columns_stats = _get(row_stats if plan.kind == "symmetric" else col_stats, j) if (
-        use_cols is not None) else None
-    new_rows, new_cols = plan.tile_reduction.forward(plan.tile_mapping, args, _get(row_blocks, i),
-                                           _get(col_blocks, j), _get(row_stats, i),
-                                           columns_stats, use_cols)
-    row_stats = _set(row_stats, i, new_rows)
-    if plan.kind == "symmetric":
-      # On a diagonal tile (i == j) `new_cols` is block j's old statistics: keep block i's.
-      assert use_cols is not None  # i != j for the symmetric kind
-      kept = jax.tree.map(lambda new, now: jnp.where(use_cols, new, now), new_cols,
-                          _get(row_stats, j))
-      row_stats = _set(row_stats, j, kept)
-    elif use_cols is not None:
-      col_stats = _set(col_stats, j, new_cols)
-    return (row_stats, col_stats), None
+  for row_index, col_index, use_cols in _pairs(plan.kind, row_blocks.ids.shape[0],
+                                               col_blocks.ids.shape[0]):
+    used = None if use_cols is None else jnp.bool_(use_cols)
 
-  (row_stats, col_stats), _ = jax.lax.scan(step, (row_stats, col_stats), pairs)
+    def step(carry, pair, used=used):
+      row_stats, col_stats = carry
+      i, j = pair
+      columns_stats = None
+      if used is not None:
+        columns_stats = _get(row_stats if symmetric else col_stats, j)
+      new_rows, new_cols = plan.tile_reduction.forward(
+          plan.tile_mapping, args, _get(row_blocks, i), _get(col_blocks, j), _get(row_stats, i),
+          columns_stats, used)
+      row_stats = _set(row_stats, i, new_rows)
+      if used is not None and symmetric:  # above the diagonal: block j's rows are the columns
+        row_stats = _set(row_stats, j, new_cols)
+      elif used is not None:
+        col_stats = _set(col_stats, j, new_cols)
+      return (row_stats, col_stats), None
+
+    (row_stats, col_stats), _ = jax.lax.scan(step, (row_stats, col_stats),
+                                             (row_index, col_index), unroll=plan.unroll)
   flat = lambda stats: jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), stats)  # noqa: E731
   return flat(row_stats), None if col_stats is None else flat(col_stats)
 
@@ -151,16 +173,17 @@ def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, r
 
   `row_out`, `col_out` are the reduction's finished outputs (InfoNCE's logsumexp).
 
-  `grads = (drows [M, D], dcolumns [K, D] or None, dparams, dconsts)`; for `"symmetric"` the
-  column gradients go into `drows`.
+  `grads = (drows [M, D], dcolumns [K, D] or None, dparams, dconsts)`, `drows` and `dcolumns`
+  the gradients of the sides' unit rows, in float32 at least (`_tiles.weighted_rows`); for
+  `"symmetric"` the column gradients go into `drows`.
   """
   row_blocks = _blocks(rows, plan.block_rows)
   col_blocks = _blocks(columns, plan.block_cols)
-  pairs = _pairs(plan.kind, row_blocks.ids.shape[0], col_blocks.ids.shape[0])
+  symmetric = plan.kind == "symmetric"
   by_rows = lambda x: x.reshape(-1, plan.block_rows, *x.shape[1:])  # noqa: E731
   by_cols = lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:])  # noqa: E731
   row_out, row_g = by_rows(row_out), by_rows(row_g)
-  if plan.kind == "symmetric":
+  if symmetric:
     col_out, col_g = row_out, row_g
   elif plan.kind == "rows_and_columns":
     col_out, col_g = by_cols(col_out), by_cols(col_g)
@@ -168,35 +191,41 @@ def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, r
   drows = by_rows(drows)
   dcols = None if dcols is None else by_cols(dcols)
 
-  def step(carry, pair):
-    drows, dcols, dparams, dconsts = carry
-    i, j = pair
-    a, b = _get(row_blocks, i), _get(col_blocks, j)
-    use_cols = _column_use(plan, i, j)
-    if use_cols is None:
-      c_out = jnp.zeros((plan.block_cols,), row_out.dtype)
-      c_g = c_out
-    else:
-      c_out, c_g = _get(col_out, j), jnp.where(use_cols, _get(col_g, j), 0.0)
-    dcos, dp, dk = plan.tile_reduction.backward(plan.tile_mapping, args, a, b, _get(row_out, i),
-                                           _get(row_g, i), c_out, c_g)
-    drows = drows.at[i].add(dcos @ b.vectors)
-    if plan.kind == "symmetric":
-      drows = drows.at[j].add(dcos.T @ a.vectors)
-    elif dcols is not None:
-      dcols = dcols.at[j].add(dcos.T @ a.vectors)
-    dparams = jax.tree.map(jnp.add, dparams, dp)
-    dconsts = tuple(x + y for x, y in zip(dconsts, dk, strict=True))
-    return (drows, dcols, dparams, dconsts), None
+  for row_index, col_index, use_cols in _pairs(plan.kind, row_blocks.ids.shape[0],
+                                               col_blocks.ids.shape[0]):
+    diagonal = symmetric and use_cols is None
 
-  (drows, dcols, dparams, dconsts), _ = jax.lax.scan(
-      step, (drows, dcols, dparams, dconsts), pairs)
+    def step(carry, pair, use_cols=use_cols, diagonal=diagonal):
+      drows, dcols, dparams, dconsts = carry
+      i, j = pair
+      a, b = _get(row_blocks, i), _get(col_blocks, j)
+      if use_cols is None:  # no column side, or a diagonal tile: the columns take no share
+        c_out = jnp.zeros((plan.block_cols,), row_out.dtype)
+        c_g = c_out
+      else:
+        c_out, c_g = _get(col_out, j), _get(col_g, j)
+      dcos, dp, dk = plan.tile_reduction.backward(plan.tile_mapping, args, a, b,
+                                                  _get(row_out, i), _get(row_g, i), c_out, c_g)
+      if diagonal:  # b is a: the rows' and the columns' gradients in one product
+        drows = drows.at[i].add(weighted_rows(dcos + dcos.T, a))
+      else:
+        drows = drows.at[i].add(weighted_rows(dcos, b))
+        if symmetric:
+          drows = drows.at[j].add(weighted_rows(dcos.T, a))
+        elif dcols is not None:
+          dcols = dcols.at[j].add(weighted_rows(dcos.T, a))
+      dparams = jax.tree.map(jnp.add, dparams, dp)
+      dconsts = tuple(x + y for x, y in zip(dconsts, dk, strict=True))
+      return (drows, dcols, dparams, dconsts), None
+
+    (drows, dcols, dparams, dconsts), _ = jax.lax.scan(
+        step, (drows, dcols, dparams, dconsts), (row_index, col_index), unroll=plan.unroll)
   return (drows.reshape(-1, drows.shape[-1]),
           None if dcols is None else dcols.reshape(-1, dcols.shape[-1]), dparams, dconsts)
 
 
 def init_stats(plan: Plan, rows: Side, columns: Side | None):
-  dtype = rows.vectors.dtype
+  dtype = stats_dtype(rows.vectors)
   row_stats = plan.tile_reduction.init(rows.ids.shape[0], dtype, plan.tile_mapping)
   col_stats = None
   if plan.kind == "rows_and_columns":
@@ -209,9 +238,25 @@ def zero_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side | None):
   dcols = None
   if plan.kind != "symmetric" and plan.column_grad:
     assert columns is not None, "only the symmetric kind has no column side"
-    dcols = jnp.zeros_like(columns.vectors)
-  return (jnp.zeros_like(rows.vectors), dcols, jax.tree.map(jnp.zeros_like, args.params),
-          tuple(jnp.zeros_like(k) for k in args.consts))
+    dcols = jnp.zeros(columns.vectors.shape, stats_dtype(columns.vectors))
+  return (jnp.zeros(rows.vectors.shape, stats_dtype(rows.vectors)), dcols,
+          jax.tree.map(jnp.zeros_like, args.params), tuple(jnp.zeros_like(k) for k in args.consts))
+
+
+def with_inverse_norms(side: Side | None) -> Side | None:
+  """`side` with the float32 inverse norms of its raw rows (`Side.inverse_norm`), which scale
+  every tile product; unit rows as they are."""
+  if side is None or not is_raw(side.vectors):
+    return side
+  return side._replace(inverse_norm=_layout.inverse_norms(side.vectors))
+
+
+def side_grad(side: Side | None, unit_grad) -> Side | None:
+  """`no_grad` of `side` with the gradient of its unit rows carried to its vectors
+  (`_layout.through_norm`: raw rows through their normalisation, rounded once)."""
+  if side is None or unit_grad is None:
+    return no_grad(side, unit_grad)
+  return no_grad(side, _layout.through_norm(side.vectors, unit_grad))
 
 
 def saving_inputs(primal, num_static: int = 1):
@@ -228,6 +273,7 @@ def saving_inputs(primal, num_static: int = 1):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _reduce(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
+  rows, columns = with_inverse_norms(rows), with_inverse_norms(columns)
   stats = match_varying(init_stats(plan, rows, columns), rows.vectors)
   row_stats, col_stats = accumulate(plan, args, rows, rows if columns is None else columns,
                                     *stats)
@@ -238,11 +284,12 @@ def _reduce(plan: Plan, rows: Side, columns: Side | None, args: MappingArgs):
 def _reduce_bwd(plan, residuals, cotangents):
   rows, columns, args, (row_out, col_out) = residuals
   row_g, col_g = cotangents
+  normed_rows, normed_cols = with_inverse_norms(rows), with_inverse_norms(columns)
   drows, dcols, dparams, dconsts = accumulate_grads(
-      plan, args, rows, rows if columns is None else columns, row_out, row_g, col_out, col_g,
-      match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
+      plan, args, normed_rows, normed_rows if normed_cols is None else normed_cols, row_out,
+      row_g, col_out, col_g, match_varying(zero_grads(plan, args, rows, columns), rows.vectors))
   # The step's cotangent is None (an integer).
-  return no_grad(rows, drows), no_grad(columns, dcols), MappingArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
+  return side_grad(rows, drows), side_grad(columns, dcols), MappingArgs(dparams, None, dconsts)  # pyright: ignore[reportArgumentType]
 
 
 _reduce.defvjp(saving_inputs(_reduce), _reduce_bwd)
@@ -313,16 +360,27 @@ def planned(block_size: int, rows: Side, columns: Side | None, *, mapping, kind:
             tile_reduction: TileReduction, column_grad: bool = True):
   """`(plan, args, rows, columns)`: the plan of a tiled computation with tiles balanced under
   `block_size`, the mapping's arguments, and the sides with their bias and scale constant,
-  padded to whole tiles (`unpadded` cuts the outputs back)."""
+  padded to whole tiles (`unpadded` cuts the outputs back). Two sides whose vectors differ in
+  dtype, one of them raw rows (a bfloat16 batch against a float32 bank), both take unit rows in
+  their common compute dtype (`_layout.unit`)."""
+  if columns is not None and rows.vectors.dtype != columns.vectors.dtype and (
+      is_raw(rows.vectors) or is_raw(columns.vectors)):
+    dtype = jnp.promote_types(stats_dtype(rows.vectors), stats_dtype(columns.vectors))
+    rows, columns = _as_unit(rows, dtype), _as_unit(columns, dtype)
   block_rows = balanced_tile(block_size, rows.ids.shape[0])
   block_cols = block_rows if columns is None else balanced_tile(block_size, columns.ids.shape[0])
-  tile_mapping, args = pure_mapping(mapping, rows.vectors.dtype, (block_rows, block_cols),
+  tile_mapping, args = pure_mapping(mapping, stats_dtype(rows.vectors), (block_rows, block_cols),
                                     like=rows.vectors, tile_reduction=tile_reduction,
                                     closed_form=not has_scale(rows, columns))
-  plan = Plan(kind, block_rows, block_cols, tile_mapping, column_grad, tile_reduction)
+  plan = Plan(kind, block_rows, block_cols, tile_mapping, column_grad, tile_reduction,
+              scan_unroll(block_rows, block_cols))
   rows = pad_side(constant_bias_and_scale(rows), block_rows)
   columns = None if columns is None else pad_side(constant_bias_and_scale(columns), block_cols)
   return plan, args, rows, columns
+
+
+def _as_unit(side: Side, dtype) -> Side:
+  return side._replace(vectors=_layout.unit(side.vectors).astype(dtype))
 
 
 def unpadded(outputs, rows: Side, columns: Side | None):

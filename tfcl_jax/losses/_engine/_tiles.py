@@ -1,7 +1,9 @@
 """One tile of a contrastive loss: cosines, the candidate mask, and the tile's share of the
 row (and column) statistics, forward and backward.
 
-A tile is `a @ b.T` for a block of anchors `a` and a block of candidates `b`. Everything that
+A tile is `a @ b.T` for a block of anchors `a` and a block of candidates `b` (`cosines`): a
+product in the rows' own dtype accumulated in float32 at least, unit rows as they are, raw
+16-bit rows scaled by their float32 inverse norms after the product. Everything that
 differs between losses lives in a `TileReduction` (InfoNCE's `LogSumExp`, SigLIP's
 `SigmoidSum`, SupCon's `PositiveSum`); everything that differs between mappings lives in the mapping
 (`Mapping.fn`, and its `exp_form` when it has one). A fused kernel replaces `forward` and
@@ -24,7 +26,9 @@ from tfcl_jax.mappings import ExpForm
 class Side(NamedTuple):
   """Rows of one side of the similarity matrix.
 
-  `vectors: [M, D]` unit rows; `ids: [M] int32` identities; `positive_ids: [M] int32` the id of
+  `vectors: [M, D]` unit rows (float32, float64), or raw rows of a 16-bit float (`is_raw`:
+  `_layout.raw_rows`, normalised by `inverse_norm`); `ids: [M] int32` identities;
+  `positive_ids: [M] int32` the id of
   each row's positive (excluded from its negatives, as is its own id); `valid: [M] bool`;
   `bias: [M]` or None, added to a row's logit wherever the row is a candidate (the
   sampling-bias correction `-log q_j` of Yi et al. 2019); it takes no gradient. `scale: [M]` or
@@ -33,7 +37,9 @@ class Side(NamedTuple):
   `LogSumExp` and `PositiveSum` multiply the anchor's logits, `s_i f(c)` (a constant added to
   every logit of an anchor cancels in their losses); `SigmoidSum` scales them about the mapping's
   value at `c = 0` (`anchor_logits`), so that the sigmoid loss's bias `b`, folded into its
-  mapping, stays outside the scale: `s_i 2 artanh(c) + b`.
+  mapping, stays outside the scale: `s_i 2 artanh(c) + b`. `inverse_norm: [M]` float32 or None,
+  `1 / max(||r||, floor)` of raw rows: set by the engine inside its custom VJP
+  (`_tiled.with_inverse_norms`), None elsewhere and for unit rows.
   """
 
   vectors: jax.Array
@@ -42,6 +48,47 @@ class Side(NamedTuple):
   valid: jax.Array
   bias: jax.Array | None = None
   scale: jax.Array | None = None
+  inverse_norm: jax.Array | None = None
+
+
+def is_raw(vectors: jax.Array) -> bool:
+  """Whether a side's vectors are raw rows (16-bit floats, `_layout.raw_rows`) rather than unit
+  rows."""
+  return jnp.dtype(vectors.dtype).itemsize < 4
+
+
+def stats_dtype(vectors: jax.Array):
+  """The dtype of the tile math, of the statistics and of the products' accumulation for a
+  side's `vectors`: float32 at least (float64 for float64 unit rows)."""
+  return jnp.promote_types(vectors.dtype, jnp.float32)
+
+
+def _product(x: jax.Array, y: jax.Array, contract: int) -> jax.Array:
+  """`x [m, n] . y` over `x`'s axis 1 and `y`'s axis `contract`, in the operands' dtype,
+  accumulated in float32 at least (`preferred_element_type`)."""
+  return jax.lax.dot_general(x, y, (((1,), (contract,)), ((), ())),
+                             preferred_element_type=jnp.promote_types(x.dtype, jnp.float32))
+
+
+def cosines(a: Side, b: Side) -> jax.Array:
+  """`[m, k]` the tile's cosines `u_i . u_j`: the product of the two blocks' vectors in their
+  dtype, accumulated in float32 at least; for raw rows, scaled after the product by the rows'
+  float32 inverse norms, so the cosines carry no rounding beyond the inputs' own and the
+  accumulation's."""
+  cos = _product(a.vectors, b.vectors, 1)
+  if a.inverse_norm is None:
+    return cos
+  assert b.inverse_norm is not None, "both sides of a tile hold raw rows, or neither"
+  return cos * a.inverse_norm[:, None] * b.inverse_norm[None, :]
+
+
+def weighted_rows(weights: jax.Array, b: Side) -> jax.Array:
+  """`[m, D]` `sum_j w_ij u_j` for a tile's cotangent `weights [m, k]` and the unit rows `u` of
+  `b`, accumulated in float32 at least: for raw rows, the weights times `b`'s inverse norms are
+  rounded to the rows' dtype and multiplied with the raw rows."""
+  if b.inverse_norm is not None:
+    weights = weights * b.inverse_norm[None, :]
+  return _product(weights.astype(b.vectors.dtype), b.vectors, 0)
 
 
 class MappingArgs(NamedTuple):
@@ -216,7 +263,7 @@ class LogSumExp(TileReduction):
               col_stats, use_cols):
     """Folds tile `a @ b.T` into the row stats of `a` and (where `use_cols`) the column
     stats of `b`. `use_cols` is a traced bool or None (no column side)."""
-    cos = a.vectors @ b.vectors.T
+    cos = cosines(a, b)
     keep = mask(a, b)
     if _check_fast(tile_mapping, a, b):
       w = jnp.where(keep, tile_mapping.fast.weight(cos), 0.0)
@@ -240,7 +287,7 @@ class LogSumExp(TileReduction):
     """`(dL/dcos [m, k], dparams, dconsts)` of the tile, given the finished lse and their
     cotangents on both sides (`col_g` zero where the tile's columns were not used)."""
     keep = mask(a, b)
-    cos = a.vectors @ b.vectors.T
+    cos = cosines(a, b)
     row_ok, col_ok = jnp.isfinite(row_lse), jnp.isfinite(col_lse)
     row_lse, col_lse = jnp.where(row_ok, row_lse, 0.0), jnp.where(col_ok, col_lse, 0.0)
     row_g, col_g = jnp.where(row_ok, row_g, 0.0), jnp.where(col_ok, col_g, 0.0)
@@ -310,7 +357,7 @@ class SigmoidSum(_Sum):
 
   def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
               col_stats, use_cols):
-    cos = a.vectors @ b.vectors.T
+    cos = cosines(a, b)
     sign = self._signs(a, b).astype(cos.dtype)
     keep = pair_mask(a, b)
     if _check_fast(tile_mapping, a, b):
@@ -325,7 +372,7 @@ class SigmoidSum(_Sum):
 
   def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
                row_g, col_out, col_g):
-    cos = a.vectors @ b.vectors.T
+    cos = cosines(a, b)
     sign = self._signs(a, b).astype(cos.dtype)
     keep = pair_mask(a, b)
     if _check_fast(tile_mapping, a, b):
@@ -361,7 +408,7 @@ class PositiveSum(_Sum):
 
   def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
               col_stats, use_cols):
-    cos = a.vectors @ b.vectors.T
+    cos = cosines(a, b)
     keep = label_mask(a, b)
     row_logits, col_logits = _pair_logits(tile_mapping, args.step, a, b)(cos, args.params,
                                                                         *args.consts)
@@ -371,7 +418,7 @@ class PositiveSum(_Sum):
 
   def backward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_out,
                row_g, col_out, col_g):
-    cos = a.vectors @ b.vectors.T
+    cos = cosines(a, b)
     keep = label_mask(a, b)
     _, vjp = jax.vjp(_pair_logits(tile_mapping, args.step, a, b), cos, args.params,
                      *args.consts)

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._engine._tiles import Side, stats_dtype
 from tfcl_jax.losses._kernels import _triton_blocks as tb
 from tfcl_jax.losses._kernels._kernel_math import (
   KernelMapping,
@@ -51,7 +51,6 @@ from tfcl_jax.losses._kernels._triton_tiles import (  # noqa: F401 - `tiles`: th
   Launch,
   Tiles,
   splits,
-  stats_dtype,
   tiles,
 )
 

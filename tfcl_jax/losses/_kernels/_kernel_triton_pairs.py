@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._engine._tiles import Side, stats_dtype
 from tfcl_jax.losses._kernels import _kernel_triton
 from tfcl_jax.losses._kernels import _triton_blocks as tb
 from tfcl_jax.losses._kernels._kernel_math import (
@@ -43,7 +43,7 @@ from tfcl_jax.losses._kernels._kernel_math import (
   tile_cotangent,
   without_empty,
 )
-from tfcl_jax.losses._kernels._triton_tiles import Tiles, stats_dtype
+from tfcl_jax.losses._kernels._triton_tiles import Tiles
 
 
 def _half(g: tb.Geometry, i, t):

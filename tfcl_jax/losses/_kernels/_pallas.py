@@ -22,7 +22,8 @@ with partial sums forward, separate kernels backward, no atomics). Two backends:
   where it cannot be imported, or cannot compile a kernel on the GPU, the kernels are refused
   with an error naming `implementation="xla"` (`_triton_blocks.unavailable`). With bfloat16
   inputs the Triton kernels take the raw rows and their float32 inverse norms
-  (`with_raw_rows`): bfloat16 products, cosines as exact as float32's.
+  (`_layout.raw_rows`, as the engine lays bfloat16 inputs out): bfloat16 products, cosines as
+  exact as float32's.
 * TPUs (`_kernel_tpu`): Mosaic, the column blocks a sequential grid axis with the statistics
   and accumulators in VMEM, as JAX's own TPU flash attention.
 
@@ -49,7 +50,7 @@ import jax.core
 import jax.numpy as jnp
 
 from tfcl_jax.losses._engine import _layout, _tiled
-from tfcl_jax.losses._engine._tiles import LogSumExp, Side
+from tfcl_jax.losses._engine._tiles import LogSumExp, Side, stats_dtype
 from tfcl_jax.losses._kernels import (
   _kernel_tpu,
   _kernel_triton,
@@ -178,28 +179,16 @@ def _lse_bwd(plan, residuals, cotangents):
       if plan.column_grad:
         dcols = plan.col_grads(theta, rows, cols, row_lse, row_g, col_lse, col_g,
                                columns=two_sided)
-    dcols = None if dcols is None else _no_grad(cols, _through_norm(cols, dcols))
+    dcols = None if dcols is None else _no_grad(cols, _layout.through_norm(cols.vectors, dcols))
   # The step is a schedule's input, not a parameter.
   dtheta = dtheta.at[plan.step_index].set(0.0)
-  return dtheta, _no_grad(rows, _through_norm(rows, drows)), dcols
+  return dtheta, _no_grad(rows, _layout.through_norm(rows.vectors, drows)), dcols
 
 
 def _no_grad(side: Side, dvectors) -> Side:
   """The cotangent of `side`: `dvectors` for its vectors; None (JAX's cotangent for the
   integer and boolean leaves) elsewhere."""
   return Side(dvectors, None, None, None)  # pyright: ignore[reportArgumentType]
-
-
-def _through_norm(side: Side, unit_grad: jax.Array) -> jax.Array:
-  """The cotangent of a side's vectors from the kernels' gradient for its unit rows: itself
-  for unit rows; for raw rows (`_triton_tiles.is_raw`), carried through the normalisation
-  `u = r / max(||r||, RAW_ROW_FLOOR)` of the pre-scaled rows (`_layout.raw_rows`) in float32 and
-  rounded once, to the inputs' dtype."""
-  if not _triton_tiles.is_raw(side.vectors):
-    return unit_grad
-  _, vjp = jax.vjp(lambda z: _layout.l2_normalize(z, eps=_layout.RAW_ROW_FLOOR),
-                   side.vectors.astype(unit_grad.dtype))
-  return vjp(unit_grad)[0].astype(side.vectors.dtype)
 
 
 _lse.defvjp(_tiled.saving_inputs(_lse), _lse_bwd)
@@ -282,24 +271,22 @@ def _pad(side: Side, block: int, padded_dim: int) -> Side:
 
 def _unit(side: Side) -> Side:
   """A side of raw rows as unit rows in float32 (for the kernels that take unit rows only)."""
-  if not _triton_tiles.is_raw(side.vectors):
-    return side
-  return side._replace(vectors=_layout.l2_normalize(side.vectors.astype(jnp.float32),
-                                                    eps=_layout.RAW_ROW_FLOOR))
+  return side._replace(vectors=_layout.unit(side.vectors))
 
 
 def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
            block_size: int | None, column_grad: bool):
-  # Raw rows need the Triton kernels and raw rows on both sides (not so against a bank).
-  if backend != "triton" or (columns is not None and _triton_tiles.is_raw(rows.vectors)
-                            != _triton_tiles.is_raw(columns.vectors)):
+  # Raw rows need the Triton kernels and bfloat16 raw rows on both sides (not so against a
+  # float32 bank, nor for float16 inputs).
+  if backend != "triton" or any(side is not None and side.vectors.dtype != jnp.bfloat16
+                                for side in (rows, columns)):
     rows, columns = _unit(rows), None if columns is None else _unit(columns)
   num_rows, dim = rows.vectors.shape
   num_cols = num_rows if columns is None else columns.ids.shape[0]
   tiles = BACKENDS[backend].tiles(num_rows, num_cols, dim, block_size, rows.vectors.dtype)
   blocks = tiles.blocks()
   kernel_mapping, theta, step_index = _kernel_mapping(
-      mapping, _triton_tiles.stats_dtype(rows.vectors), [(block, block) for block in blocks])
+      mapping, stats_dtype(rows.vectors), [(block, block) for block in blocks])
   plan = _Plan(backend, kernel_mapping, kind, tiles, column_grad, step_index)
   padded_dim = tiles.padded_dim(dim)
   padded_rows = _pad(rows, tiles.block, padded_dim)
@@ -307,25 +294,6 @@ def _fused(backend: str, rows: Side, columns: Side | None, mapping, kind: str,
   if padded_cols is not None and not column_grad:
     padded_cols = padded_cols._replace(vectors=jax.lax.stop_gradient(padded_cols.vectors))
   return _tiled.unpadded(_lse(plan, theta, padded_rows, padded_cols), rows, columns)
-
-
-def with_raw_rows(layout: _layout.Layout, z1: jax.Array, z2: jax.Array) -> _layout.Layout:
-  """`layout` whose sides hold the raw bfloat16 inputs instead of their unit rows.
-
-  The Triton kernels then form `u . v` as `r_i r_j (z_i . z_j)`: bfloat16 products with
-  float32 accumulation, scaled by float32 inverse norms (`_kernel_triton`). Each row is first
-  scaled by a power of two (`_layout.raw_rows`, exact), so that neither its products nor its
-  norm overflow or underflow at any input scale. Other inputs, and the other backends, keep
-  the unit rows.
-  """
-  if z1.dtype != jnp.bfloat16 or z2.dtype != jnp.bfloat16:
-    return layout
-  z1, z2 = _layout.raw_rows(z1), _layout.raw_rows(z2)
-  if layout.kind == "symmetric":
-    return layout._replace(rows=layout.rows._replace(vectors=jnp.concatenate([z1, z2])))
-  assert layout.columns is not None  # "rows" and "rows_and_columns" have a column side
-  return layout._replace(rows=layout.rows._replace(vectors=z1),
-                         columns=layout.columns._replace(vectors=z2))
 
 
 def pallas_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,

@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._engine._layout import inverse_norms
+from tfcl_jax.losses._engine._tiles import Side, is_raw
 from tfcl_jax.losses._kernels._kernel_math import INDEX, compiled_or_interpreted, loop
-from tfcl_jax.losses._kernels._triton_tiles import Launch, inverse_norms, is_raw
+from tfcl_jax.losses._kernels._triton_tiles import Launch
 
 PLATFORMS = ("cuda", "rocm")
 TRITON = "jax.experimental.pallas.triton"

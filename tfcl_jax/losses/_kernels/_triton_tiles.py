@@ -3,9 +3,8 @@ r"""The Triton kernels' tiles and launch options, and how they see their inputs'
 `tiles` chooses, per kernel family, the block of rows, the step through `D` and the launch
 options (`LAUNCH`, a table a measured sweep replaces: `python -m benchmarks.device_bench`),
 how the kernels that could serve both sides of a tile send its column side (`COLUMN_SIDE`),
-and how many programs split a row kernel's columns (`MIN_PROGRAMS`); `is_raw` and
-`inverse_norms` say whether a side holds unit rows (float32) or raw rows (bfloat16 inputs) and
-give the latter's float32 inverse norms.
+and how many programs split a row kernel's columns (`MIN_PROGRAMS`). Whether a side holds raw rows
+(`_tiles.is_raw`) and their inverse norms (`_layout.inverse_norms`) come from the engine.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-
-from tfcl_jax.losses._engine import _layout
 
 SMALLEST_BLOCK = 16  # Triton's `dot` needs every side >= 16
 ROLES = ("forward", "backward", "pairs")
@@ -220,21 +217,3 @@ def tiles(num_rows: int, num_cols: int, dim: int, block_size: int | None,
                min_programs=MIN_PROGRAMS)
 
 
-def is_raw(vectors: jax.Array) -> bool:
-  """Whether a side's vectors are raw rows (16-bit floats) rather than unit rows."""
-  return jnp.dtype(vectors.dtype).itemsize < 4
-
-
-def stats_dtype(vectors: jax.Array):
-  """The dtype of the tile math and of the statistics: float32 at least."""
-  return jnp.promote_types(vectors.dtype, jnp.float32)
-
-
-def inverse_norms(vectors: jax.Array) -> jax.Array:
-  """`r = 1 / max(||z||, floor)` in float32 for raw rows, pre-scaled by `_layout.raw_rows` (whose
-  floor is `RAW_ROW_FLOOR`: `losses.l2_normalize`'s at every scale), ones for unit rows."""
-  if not is_raw(vectors):
-    return jnp.ones(vectors.shape[:1], stats_dtype(vectors))
-  z = vectors.astype(jnp.float32)
-  floor = _layout.RAW_ROW_FLOOR
-  return jax.lax.rsqrt(jnp.maximum(jnp.sum(z * z, axis=1), floor * floor))
