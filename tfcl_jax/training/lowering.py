@@ -139,3 +139,124 @@ def inspect(lowered: jax.stages.Lowered, *, platform: str) -> LoweringReport:
   calls = collections.Counter(re.findall(r"custom_call @([\w$.]+)", text))
   float64 = len(re.findall(r"tensor<(?:[\d?]+x)*f64>", text))
   return LoweringReport(platform, dict(calls), float64, text)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixProduct:
+  """One `stablehlo.dot_general` of a lowered program.
+
+  Attributes:
+    operands: the element types of its two operands (`"bf16"`, `"f32"`, ...).
+    result: the element type of its result: the accumulation's (`preferred_element_type`).
+    shapes: the two operands' shapes.
+    multiply_adds: multiply-adds of one execution: the result's elements times the contracted
+      size.
+    executions: how many times it runs: the product of the trip counts of the loops around it
+      and of the calls that reach it (every branch of a conditional counted once).
+  """
+
+  operands: tuple[str, str]
+  result: str
+  shapes: tuple[tuple[int, ...], tuple[int, ...]]
+  multiply_adds: int
+  executions: int
+
+  @property
+  def total(self) -> int:
+    """Multiply-adds over every execution."""
+    return self.multiply_adds * self.executions
+
+
+def _walk_products(op, functions: dict, executions: int, found: list) -> None:
+  from jax._src.lib.mlir import ir  # noqa: PLC0415 - JAX's MLIR bindings, used here only
+
+  for region in op.regions:
+    for block in region.blocks:
+      for inner in block.operations:
+        inner = inner.operation
+        if inner.name == "stablehlo.dot_general":
+          lhs, rhs = (ir.RankedTensorType(value.type) for value in inner.operands)
+          result = ir.RankedTensorType(inner.results[0].type)
+          numbers = str(inner.attributes["dot_dimension_numbers"])
+          contracting = re.search(r"lhs_contracting_dimensions = \[([\d, ]*)\]", numbers)
+          dims = [int(d) for d in contracting.group(1).split(",") if d.strip()] if (
+              contracting) else []
+          size = 1
+          for d in dims:
+            size *= lhs.shape[d]
+          count = size
+          for d in result.shape:
+            count *= d
+          found.append(MatrixProduct((str(lhs.element_type), str(rhs.element_type)),
+                                     str(result.element_type), (tuple(lhs.shape),
+                                                                 tuple(rhs.shape)),
+                                     count, executions))
+        elif inner.name == "stablehlo.while":
+          body = _OpRegions(inner.regions[1])
+          _walk_products(body, functions, executions * _trip_count(inner), found)
+        elif inner.name in ("func.call", "call"):
+          callee = str(inner.attributes["callee"]).lstrip("@")
+          _walk_products(functions[callee], functions, executions, found)
+        else:
+          _walk_products(inner, functions, executions, found)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpRegions:
+  """A region seen as an operation holding it (`_walk_products` walks operations' regions)."""
+
+  region: Any
+
+  @property
+  def regions(self):
+    return [self.region]
+
+
+def _trip_count(loop) -> int:
+  """The trip count of a `stablehlo.while` whose condition compares a counter with a constant
+  (`i < limit`, from a constant start): JAX's `scan` and `fori_loop` with static bounds."""
+  from jax._src.lib.mlir import ir  # noqa: PLC0415
+
+  for op in loop.regions[0].blocks[0].operations:
+    op = op.operation
+    if op.name != "stablehlo.compare" or "LT" not in str(op.attributes["comparison_direction"]):
+      continue
+    counter, limit = op.operands
+    if not isinstance(counter.owner, ir.Block) or limit.owner.name != "stablehlo.constant":
+      break
+    start = loop.operands[ir.BlockArgument(counter).arg_number].owner
+    if not hasattr(start, "name") or start.name != "stablehlo.constant":
+      break
+    value = lambda constant: int(ir.DenseIntElementsAttr(constant.attributes["value"])[0])  # noqa: E731
+    return value(limit.owner) - value(start)
+  raise ValueError("a while loop without a constant trip count (i < limit from a constant "
+                   "start): its products cannot be counted.")
+
+
+def matrix_products(lowered: jax.stages.Lowered) -> list[MatrixProduct]:
+  """Every matrix product (`stablehlo.dot_general`) of a lowered program, with its operand and
+  accumulation dtypes, its multiply-adds and how many times it runs (loops' trip counts).
+
+  What a program lowered for an accelerator asks of its matrix units, read on any host: which
+  products take 16-bit operands, and how much work the products are in all.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax import losses
+    >>> from tfcl_jax.training import lowering
+    >>> z = jax.ShapeDtypeStruct((4096, 256), jnp.bfloat16)
+    >>> lowered = lowering.lower(lambda a, b: losses.info_nce(a, b, block_size=1024), z, z,
+    ...                          platform="cuda")
+    >>> products = lowering.matrix_products(lowered)
+    >>> {(p.operands, p.result) for p in products}
+    {(('bf16', 'bf16'), 'f32')}
+    >>> sum(p.total for p in products) == 4096 * 4096 * 256  # one forward product per tile
+    True
+  """
+  module = lowered.compiler_ir("stablehlo")
+  with module.context:
+    functions = {str(op.attributes["sym_name"]).strip('"'): op.operation
+                 for op in module.body.operations if op.operation.name == "func.func"}
+    found: list[MatrixProduct] = []
+    _walk_products(functions["main"], functions, 1, found)
+  return found

@@ -85,10 +85,18 @@ def cosines(a: Side, b: Side) -> jax.Array:
 def weighted_rows(weights: jax.Array, b: Side) -> jax.Array:
   """`[m, D]` `sum_j w_ij u_j` for a tile's cotangent `weights [m, k]` and the unit rows `u` of
   `b`, accumulated in float32 at least: for raw rows, the weights times `b`'s inverse norms are
-  rounded to the rows' dtype and multiplied with the raw rows."""
+  rounded to the rows' dtype and multiplied with the raw rows. float16's five exponent bits hold
+  2^-24 to 65504, where a softmax's weights span many more decades: each row of weights is
+  first scaled by a power of two that brings its largest to [1/2, 1) (exact), and the product's
+  row scaled back in float32."""
   if b.inverse_norm is not None:
     weights = weights * b.inverse_norm[None, :]
-  return _product(weights.astype(b.vectors.dtype), b.vectors, 0)
+  if b.vectors.dtype != jnp.float16:
+    return _product(weights.astype(b.vectors.dtype), b.vectors, 0)
+  largest = jnp.max(jnp.abs(weights), axis=1)
+  _, exponent = jnp.frexp(jnp.where(largest > 0, largest, 1.0))  # inf, NaN: exponent 0
+  scaled = jnp.ldexp(weights, -exponent[:, None])
+  return jnp.ldexp(_product(scaled.astype(jnp.float16), b.vectors, 0), exponent[:, None])
 
 
 class MappingArgs(NamedTuple):
