@@ -290,7 +290,7 @@ def parse(argv: list[str] | None):
   parser.add_argument("--sweep_dtypes", nargs="*", default=["float32", "bfloat16"])
   parser.add_argument("--dim", type=int, default=256)
   parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"],
-                      choices=["float32", "bfloat16"])
+                      choices=["float32", "bfloat16", "float16"])
   parser.add_argument("--mapping", default="free", help="NT-Xent's mapping spec")
   parser.add_argument("--clip_mapping", default="tau=0.07", help="CLIP's mapping: tau=<value>")
   parser.add_argument("--blocks", type=int, nargs="*", default=[2048, 4096, 8192, 16384])

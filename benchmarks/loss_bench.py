@@ -15,6 +15,9 @@ minima over the repeats, measured in this one process (medians are printed too).
   `sigmoid_loss(z1, z2, mapping=..., negatives=...)` with no `block_size` (the default call)
   for `tau = 0.1` and the temperature-free mapping, loss and gradients of both views;
   `--mappings` adds learnable / dynamic / annealed rows and their ratios to `tau = 0.1`;
+* ours with bfloat16 inputs (`all`, `cross`, `symmetric`, the free mapping): the tile products
+  take bfloat16 operands accumulated in float32 (on a CPU they may well be slower than
+  float32's: printed, not tuned for);
 * PyTorch eager, LightlySSL's NT-Xent formula (`benchmarks/torch_ntxent.py`), `tau = 0.1` and
   the free mapping, when torch is installed (`pip install -e ".[bench]"`);
 * `optax.losses.ntxent` (`tau = 0.1`) where XLA's memory estimate for its `[2N, 2N, D]`
@@ -39,6 +42,7 @@ from tfcl_jax import losses, mappings
 
 MODES = {"all": ("all", False), "cross": ("cross", False), "symmetric": ("cross", True),
          "sigmoid all": ("all", None), "sigmoid cross": ("cross", None)}
+BFLOAT16 = ("all", "cross", "symmetric")  # the modes also timed with bfloat16 inputs
 
 
 def _ours(spec: str, mode: str):
@@ -78,6 +82,8 @@ def _measure(n: int, args, use_torch: bool, notes: list) -> dict:
   z1, z2 = jax.device_put(a), jax.device_put(b)
   fns = {(mode, spec): (_ours(spec, mode), (z1, z2)) for mode in MODES
          for spec in args.mappings}
+  half = (jnp.asarray(a, jnp.bfloat16), jnp.asarray(b, jnp.bfloat16))
+  fns.update({(f"{mode} bfloat16", "free"): (_ours("free", mode), half) for mode in BFLOAT16})
   few = {}
   compiled, temp_gib = _optax(n, args.dim)
   if temp_gib is not None and temp_gib > args.optax_max_gib:
@@ -118,8 +124,8 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   use_torch = torch_ntxent.available() and not args.no_torch
   print(f"jax {jax.__version__}, {jax.devices()[0].platform} ({jax.device_count()} devices), "
-        f"D = {args.dim}, float32, loss + gradient, min (median) of {args.repeats} interleaved "
-        f"repeats (PyTorch, optax: {args.baseline_repeats}); floor products: min of "
+        f"D = {args.dim}, float32 (and bfloat16), loss + gradient, min (median) of "
+        f"{args.repeats} interleaved repeats (PyTorch, optax: {args.baseline_repeats}); floor products: min of "
         f"{args.floor_repeats}; torch: {'yes' if use_torch else 'not installed'}")
 
   rows, notes = [], []
@@ -183,6 +189,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| {n} | " + " | ".join(
         r(best(t, (f"sigmoid {mode}", spec)), best(t, (mode, spec)))
         for mode in ("all", "cross") for spec in ("tau=0.1", "free")) + " |")
+  print("\nbfloat16 inputs / float32 inputs, free mapping, default call:")
+  print("| N | " + " | ".join(BFLOAT16) + " |")
+  print("|---" * (len(BFLOAT16) + 1) + "|")
+  for n, t in rows:
+    print(f"| {n} | " + " | ".join(
+        r(best(t, (f"{mode} bfloat16", "free")), best(t, (mode, "free"))) for mode in BFLOAT16)
+        + " |")
   others = [spec for spec in args.mappings if spec not in ("tau=0.1", "free")]
   if others:
     print("\nOther mappings / tau=0.1, same loss and negatives, default call:")

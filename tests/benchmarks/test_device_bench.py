@@ -138,6 +138,8 @@ def test_loss_bench_prints_its_tables(capsys):
                    "--min_seconds", "0", "--no_torch", "--optax_max_gib", "0"])
   out = capsys.readouterr().out
   assert "loss / tile limit" in out and "| 64 |" in out
+  bfloat16 = out.split("bfloat16 inputs / float32 inputs")[1].splitlines()
+  assert bfloat16[3].startswith("| 64 | ") and bfloat16[3].count("|") == 5
 
 
 @pytest.mark.heavy
