@@ -66,7 +66,7 @@ def float_matrix(x, *, name: str) -> jax.Array:
 
 
 def compute_dtype(*dtypes) -> jnp.dtype:
-  """Float32 at least: half-precision inputs are computed in float32."""
+  """Float32 at least: the dtype of the statistics and the loss for half-precision inputs."""
   return jnp.result_type(jnp.float32, *dtypes)
 
 

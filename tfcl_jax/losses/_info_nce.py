@@ -145,7 +145,8 @@ def info_nce(
     `tau`, so that balance is fixed.
 
   Embeddings are L2-normalised inside (a zero vector gives cosine 0 and finite gradients).
-  Half-precision inputs are computed in float32 and the result is float32.
+  With bfloat16 and float16 inputs the tile products take their dtype, accumulated in float32;
+  the mapping, the statistics and the result are float32, the gradients in the inputs' dtype.
 
   Cost: the logits are computed tile by tile and never held (`block_size`); the backward
   pass recomputes each tile (a custom VJP), so memory is O(N * block + N * D) for every
