@@ -1,31 +1,32 @@
 """Writes the tables of docs/specs.md from the spec registries: `python -m docs.make_specs`.
 
-Each table stands between a line `<!-- the forms of REGISTRY, written by ... -->` and the line
-`<!-- end of the forms -->`; tests/test_specs.py checks that the page holds what this writes.
+Each table is a generated block (`experiments.framework.blocks`) between a line
+`<!-- the forms of REGISTRY, written by ... -->` and the line `<!-- end of the forms -->`;
+tests/test_specs.py checks that the page holds what this writes.
 """
 
 from __future__ import annotations
 
 import pathlib
-import re
 
+from experiments.framework import blocks
 from tfcl_jax import losses, mappings
 
 PAGE = pathlib.Path(__file__).resolve().parent / "specs.md"
 #: The registries whose tables the page holds, by the name its markers give.
 REGISTRIES = {"tfcl_jax.losses.SPECS": losses.SPECS, "tfcl_jax.mappings.SPECS": mappings.SPECS}
+COMMAND = "python -m docs.make_specs"
 END = "<!-- end of the forms -->"
 
 
 def render(page: str) -> str:
   """`page` with each registry's table (`Registry.table`) between its markers."""
-  for name, registry in REGISTRIES.items():
-    start = f"<!-- the forms of {name}, written by python -m docs.make_specs -->\n"
-    found = re.search(re.escape(start) + r".*?" + re.escape(END), page, flags=re.S)
-    if found is None:
-      raise ValueError(f"{PAGE} has no table of {name}: add the lines {start.strip()} and {END}.")
-    page = page[:found.start()] + start + registry.table() + END + page[found.end():]
-  return page
+  try:
+    return blocks.fill(page, {f"the forms of {name}": registry.table()
+                              for name, registry in REGISTRIES.items()},
+                       command=COMMAND, end=END)
+  except ValueError as error:
+    raise ValueError(f"{PAGE}: {error}") from error
 
 
 def main() -> None:

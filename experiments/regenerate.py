@@ -9,10 +9,13 @@ experiment's other command (`Experiment.command_tables`, e.g. `experiments.grace
 rebuilt by that command's table, which may read other committed tables.
 
 The regret study (`experiments.regret`: `regret.md`, `.csv`, `.png`, `regret_scales.png`) is
-rebuilt after the tables, from the same CSVs.
+rebuilt after the tables, from the same CSVs, and with it every figure the pages quote from it:
+the blocks of README.md and docs/*.md that this command writes (`experiments.framework.blocks`:
+`<!-- NAME, written by python -m experiments.regenerate -->` up to `<!-- end of NAME -->`,
+each NAME one of `experiments.regret.pages.WRITERS`).
 
 Run: python -m experiments.regenerate            (rewrites every table's generated part)
-     python -m experiments.regenerate --check    (exit 1 naming each table that differs)
+     python -m experiments.regenerate --check    (exit 1 naming each table or page that differs)
 """
 
 from __future__ import annotations
@@ -27,13 +30,18 @@ import sys
 import ml_collections
 
 from experiments import registry
-from experiments.framework import cli, tables
+from experiments.framework import blocks, cli, tables
+from experiments.regret import pages as regret_pages
 from experiments.regret import report as regret
 
 _EXPERIMENTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_EXPERIMENTS)
 RESULTS = os.path.join(_EXPERIMENTS, "results")
 NOTES_HEADING = "\n## Notes\n"
+#: The folder whose README.md and docs/*.md hold the blocks quoting the regret study.
+PAGES_ROOT = _ROOT
+COMMAND = "python -m experiments.regenerate"
+END = "<!-- end of {name} -->"
 
 
 def recorded_command(markdown: str) -> str:
@@ -137,6 +145,38 @@ def rewrite(name: str) -> None:
     f.write(text)
 
 
+def pages(root: str | None = None) -> list[str]:
+  """The pages that may hold blocks: README.md and docs/*.md under `root` (`PAGES_ROOT`)."""
+  root = PAGES_ROOT if root is None else root
+  docs = os.path.join(root, "docs")
+  found = ([os.path.join(docs, n) for n in sorted(os.listdir(docs)) if n.endswith(".md")]
+           if os.path.isdir(docs) else [])
+  return [p for p in [os.path.join(root, "README.md"), *found] if os.path.exists(p)]
+
+
+def rendered_pages(root: str | None = None, results: str | None = None
+                   ) -> dict[str, tuple[str, str]]:
+  """`{path: (page, page with its blocks written)}` of every page that holds a block.
+
+  Raises:
+    ValueError: a block name that `experiments.regret.pages` does not write, naming the page.
+  """
+  texts = {}
+  for path in pages(root):
+    with open(path) as f:
+      texts[path] = f.read()
+  names = {path: blocks.names(text, COMMAND) for path, text in texts.items()}
+  try:
+    written = regret_pages.texts(sorted({n for found in names.values() for n in found}),
+                                 RESULTS if results is None else results)
+  except ValueError as error:
+    holders = [p for p, found in names.items() if set(found) - set(regret_pages.WRITERS)]
+    raise ValueError(f"{', '.join(holders)}: {error}") from error
+  return {path: (texts[path], blocks.fill(texts[path], {n: written[n] for n in found},
+                                          command=COMMAND, end=END))
+          for path, found in names.items() if found}
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--check", action="store_true", help="compare, do not write")
@@ -153,13 +193,23 @@ def main(argv: list[str] | None = None) -> None:
     stale = regret.differs(RESULTS) if with_regret else []
     for name in stale:
       print(f"{name} differs from what the CSVs give (python -m experiments.regenerate regret)")
-    sys.exit(1 if differ or stale else 0)
+    quoted = ([path for path, (old, new) in rendered_pages().items() if old != new]
+              if with_regret else [])
+    for path in quoted:
+      print(f"{os.path.relpath(path, PAGES_ROOT)}: a block quoting the regret study differs "
+            "from what the CSVs give (python -m experiments.regenerate regret)")
+    sys.exit(1 if differ or stale or quoted else 0)
   for name in names:
     rewrite(name)
     print(f"wrote {os.path.join(RESULTS, name + '.md')}")
   if with_regret:
     regret.write(RESULTS)
     print(f"wrote {os.path.join(RESULTS, regret.NAME)}.md, .csv, .png and {regret.SCALES}.png")
+    for path, (old, new) in rendered_pages().items():
+      if new != old:
+        with open(path, "w") as f:
+          f.write(new)
+        print(f"wrote the regret study's blocks of {path}")
 
 
 if __name__ == "__main__":

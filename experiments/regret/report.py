@@ -1,7 +1,8 @@
-r"""The regret study's outputs: `results/regret.md` (summaries, grids, screenings, every row, per
-row detail), `regret.csv` (one line per cell and stage), `regret.png` (rows × candidates coloured
-by regret) and `regret_scales.png` (each candidate's scale over training), all from
-`experiments.regret.study` of the committed CSVs.
+r"""The regret study's outputs: `results/regret.md` (summaries, how firmly the decisions stand,
+the changes to the protocols, grids, screenings, every row, per row detail), `regret.csv` (one
+line per cell and stage), `regret.png` (rows × candidates coloured by regret) and
+`regret_scales.png` (each candidate's scale over training), all from `experiments.regret.study`
+of the committed CSVs.
 
 Run: python -m experiments.regret            (writes results/regret.md, .csv and the figures)
      python -m experiments.regret --check    (exit 1 when regret.md or regret.csv differ)
@@ -17,9 +18,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from experiments.framework import tables
-from experiments.regret import figures, scales
-from experiments.regret.rows import CANDIDATES, ROUND_1_CANDIDATES, ROWS, Row
+from experiments.framework import blocks, tables
+from experiments.regret import changes, figures, fragility, scales
+from experiments.regret.rows import CANDIDATES, ROWS, Row
 from experiments.regret.runs import RESULTS, RowRuns, fixed_tau, next_tau
 from experiments.regret.study import ALPHA, GOALS, Study, goal, study, within_noise
 
@@ -63,13 +64,6 @@ def summary_table(by_candidate: Sequence[dict], candidates: Sequence[str] = CAND
       line += f" {verdict.get(s['candidate'], 'every row (not screened)')} |"
     lines.append(line)
   return lines
-
-
-def round_1_summary(result: Study) -> list[str]:
-  """Round 1's candidates over its 16 rows: the lines the README quotes (the first lines of
-  that summary in `regret.md`)."""
-  over = next(s for s in result.sets if s.rows.key == "round_1")
-  return summary_table(over.summary, ROUND_1_CANDIDATES)
 
 
 def _summaries(result: Study) -> list[str]:
@@ -129,12 +123,9 @@ def _screenings(result: Study) -> list[str]:
   return lines
 
 
-def _matrix(result: Study) -> list[str]:
-  lines = ["## Every row", "",
-           "Mean regret (s.e.) over the row's seeds; `*` beyond seed noise (p ≤ 0.05, behind "
-           "the reference); `-` not run at the row's seed count (not yet, or stopped at "
-           "screening).", "",
-           "| row | best fixed τ | " + " | ".join(f"`{c}`" for c in CANDIDATES) + " |",
+def matrix_table(result: Study) -> list[str]:
+  """Every row × candidate: mean regret (s.e.), `*` beyond seed noise, `-` not run."""
+  lines = ["| row | best fixed τ | " + " | ".join(f"`{c}`" for c in CANDIDATES) + " |",
            "|---|---|" + "---|" * len(CANDIDATES)]
   by_cell = {(c["row"], c["candidate"]): c for c in result.full}
   for runs in result.runs:
@@ -146,7 +137,15 @@ def _matrix(result: Study) -> list[str]:
       text.append("-" if c is None else f"{_fmt(c['regret'])} ({c['sem']:.2f})"
                   + ("" if within_noise(c) else "*"))
     lines.append(f"| {runs.row.title} | {ref} | " + " | ".join(text) + " |")
-  return lines + ["", "![regret per row and candidate](regret.png)", ""]
+  return lines
+
+
+def _matrix(result: Study) -> list[str]:
+  return (["## Every row", "",
+           "Mean regret (s.e.) over the row's seeds; `*` beyond seed noise (p ≤ 0.05, behind "
+           "the reference); `-` not run at the row's seed count (not yet, or stopped at "
+           "screening).", "", *matrix_table(result)]
+          + ["", "![regret per row and candidate](regret.png)", ""])
 
 
 def _scales(rows: Sequence[Row], found: Sequence[scales.ScaleTrace]) -> list[str]:
@@ -204,7 +203,19 @@ def _per_row(result: Study) -> list[str]:
   return lines
 
 
-def markdown(result: Study, found: Sequence[scales.ScaleTrace]) -> str:
+def _fragility(result: Study, results: str) -> list[str]:
+  return ["## How firmly the decisions stand", "",
+          "Each round's decision against the next finalist's worst case and the tie threshold, "
+          "and the decision rule applied again with each row of its set left out in turn (the "
+          "same finalists; the screenings are not rerun).", "",
+          blocks.wrap(fragility.markdown(result)),
+          "## Changes to the protocols after their first result", "",
+          "Dated from the repository's history; whether each moved a number is computed here "
+          "from the same CSVs where it could be.", "",
+          blocks.wrap(changes.markdown(result, results))]
+
+
+def markdown(result: Study, found: Sequence[scales.ScaleTrace], results: str = RESULTS) -> str:
   lines = [
       "# Regret of each candidate default against the best fixed τ", "",
       f"Command: `{COMMAND}` (from the committed per-seed CSVs; the protocol, rows, seeds and",
@@ -213,7 +224,8 @@ def markdown(result: Study, found: Sequence[scales.ScaleTrace]) -> str:
       "F1, accuracy, ROC-AUC or top-100; 0.005 of NDCG@10): positive = the candidate is worse.",
       f"Within noise: regret ≤ 0 or paired t-test p > {ALPHA}.", "",
   ]
-  lines += (_summaries(result) + _grids(result) + _screenings(result) + _matrix(result)
+  lines += (_summaries(result) + _fragility(result, results) + _grids(result)
+            + _screenings(result) + _matrix(result)
             + _scales(result.rows, found) + _per_row(result))
   return "\n".join(lines)
 
@@ -235,7 +247,7 @@ def _csv_value(value) -> str:
 def _outputs(results: str, rows: Sequence[Row]) -> tuple[Study, list[scales.ScaleTrace], dict]:
   result = study(results, rows)
   found = scales.traces(rows, results)
-  return result, found, {".md": markdown(result, found), ".csv": csv_text(result)}
+  return result, found, {".md": markdown(result, found, results), ".csv": csv_text(result)}
 
 
 def write(results: str = RESULTS, rows: Sequence[Row] = ROWS) -> None:

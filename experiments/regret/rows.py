@@ -178,6 +178,19 @@ class RowSet:
   rows: tuple[str, ...]
   decides: int = 0
 
+  @property
+  def short(self) -> str:
+    """The set's name in a sentence: `round 1's 16 rows`, `the 16 advised rows`.
+
+    Examples:
+      >>> from experiments.regret.rows import RowSet
+      >>> RowSet("advised", "the 2 advised rows (...)", ("a", "b"), decides=2).short
+      'the 2 advised rows'
+    """
+    n = len(self.rows)
+    return {"all": f"all {n} rows", "round_1": f"round 1's {n} rows",
+            "advised": f"the {n} advised rows"}.get(self.key, self.title)
+
 
 def advised(rows: Sequence[Row], replaced: Callable[[Row], bool] = lambda row: True
             ) -> tuple[str, ...]:

@@ -136,9 +136,20 @@ def settled(full: Sequence[dict], finalists: Sequence[str]) -> str | None:
   return None
 
 
+def pick(full: Sequence[dict], finalists: Sequence[str]) -> str:
+  """The decision rule over finalists that have every row: the smallest worst-case regret; a
+  difference under TIE is a tie, broken by more rows within noise, then the smaller mean."""
+  by = {s["candidate"]: s for s in full}
+  ranked = sorted((by[c] for c in finalists), key=lambda s: s["worst"])
+  tied = [s for s in ranked if s["worst"] - ranked[0]["worst"] < TIE]
+  tied.sort(key=lambda s: (-s["within_noise"], s["mean"]))
+  return tied[0]["candidate"]
+
+
 def decision(full: Sequence[dict], finalists: Sequence[str]) -> str:
-  """The decision rule of `docs/regret.md` over the candidates that have every row; before
-  then, the winner if no missing cell can change it (`settled`), else what is still missing."""
+  """The decision rule of `docs/regret.md` over the candidates that have every row (`pick`);
+  before then, the winner if no missing cell can change it (`settled`), else what is still
+  missing."""
   by = {s["candidate"]: s for s in full}
   missing = [c for c in finalists if by[c]["rows"] < by[c]["of_rows"]]
   if missing:
@@ -149,11 +160,7 @@ def decision(full: Sequence[dict], finalists: Sequence[str]) -> str:
               f"case over the rows it has run is already at least {TIE} above its "
               f"{by[winner]['worst']:+.2f} ({still})")
     return "pending: " + still
-  ranked = sorted((by[c] for c in finalists), key=lambda s: s["worst"])
-  best = ranked[0]
-  tied = [s for s in ranked if s["worst"] - best["worst"] < TIE]
-  tied.sort(key=lambda s: (-s["within_noise"], s["mean"]))
-  return f"`{tied[0]['candidate']}`"
+  return f"`{pick(full, finalists)}`"
 
 
 def goal(full: Sequence[dict], bound: float) -> str:
@@ -198,17 +205,25 @@ class SetSummary:
   decision: str = ""
 
 
-def decide(over: RowSet, by_candidate: Sequence[dict], screenings: Sequence[Screening]) -> str:
-  """Round `over.decides`'s decision rule over the set: among the candidates of the rounds up to
-  it less those their screening stopped; pending while a screening is."""
-  verdicts = {c: v for s in screenings if s.round.number <= over.decides
+def finalists(decides: int, screenings: Sequence[Screening]) -> list[str] | None:
+  """The candidates round `decides`'s decision rule chooses among: those of the rounds up to
+  it less those their screening stopped; None while a screening is pending."""
+  verdicts = {c: v for s in screenings if s.round.number <= decides
               for c, v in s.verdict.items()}
-  pending = [c for c, v in verdicts.items() if v.startswith("pending")]
-  if pending:
+  if any(v.startswith("pending") for v in verdicts.values()):
+    return None
+  return [c for c in candidates_of(decides) if verdicts.get(c, "goes on").startswith("goes on")]
+
+
+def decide(over: RowSet, by_candidate: Sequence[dict], screenings: Sequence[Screening]) -> str:
+  """Round `over.decides`'s decision rule over the set (`finalists`, `decision`); pending
+  while a screening is."""
+  chosen = finalists(over.decides, screenings)
+  if chosen is None:
+    pending = [c for s in screenings if s.round.number <= over.decides
+               for c, v in s.verdict.items() if v.startswith("pending")]
     return "pending: screening of " + ", ".join(f"`{c}`" for c in pending)
-  finalists = [c for c in candidates_of(over.decides)
-               if verdicts.get(c, "goes on").startswith("goes on")]
-  return decision(by_candidate, finalists)
+  return decision(by_candidate, chosen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,10 +239,16 @@ class Study:
 
 def study(results: str = RESULTS, rows: Sequence[Row] = ROWS) -> Study:
   """The study from the committed CSVs under `results`."""
-  all_runs = [RowRuns.read(row, results) for row in rows]
   # Round 1 screened on the tables of round 1: later grids and reruns leave its verdicts alone.
   as_of = {step.number: [RowRuns.read(row, results, as_of=step.number) for row in rows
                          if row.round <= step.number] for step in ROUNDS[:-1]}
+  return assemble(rows, [RowRuns.read(row, results) for row in rows], as_of)
+
+
+def assemble(rows: Sequence[Row], all_runs: Sequence[RowRuns],
+             as_of: Mapping[int, Sequence[RowRuns]]) -> Study:
+  """The study of the rows' runs: each round screened on its runs `as_of` its own round (every
+  run for the last), every full cell, and each set's summary and decision."""
   screenings = [screen(step, as_of.get(step.number, all_runs)) for step in ROUNDS]
   full = cells(all_runs, CANDIDATES)
   sets = []
@@ -235,4 +256,4 @@ def study(results: str = RESULTS, rows: Sequence[Row] = ROWS) -> Study:
     by_candidate = summary(full, over.rows, CANDIDATES)
     decided = decide(over, by_candidate, screenings) if over.decides else ""
     sets.append(SetSummary(over, by_candidate, decided))
-  return Study(tuple(rows), all_runs, full, screenings, sets)
+  return Study(tuple(rows), list(all_runs), full, screenings, sets)
