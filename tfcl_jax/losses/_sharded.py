@@ -23,7 +23,7 @@ from tfcl_jax.losses._engine._devices import (
   on_mesh,
   reduce_across_devices,
 )
-from tfcl_jax.losses._engine._tiles import SigmoidSum
+from tfcl_jax.losses._engine._sums import SigmoidSum
 from tfcl_jax.losses._info_nce import Batch, negatives_lse, row_losses
 
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from tfcl_jax import _checks, mappings, specs
 from tfcl_jax.losses._engine import _arguments, _calibration, _layout
+from tfcl_jax.losses._engine._sums import SigmoidSum
 from tfcl_jax.losses._engine._tiled import tile_reduce
-from tfcl_jax.losses._engine._tiles import SigmoidSum
 from tfcl_jax.losses._info_nce import setup as info_nce_setup
 from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
 from tfcl_jax.mappings._base import finite_check

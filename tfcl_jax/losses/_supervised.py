@@ -15,8 +15,9 @@ import numpy as np
 
 from tfcl_jax import _checks, mappings
 from tfcl_jax.losses._engine import _arguments, _calibration, _layout
+from tfcl_jax.losses._engine._sums import PositiveSum
 from tfcl_jax.losses._engine._tiled import tile_reduce
-from tfcl_jax.losses._engine._tiles import LogSumExp, PositiveSum, Side
+from tfcl_jax.losses._engine._tiles import LogSumExp, Side
 
 FORMS = ("ntxent", "supcon")
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tfcl_jax import mappings
-from tfcl_jax.losses._engine import _tiled, _tiles
+from tfcl_jax.losses._engine import _sums, _tiled, _tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ class _ScoredLogitSum(_tiles.TileReduction):
 
   def forward(self, tile_mapping, args, a, b, row_stats, col_stats, use_cols):
     cos = a.vectors @ b.vectors.T
-    terms = jnp.where(_tiles.pair_mask(a, b), tile_mapping.fn(cos, args.params, args.step,
+    terms = jnp.where(_sums.pair_mask(a, b), tile_mapping.fn(cos, args.params, args.step,
                                                          *args.consts), 0.0)
     row_stats = (row_stats[0] + terms.sum(axis=1),)
     if use_cols is not None:
@@ -43,7 +43,7 @@ class _ScoredLogitSum(_tiles.TileReduction):
     cos = a.vectors @ b.vectors.T
     _, vjp = jax.vjp(lambda c, p, *k: tile_mapping.fn(c, p, args.step, *k), cos, args.params,
                      *args.consts)
-    dlogits = jnp.where(_tiles.pair_mask(a, b), row_g[:, None] + col_g[None, :], 0.0)
+    dlogits = jnp.where(_sums.pair_mask(a, b), row_g[:, None] + col_g[None, :], 0.0)
     dcos, dparams, *dconsts = vjp(dlogits.astype(cos.dtype))
     return dcos, dparams, tuple(dconsts)
 
@@ -115,6 +115,6 @@ def test_the_contract_is_declared_abstract():
 
   with pytest.raises(TypeError, match="backward"):
     Partial()  # type: ignore[abstract]
-  for reduction in (_tiles.LogSumExp(), _tiles.SigmoidSum(), _tiles.PositiveSum()):
+  for reduction in (_tiles.LogSumExp(), _sums.SigmoidSum(), _sums.PositiveSum()):
     assert isinstance(reduction, _tiles.TileReduction)
     assert reduction == type(reduction)() and hash(reduction) == hash(type(reduction)())

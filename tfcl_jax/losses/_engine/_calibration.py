@@ -20,10 +20,10 @@ import jax.numpy as jnp
 
 from tfcl_jax import mappings
 from tfcl_jax.losses._engine import _arguments, _layout, _moments
+from tfcl_jax.losses._engine._sums import PositiveSum
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import (
   MappingArgs,
-  PositiveSum,
   Side,
   TileMapping,
   TileReduction,

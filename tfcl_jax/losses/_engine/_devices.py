@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tfcl_jax.losses._engine import _arguments, _tiled
+from tfcl_jax.losses._engine import _arguments, _pure, _tiled
 from tfcl_jax.losses._engine._tiles import LogSumExp, Side, TileReduction
 
 #: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
@@ -45,7 +45,7 @@ def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
   like = rows.vectors
   # Raw rows travel with their inverse norms (`_tiled.with_inverse_norms`), computed once.
   rows, columns = _tiled.with_inverse_norms(rows), _tiled.with_inverse_norms(columns)
-  row_stats, col_stats = _tiled.match_varying(_tiled.init_stats(plan, rows, columns), like)
+  row_stats, col_stats = _pure.match_varying(_tiled.init_stats(plan, rows, columns), like)
 
   def hop(_, carry):
     columns, row_stats, col_stats = carry
@@ -55,7 +55,7 @@ def _ring_reduce(plan, axis_name, rows: Side, columns: Side, args):
     row_stats, col_stats = _tiled.accumulate(plan, args, rows, columns, row_stats, col_stats)
     return following, row_stats, send(col_stats)
 
-  carry = (_tiled.match_varying(columns, like), row_stats, col_stats)
+  carry = (_pure.match_varying(columns, like), row_stats, col_stats)
   _, row_stats, col_stats = jax.lax.fori_loop(0, size, hop, carry)
   finish = plan.tile_reduction.finish
   return finish(row_stats), None if col_stats is None else finish(col_stats)
@@ -67,7 +67,7 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
   size, send = _ring(axis_name)
   like = home_rows.vectors
   rows, columns = _tiled.with_inverse_norms(home_rows), _tiled.with_inverse_norms(home_cols)
-  drows, dcols, dparams, dconsts = _tiled.match_varying(
+  drows, dcols, dparams, dconsts = _pure.match_varying(
       _tiled.zero_grads(plan, args, rows, columns), like)
 
   def hop(_, carry):
@@ -78,7 +78,7 @@ def _ring_reduce_bwd(plan, axis_name, residuals, cotangents):
     # A block's gradient travels with it; after a full round it is back home.
     return (*following, send(dcols)), (drows, dparams, dconsts)
 
-  travel = _tiled.match_varying((columns, col_out, col_g, dcols), like)
+  travel = _pure.match_varying((columns, col_out, col_g, dcols), like)
   (_, _, _, dcols), (drows, dparams, dconsts) = jax.lax.fori_loop(
       0, size, hop, (travel, (drows, dparams, dconsts)))
   # None: JAX's cotangent for the integer and boolean leaves.
