@@ -4,8 +4,10 @@ benchmark's best fixed τ, from the committed per-seed CSVs.
 `rows`: the candidates, rows, tables and sets of rows fixed before the runs; `runs`: a row's
 runs, its grid and reference, and the pairing by seed; `study`: the summaries and the rules of
 `docs/regret.md`; `scales`: what each scale did over training (`traces`: a solved scale's path,
-from a sweep's run logs); `report` and `figures`:
-`results/regret.md`, `.csv`, `.png` and `regret_scales.png`.
+from a sweep's run logs); `selection` and `selection_report`: round 3, τ chosen per seed by a
+score of the runs (its section of `results/regret.md` and `regret_selection.csv`, once a
+round-3 table is committed); `report` and `figures`: `results/regret.md`, `.csv`, `.png` and
+`regret_scales.png`.
 
 Run: python -m experiments.regret            (writes results/regret.md, .csv and the figures)
      python -m experiments.regret --check    (exit 1 when regret.md or regret.csv differ)
