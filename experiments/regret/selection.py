@@ -33,6 +33,9 @@ STOP = 3.0
 ALPHA = 0.05
 #: GRACE's seeds of the second stage.
 GRACE_SCREENING_SEEDS = 5
+#: A selector whose picks sit on one edge of the grids for at least this share of its
+#: row-seeds is reported as measuring τ, whatever its regret.
+EDGE_SHARE = 0.8
 #: Each score and how its best τ is read: the largest, the smallest, or the nearest to 1.
 SCORES = (("rankme", "max"), ("alpha_req", "nearest_one"), ("lidar", "max"),
           ("alignment", "min"), ("uniformity", "min"), ("view_top1", "max"))
@@ -231,6 +234,8 @@ def verdict(selector: Selector, rows: Sequence[SelectionRow], full: Sequence[dic
   seeds 0-4 (row +x)`, `pending (...)` while a cell it would read is missing, or `goes on`."""
   if selector.reference:
     return "reference (not screened)"
+  if selector.labelled:
+    return "labelled baseline (not screened)"
   grace_stage = f"GRACE, seeds 0-{GRACE_SCREENING_SEEDS - 1}"
   for stage, cells, wanted in (("screening", full, [r for r in rows if r.screening]),
                                (grace_stage, grace_5, [r for r in rows if not r.screening])):
@@ -241,7 +246,8 @@ def verdict(selector: Selector, rows: Sequence[SelectionRow], full: Sequence[dic
       return f"stops at {stage} ({worst['row']} {worst['regret']:+.2f})"
     missing = [r.key for r in wanted if r.key not in mine and _applies(selector, r)]
     if missing:
-      return f"pending ({stage}: {', '.join(missing)})"
+      more = f" and {len(missing) - 3} more rows" if len(missing) > 3 else ""
+      return f"pending ({stage}: {', '.join(missing[:3])}{more})"
   return "goes on"
 
 
@@ -256,7 +262,8 @@ def _applies(selector: Selector, row: SelectionRow) -> bool:
 
 def summary(cells: Sequence[dict], rows: Sequence[SelectionRow]) -> list[dict]:
   """Per selector over `rows`: rows run (of those it applies to), worst regret (its row), mean
-  regret, rows within noise, and its picks at the grid's edges (share of row-seeds)."""
+  regret, rows within noise, its picks at the grid's edges (share of row-seeds) and whether it
+  measures τ (`measures_tau`: the edge its picks sit on for `EDGE_SHARE` of them, or "")."""
   out = []
   for selector in SELECTORS:
     applies = [r.key for r in rows if _applies(selector, r)]
@@ -269,8 +276,10 @@ def summary(cells: Sequence[dict], rows: Sequence[SelectionRow]) -> list[dict]:
         "selector": selector.name, "rows": len(mine), "of_rows": len(applies),
         "worst": worst["regret"] if worst else math.nan, "worst_row": worst["row"] if worst else "",
         "mean": float(np.mean([c["regret"] for c in mine])) if mine else math.nan,
-        "within_noise": sum(within_noise(c) for c in mine),
-        **share})
+        "within_noise": sum(within_noise(c) for c in mine), **share,
+        "measures_tau": next((edge for edge, key in (("smallest", "at_smallest"),
+                                                    ("largest", "at_largest"))
+                              if not selector.reference and share[key] >= EDGE_SHARE), "")})
   return out
 
 

@@ -103,9 +103,9 @@ def test_stop_rule_screening_then_grace_at_five_seeds():
   assert selection.verdict(rank, plan, full, [_cell("g", "rankme", -1.0)]) == "goes on"
   assert selection.verdict(rank, plan, full[:1], []) == "pending (screening: b)"
   assert selection.verdict(BY_NAME["largest τ"], plan, [], []) == "reference (not screened)"
-  # The labelled baseline has a validation split only on GRACE; LiDAR no two-tower row.
-  assert selection.verdict(BY_NAME["validation"], plan, [], [_cell("g", "validation", 0.5)]) == (
-      "goes on")
+  # The labelled baseline is read where a validation split exists (GRACE), never screened.
+  assert selection.verdict(BY_NAME["validation"], plan, [], []) == (
+      "labelled baseline (not screened)")
 
 
 def test_summary_over_the_rows_a_selector_applies_to():
@@ -118,7 +118,10 @@ def test_summary_over_the_rows_a_selector_applies_to():
   assert by["lidar"]["of_rows"] == 1 and by["lidar"]["worst"] == 2.0  # no LiDAR on two towers
   assert (by["rankme"]["rows"], by["rankme"]["worst"], by["rankme"]["worst_row"]) == (2, 4.0, "t")
   assert by["rankme"]["mean"] == pytest.approx(1.5) and by["rankme"]["within_noise"] == 2
-  assert by["rankme"]["at_smallest"] == pytest.approx(10 / 15)
+  assert by["rankme"]["at_smallest"] == pytest.approx(10 / 15) and not by["rankme"]["measures_tau"]
+  cells[1]["at_smallest"] = 1.0  # every pick on the smallest τ: 15 of 15 row-seeds
+  by = {s["selector"]: s for s in selection.summary(cells, plan)}
+  assert by["rankme"]["measures_tau"] == "smallest" and by["smallest τ"]["measures_tau"] == ""
   assert by["validation"]["of_rows"] == 0 and math.isnan(by["validation"]["worst"])
 
 
@@ -164,3 +167,13 @@ def test_the_report_writes_round_3_only_once_a_table_is_committed(tmp_path):
   assert float(cells[("simclr_digits_e20", "smallest τ")]["regret"]) == pytest.approx(4.0)
   assert ("simclr_digits_e20", "lidar") not in cells
   assert report.differs(str(tmp_path), (toy,)) == []
+
+
+def test_only_a_label_free_selector_can_reach_a_goal():
+  summary = [{"selector": "validation", "rows": 2, "of_rows": 2, "worst": 0.1},
+             {"selector": "largest τ", "rows": 3, "of_rows": 3, "worst": 0.0},
+             {"selector": "lidar", "rows": 3, "of_rows": 3, "worst": 0.9},
+             {"selector": "rankme", "rows": 2, "of_rows": 3, "worst": 0.2}]
+  assert selection_report._goal_lines(summary) == [
+      "A label-free selector with a worst regret ≤ 1 on every row: `lidar`.",
+      "A label-free selector with a worst regret ≤ 3 on every row: `lidar`."]
