@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from experiments.framework import held_out as held_outs
 from experiments.framework import plan
 from experiments.framework import workdir as workdirs
 from tfcl_jax import training
@@ -130,8 +131,10 @@ class Trainable:
   """One run as its experiment builds it, for `train_run`: the initial train state, the train
   step, `batches(first_step)` (the batches after `first_step`), the step count, any other
   keyword of `tfcl_jax.training.train` (`checkpoint_every`, `eval_every`, `eval_fn`,
-  `examples_per_step`, `batch_sharded`) and `result(trained) -> {column: value}`, the
-  experiment's own columns of the run's row."""
+  `examples_per_step`, `batch_sharded`), `result(trained) -> {column: value}`, the
+  experiment's own columns of the run's row, and `held_out(state) -> held_out.HeldOut`, its
+  held-out representation for the label-free scores (`experiments.framework.held_out`; None:
+  none scored)."""
 
   state: Any
   train_step: Any
@@ -139,6 +142,7 @@ class Trainable:
   num_steps: int
   result: Callable[[Trained], dict]
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  held_out: Callable[[Any], held_outs.HeldOut] | None = None
 
 
 def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
@@ -155,13 +159,14 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   `config.num_devices` devices) is the sweep's when it compiles its steps once.
   `build(loss, run_keys, mesh) -> Trainable` makes the rest; `tfcl_jax.training.train` trains
   it in the run's folder (`train_arguments` with the experiment's `plan_fields`, logging every
-  `config.log_every` steps, resuming from its last checkpoint).
+  `config.log_every` steps, resuming from its last checkpoint), scoring `Trainable.held_out`
+  at 10%, 25% and 50% of its steps and at the end (`held_out.evaluation`).
 
   Returns:
     `spec` (the run's loss spec), `seed`, `final_loss`, `final_<name>` for each of the loss's
     trained values (`final_t`, `final_bias`), `final_scale` (the last logged scale a
-    batch-scaled mapping solved, `loss/scale`), `train_seconds` and the columns of
-    `Trainable.result`.
+    batch-scaled mapping solved, `loss/scale`), `train_seconds`, the columns of
+    `Trainable.result` and the label-free scores (`held_out.columns`).
   """
   if run.loss is None:
     raise ValueError(f"run {run.spec!r} carries no parsed loss: plan.plan makes the runs of "
@@ -175,10 +180,13 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   if mesh is None:
     mesh = training.make_mesh(jax.devices()[:config.num_devices])
   trainable = build(loss, run_keys, mesh)
+  evaluations = ([] if trainable.held_out is None else
+                 [held_outs.evaluation(trainable.held_out, trainable.num_steps)])
   state = training.train(
       trainable.state, train_step=trainable.train_step, batches=trainable.batches,
       num_steps=trainable.num_steps, key=train_key, mesh=mesh, log_every=config.log_every,
-      **trainable.options, **train_arguments(config, run, workdir, plan_fields=plan_fields))
+      evaluations=evaluations, **trainable.options,
+      **train_arguments(config, run, workdir, plan_fields=plan_fields))
   folder = run.directory(workdir)
   trained = Trained(state, run_outputs.read_csv(os.path.join(folder, run_outputs.METRICS_FILE)),
                     run_outputs.read_csv(os.path.join(folder, run_outputs.EVAL_FILE)),
@@ -189,7 +197,8 @@ def train_run(config, run: plan.Run, workdir: str, *, num_candidates: int,
   if solved is not None and len(solved):
     learnt["final_scale"] = float(solved[-1])
   return {"spec": run.spec, "seed": run.seed, "final_loss": trained.final_loss, **learnt,
-          "train_seconds": round(trained.seconds, 2), **trainable.result(trained)}
+          "train_seconds": round(trained.seconds, 2), **trainable.result(trained),
+          **held_outs.columns(folder, trainable.num_steps)}
 
 
 def run_all(runs: Sequence, train: Callable[[Any], dict], *, workdir: str,

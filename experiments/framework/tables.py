@@ -40,6 +40,9 @@ def atomic_figure(draw: Callable[[IO[bytes]], None], path: str) -> None:
 #: Columns a sweep writes only for some losses, kept by every table that has them:
 #: `final_scale`, the last scale a batch-scaled mapping solved (`sweep.train_run`).
 SOLVED_COLUMNS = ("final_scale",)
+#: Columns kept by every table that has them, by prefix: the label-free scores of a run
+#: (`held_out.PREFIX`, `sweep.train_run`).
+KEPT_PREFIXES = ("label_free/",)
 
 
 def write_results(
@@ -56,7 +59,8 @@ def write_results(
   Each file replaces the earlier one only once it is whole (`files.atomic_open`), so a kill or
   a full disk mid-write leaves the earlier tables. Only process 0 of a multi-process job writes.
   `columns` orders the CSV (missing values empty,
-  other keys dropped, but for `SOLVED_COLUMNS`, appended where any row has them); by default
+  other keys dropped, but for `SOLVED_COLUMNS` and those starting with one of
+  `KEPT_PREFIXES`, appended where any row has them); by default
   the keys of every row in first-seen order. Each figure is
   `figure(workdir)`; they run after the tables so that a plotting error loses no result.
 
@@ -73,8 +77,10 @@ def write_results(
   if columns is None:
     columns = list(dict.fromkeys(key for row in rows for key in row))
   else:
-    columns = [*columns, *(key for key in SOLVED_COLUMNS
-                           if key not in columns and any(key in row for row in rows))]
+    present = dict.fromkeys(key for row in rows for key in row)
+    columns = [*columns, *(key for key in SOLVED_COLUMNS if key not in columns and key in present),
+               *(key for key in present
+                 if key not in columns and key.startswith(KEPT_PREFIXES))]
   with files.atomic_open(os.path.join(workdir, name + ".csv"), "w", newline="") as file:
     writer = csv.DictWriter(file, list(columns), restval="", extrasaction="ignore")
     writer.writeheader()

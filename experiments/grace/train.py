@@ -13,7 +13,7 @@ import itertools
 
 import jax
 
-from experiments.framework import lowering, plan, sweep, tables
+from experiments.framework import held_out, lowering, plan, sweep, tables
 from experiments.grace import report
 from tfcl_jax import losses, training
 from tfcl_jax.data import planetoid
@@ -74,6 +74,31 @@ def abstract_step(config, mesh, *, spec: str = "free"):
   return train_step.jitted, (lowering.shapes(initial), lowering.shapes(batch), lowering.key())
 
 
+def held_out_set(config, model: gcn.GRACE, batch: grace_objective.GraphBatch,
+                 full: gcn.Propagation):
+  """`state -> held_out.HeldOut` of a run: the encoder's embeddings (those the probe reads) of
+  a fixed subset of the nodes (`held_out.subset`), their labels unused, on the whole graph and
+  on `held_out.LIDAR_VIEWS` GRACE views of it (the run's own augmentation, drawn with
+  `held_out.VIEW_SEED`): the first two views are the pair, LiDAR reads every view of the
+  first `held_out.LIDAR_SAMPLES` nodes."""
+  nodes = held_out.subset(batch.features.shape[0])
+  keys = list(jax.random.split(jax.random.key(held_out.VIEW_SEED), held_out.LIDAR_VIEWS))
+
+  @jax.jit
+  def embed(params, batch, full):
+    clean = model.apply({"params": params}, batch.features, full, method=gcn.GRACE.embed)
+    views = [grace_objective.encode_view(model, params, batch, key, edge_rate=config.edge_rate,
+                                         feature_rate=config.feature_rate)[0][nodes]
+             for key in keys]
+    return clean[nodes], jax.numpy.stack(views, axis=1)
+
+  def held(train_state) -> held_out.HeldOut:
+    clean, views = embed(train_state.params["model"], batch, full)
+    return held_out.HeldOut(clean, views[:, 0], views[:, 1], views[:held_out.LIDAR_SAMPLES])
+
+  return held
+
+
 def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.GraphBatch,
               run: plan.Run, *, workdir: str) -> dict:
   """Trains GRACE for `run` (`sweep.train_run`), evaluates it; returns its results row.
@@ -103,7 +128,8 @@ def train_run(config, graph: planetoid.PlanetoidGraph, batch: grace_objective.Gr
         state, make_train_step(config, model, loss, mesh),
         batches=lambda first: itertools.repeat(replicated, config.epochs - first),
         num_steps=config.epochs, result=result,
-        options={"batch_sharded": False, "checkpoint_every": config.checkpoint_every})
+        options={"batch_sharded": False, "checkpoint_every": config.checkpoint_every},
+        held_out=held_out_set(config, model, replicated, full))
 
   return sweep.train_run(config, run, workdir, build=trainable,
                          num_candidates=losses.num_candidates(graph.num_nodes, negatives="all"))

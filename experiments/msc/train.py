@@ -182,10 +182,18 @@ class Trainer:
 
   # -- pieces of a run ------------------------------------------------------------------------
 
-  def features(self, params, model_state, images) -> jax.Array:
+  def features(self, params, model_state, images, *, preprocess=True) -> jax.Array:
+    """The encoder's features of `images` (their center views unless `preprocess` is False)."""
     model_state = {k: v for k, v in model_state.items() if k != msc.CENTER_KEY}
     return simclr.embed(self.feature_fn, params, model_state, images,
-                        preprocess=self.images.center)
+                        preprocess=self.images.center if preprocess else None)
+
+  def held_out_set(self, train_state):
+    """The encoder's features (those the kNN score reads) of the test split's views
+    (`simclr_train.Images.held_out_set`), its labels unused."""
+    params, model_state = train_state.params["model"], train_state.model_state
+    return self.images.held_out_set(
+        lambda views: self.features(params, model_state, views, preprocess=False))
 
   def roc_auc(self, params, model_state, normal_class: int) -> float:
     """ROC-AUC of the kNN score, anomalies (every other class) positive, MSC's evaluation."""
@@ -268,7 +276,7 @@ class Trainer:
           lambda start: self.batches(normal, seed=run.seed, start_step=start),
           num_steps=c.epochs * steps_per_epoch, result=result,
           options={"eval_every": c.eval_every_epochs * steps_per_epoch, "eval_fn": evaluate,
-                   "examples_per_step": c.batch_size})
+                   "examples_per_step": c.batch_size}, held_out=self.held_out_set)
 
     # MSC's InfoNCE scores each view against every other view of the batch (`negatives="all"`).
     return sweep.train_run(

@@ -6,9 +6,11 @@ runs, its grid and reference, and the pairing by seed; `study`: the summaries an
 `docs/regret.md`; `fragility`: each decision's margin and the rule with each row left out;
 `changes`: every change to a protocol after its first result, dated, with what it moved;
 `predictions`: round 2's predictions as tests on the cells; `scales`: what each scale did over
-training (`traces`: a solved scale's path, from a sweep's run logs); `report` and `figures`:
-`results/regret.md`, `.csv`, `.png` and `regret_scales.png`; `quotes` and `outcome`: what
-README.md and docs/ quote from the study, by block (`pages`), which
+training (`traces`: a solved scale's path, from a sweep's run logs); `selection` and
+`selection_report`: round 3, τ chosen per seed by a score of the runs (its section of
+`results/regret.md` and `regret_selection.csv`, once a round-3 table is committed); `report`
+and `figures`: `results/regret.md`, `.csv`, `.png` and `regret_scales.png`; `quotes` and
+`outcome`: what README.md and docs/ quote from the study, by block (`pages`), which
 `python -m experiments.regenerate` writes.
 
 Run: python -m experiments.regret            (writes results/regret.md, .csv and the figures)

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from experiments.framework import blocks, tables
-from experiments.regret import changes, figures, fragility, scales
+from experiments.regret import changes, figures, fragility, scales, selection_report
 from experiments.regret.rows import CANDIDATES, ROWS, Row
 from experiments.regret.runs import RESULTS, RowRuns, fixed_tau, next_tau
 from experiments.regret.study import ALPHA, GOALS, Study, goal, study, within_noise
@@ -245,16 +245,25 @@ def _csv_value(value) -> str:
 
 
 def _outputs(results: str, rows: Sequence[Row]) -> tuple[Study, list[scales.ScaleTrace], dict]:
+  """The study, its scale traces and the text files: `{file name: text}`, with round 3's
+  section of `regret.md` and its CSV once one of its tables is committed."""
   result = study(results, rows)
   found = scales.traces(rows, results)
-  return result, found, {".md": markdown(result, found, results), ".csv": csv_text(result)}
+  section, selected = selection_report.outputs(results)
+  texts = {NAME + ".md": markdown(result, found, results) + section,
+           NAME + ".csv": csv_text(result)}
+  if selected is not None:
+    texts[selection_report.CSV_NAME] = selected
+  return result, found, texts
 
 
 def write(results: str = RESULTS, rows: Sequence[Row] = ROWS) -> None:
-  """Writes `regret.md`, `regret.csv`, `regret.png` and `regret_scales.png` under `results`."""
+  """Writes `regret.md`, `regret.csv`, `regret.png` and `regret_scales.png` under `results`,
+  and round 3's `regret_selection.csv` (and its section of `regret.md`) once one of its tables
+  is committed."""
   result, found, texts = _outputs(results, rows)
-  for suffix, text in texts.items():
-    with open(os.path.join(results, NAME + suffix), "w") as f:
+  for name, text in texts.items():
+    with open(os.path.join(results, name), "w") as f:
       f.write(text)
   tables.atomic_figure(lambda file: figures.draw_regret(result, file),
                        os.path.join(results, NAME + ".png"))
@@ -263,13 +272,14 @@ def write(results: str = RESULTS, rows: Sequence[Row] = ROWS) -> None:
 
 
 def differs(results: str = RESULTS, rows: Sequence[Row] = ROWS) -> list[str]:
-  """The outputs (`regret.md`, `regret.csv`) that differ from what the CSVs give."""
+  """The outputs (`regret.md`, `regret.csv`, and round 3's) that differ from what the CSVs
+  give."""
   _, _, texts = _outputs(results, rows)
   out = []
-  for suffix, text in texts.items():
-    path = os.path.join(results, NAME + suffix)
+  for name, text in texts.items():
+    path = os.path.join(results, name)
     if not os.path.exists(path) or open(path).read() != text:
-      out.append(NAME + suffix)
+      out.append(name)
   return out
 
 

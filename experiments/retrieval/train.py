@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.framework import lowering, plan, sweep, tables
+from experiments.framework import held_out, lowering, plan, sweep, tables
 from experiments.retrieval import report
 from tfcl_jax import losses, mappings, training
 from tfcl_jax.data import interactions, movielens, movielens_features
@@ -140,6 +140,29 @@ def make_evaluator(model: towers.TwoTower, data: Data, *, cosine: bool):
   return evaluate
 
 
+def held_out_set(model: towers.TwoTower, data: Data):
+  """`params -> held_out.HeldOut` of a run. The two towers have no augmentation and their
+  held-out data are the test interactions the metric counts, so the scores read no held-out
+  pair: the candidate tower's embeddings of the items (`held_out.subset` of them) and, as the
+  two views, one training pair of each user (drawn with `held_out.VIEW_SEED`; distinct users,
+  so that each item has one right user): the user's query embedding (first) and the item's
+  candidate embedding (second). No LiDAR."""
+  users, items = tables_of(data.users), tables_of(data.items)
+  order = np.random.default_rng(held_out.VIEW_SEED).permutation(len(data.train))
+  _, first = np.unique(data.train.user[order], return_index=True)
+  pairs = order[np.sort(first)][held_out.subset(len(first))]
+  pair_users, pair_items = data.train.user[pairs], data.train.item[pairs]
+  catalogue = held_out.subset(data.num_items)
+
+  @jax.jit
+  def embed(params):
+    q = model.apply({"params": params}, users, method=model.embed_queries)
+    c = model.apply({"params": params}, items, method=model.embed_candidates)
+    return c[catalogue], q[pair_users], c[pair_items]
+
+  return lambda params: held_out.HeldOut(*embed(params))
+
+
 def _scale(loss_params, loss: losses.Loss) -> float:
   """The logit scale a learnable mapping applies (`min(exp(t), cap)`), NaN for other mappings."""
   if "t" not in loss_params:
@@ -243,6 +266,7 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
     model, state, train_step = build(config, data, loss, next(batches(start=0)), keys[0],
                                      mesh=mesh, num_steps=num_steps)
     evaluate = make_evaluator(model, data, cosine=loss.scores_cosines)
+    held = held_out_set(model, data)
     scale_start = _scale(loss.params, loss)
 
     def learnt_scale(s) -> dict[str, float]:  # no column for a mapping without `t` (no NaNs)
@@ -273,7 +297,8 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
         result=result, options={
             "checkpoint_every": steps_per_epoch, "eval_every": steps_per_epoch,
             "eval_fn": lambda s: {**evaluate(s.params["model"]), **learnt_scale(s)},
-            "examples_per_step": config.batch_size})
+            "examples_per_step": config.batch_size},
+        held_out=lambda s: held(s.params["model"]))
 
   # The runs' keys were drawn as (initialisation, training): two.
   return sweep.train_run(config, run, workdir, build=trainable, keys=2,

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments.framework import lowering, plan, sweep, tables
+from experiments.framework import held_out, lowering, plan, sweep, tables
 from experiments.simclr import report
 from tfcl_jax import augment, data, losses, models
 from tfcl_jax.analysis import geometry
@@ -195,6 +195,30 @@ class Images:
     """Two zero views (images or signals), for `init`."""
     return jnp.zeros((2, *self.info.example_shape(self.view_size)), jnp.float32)
 
+  @functools.cached_property
+  def held_out_views(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The label-free scores' inputs, drawn once: the test split's center views (up to
+    `held_out.MAX_ROWS` of them, `held_out.subset`), two augmented views of each, and
+    `held_out.LIDAR_VIEWS` augmented views of each of the first `held_out.LIDAR_SAMPLES`
+    (`[n * q, ...]`, sample-major)."""
+    images = self.test_images[held_out.subset(len(self.test_images))]
+    key = jax.random.key(held_out.VIEW_SEED)
+    first, second = self.augment(jax.random.fold_in(key, 0), images)
+    lidar = images[:held_out.LIDAR_SAMPLES]
+    pairs = [self.augment(jax.random.fold_in(key, 1 + i), lidar)
+             for i in range(held_out.LIDAR_VIEWS // 2)]
+    views = jnp.stack([view for pair in pairs for view in pair], axis=1)
+    return self.center(images), first, second, views.reshape(-1, *views.shape[2:])
+
+  def held_out_set(self, embed) -> held_out.HeldOut:
+    """`held_out.HeldOut` of the test split (`held_out_views`) by `embed(views) -> [N, D]`: the
+    representation the metric reads of the center views, of two augmented views, and LiDAR's
+    views of the recipe's own augmentation."""
+    center, first, second, views = self.held_out_views
+    lidar = embed(views)
+    return held_out.HeldOut(embed(center), embed(first), embed(second),
+                            lidar.reshape(-1, held_out.LIDAR_VIEWS, lidar.shape[-1]))
+
 
 def load_images(config: ml_collections.ConfigDict) -> Images:
   """The images of `config.dataset` (`data_dir`, `recipe`, `view_size`): what SimCLR and MSC
@@ -242,6 +266,12 @@ class Trainer:
     model_params = train_state.params["model"]
     return simclr.embed(self.feature_fn, model_params, train_state.model_state, images,
                         preprocess=self.images.center)
+
+  def held_out_set(self, train_state) -> held_out.HeldOut:
+    """The backbone features (those kNN reads) of the test split's views (`Images.held_out_set`)."""
+    model_params, model_state = train_state.params["model"], train_state.model_state
+    return self.images.held_out_set(
+        lambda views: simclr.embed(self.feature_fn, model_params, model_state, views))
 
   def evaluate(self, train_state) -> dict[str, float]:
     """kNN top-1 on backbone features; alignment (two views) and uniformity of test features."""
@@ -313,7 +343,7 @@ class Trainer:
           initial, self.train_step(loss), batches, num_steps=num_steps, result=result,
           options={"checkpoint_every": c.checkpoint_every,
                    "eval_every": c.eval_every_epochs * steps_per_epoch, "eval_fn": self.evaluate,
-                   "examples_per_step": batch_size})
+                   "examples_per_step": batch_size}, held_out=self.held_out_set)
 
     return sweep.train_run(
         c, run, workdir, build=trainable, keys=2, mesh=self.mesh, plan_fields=PLAN_FIELDS,

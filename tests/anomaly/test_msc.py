@@ -16,7 +16,7 @@ from sklearn import metrics
 
 from experiments import msc as msc_experiment
 from experiments.configs import msc_digits
-from experiments.framework import plan
+from experiments.framework import held_out, plan
 from experiments.msc import train as msc_train
 from tfcl_jax import mappings, models
 from tfcl_jax.anomaly import msc, scores, torchvision_resnet, weights
@@ -367,6 +367,13 @@ def test_experiment_end_to_end_from_a_checkpoint_and_resume(tmp_path):
   with open(os.path.join(workdir, "results.csv")) as f:
     header = f.readline().strip().split(",")
   assert header[:4] == ["spec", "seed", "normal_class", "roc_auc"]
+  # The label-free scores of the test split (every class, labels unused) by fraction of the
+  # 4 steps: 10% and 25% at step 1, 50% at step 2, the end at step 4; LiDAR among them.
+  scores = held_out.columns(os.path.join(workdir, "runs", "free", "normal_class_0", "seed0"), 4)
+  assert {held_out.column(n, f) for n in ("lidar", "rankme") for f in held_out.FRACTIONS
+          } <= set(header) & set(scores)
+  assert scores["label_free/rankme@10%"] == scores["label_free/rankme@25%"]
+  assert results[0]["label_free/lidar"] == scores["label_free/lidar"]
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| free |" in table and "| pretrained (no MSC) |" in table
   assert os.path.getsize(os.path.join(workdir, "roc_auc.png")) > 0

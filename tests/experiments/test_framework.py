@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments.framework import plan, sweep, tables
+from experiments.framework import held_out, plan, sweep, tables
 from experiments.framework import workdir as workdirs
 from tfcl_jax import losses
 
@@ -128,6 +128,80 @@ def test_given_columns_keep_a_solved_scale_where_a_row_has_one(tmp_path):
   tables.write_results(str(tmp_path), rows[:1], markdown="# t", columns=("spec", "seed"))
   with open(tmp_path / "results.csv", newline="") as f:
     assert next(csv.reader(f)) == ["spec", "seed"]  # tables without one stay as they were
+
+
+def test_given_columns_keep_the_label_free_scores_where_a_row_has_them(tmp_path):
+  rows = [{"spec": "popularity", "seed": 0},
+          {"spec": "free", "seed": 0, "label_free/rankme@10%": 3.5, "label_free/rankme": 4.0}]
+  tables.write_results(str(tmp_path), rows, markdown="# t", columns=("spec", "seed"))
+  with open(tmp_path / "results.csv", newline="") as f:
+    assert list(csv.reader(f)) == [
+        ["spec", "seed", "label_free/rankme@10%", "label_free/rankme"], ["popularity", "0", "", ""],
+        ["free", "0", "3.5", "4.0"]]
+
+
+def test_held_out_steps_are_the_first_steps_past_each_fraction():
+  assert held_out.steps(100) == {0.1: 10, 0.25: 25, 0.5: 50, 1.0: 100}
+  assert held_out.steps(1000) == {0.1: 100, 0.25: 250, 0.5: 500, 1.0: 1000}
+  assert held_out.steps(7) == {0.1: 1, 0.25: 2, 0.5: 4, 1.0: 7}
+  assert held_out.steps(2) == {0.1: 1, 0.25: 1, 0.5: 1, 1.0: 2}  # fractions may share a step
+  with pytest.raises(ValueError, match="num_steps must be >= 1"):
+    held_out.steps(0)
+
+
+def test_held_out_subset_is_fixed_and_capped():
+  np.testing.assert_array_equal(held_out.subset(5), np.arange(5))
+  rows = held_out.subset(10_000)
+  assert len(rows) == held_out.MAX_ROWS == len(set(rows.tolist()))
+  assert np.all(np.diff(rows) > 0) and rows.max() < 10_000
+  np.testing.assert_array_equal(rows, held_out.subset(10_000))  # every run the same rows
+
+
+def test_held_out_columns_read_each_fraction_from_the_runs_file(tmp_path):
+  assert held_out.columns(str(tmp_path), 8) == {}  # a run without scores
+  (tmp_path / held_out.FILE).write_text(
+      "step,rankme,lidar\n1,1.5,2.0\n4,3.0,4.0\n8,5.0,6.0\n")  # step 2 (25%) missing
+  got = held_out.columns(str(tmp_path), 8)
+  assert list(got) == [f"label_free/{name}{at}" for at in ("@10%", "@25%", "@50%", "")
+                       for name in ("rankme", "lidar")]
+  assert (got["label_free/rankme@10%"], got["label_free/lidar@50%"], got["label_free/rankme"]
+          ) == (1.5, 4.0, 5.0)
+  assert np.isnan(got["label_free/rankme@25%"]) and np.isnan(got["label_free/lidar@25%"])
+
+
+def test_train_run_scores_the_held_out_set_and_adds_its_columns(tmp_path, monkeypatch):
+  rng = np.random.default_rng(0)
+  held = held_out.HeldOut(*(rng.normal(size=(40, 8)).astype(np.float32) for _ in range(3)),
+                          views=rng.normal(size=(10, 3, 8)).astype(np.float32))
+
+  def fake_train(state, *, evaluations, workdir, num_steps, **kwargs):
+    del kwargs
+    (evaluation,) = evaluations
+    assert evaluation.file == held_out.FILE and evaluation.steps == {1, 2, 4, 7}
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, held_out.FILE), "w") as f:
+      scores = evaluation.fn(state)
+      f.write("step," + ",".join(scores) + "\n")
+      for step in sorted(evaluation.steps):
+        f.write(f"{step}," + ",".join(str(step * v) for v in scores.values()) + "\n")
+    return state
+
+  def build(loss, run_keys, mesh):
+    del loss, run_keys, mesh
+    state = type("State", (), {"params": {"loss": {}}})()
+    return sweep.Trainable(state, train_step=None, batches=lambda first: iter(()), num_steps=7,
+                           result=lambda trained: {}, held_out=lambda state: held)
+
+  monkeypatch.setattr(sweep.training, "train", fake_train)
+  run = plan.Run("free", 0, loss=losses.spec.parse("free"))
+  row = sweep.train_run(_config(num_devices=1, log_every=1), run, str(tmp_path),
+                        num_candidates=3, build=build, mesh=object())
+  scores = held_out.score(held)
+  assert sorted(scores) == ["alignment", "alpha_req", "lidar", "rankme", "uniformity",
+                            "view_top1"]
+  for name, value in scores.items():
+    for fraction, step in held_out.steps(7).items():
+      assert row[held_out.column(name, fraction)] == pytest.approx(step * value, rel=1e-6)
 
 
 def test_markdown_table_and_mean_std():

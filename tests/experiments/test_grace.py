@@ -15,7 +15,7 @@ import pytest
 
 from experiments import grace
 from experiments.configs import grace_citeseer
-from experiments.framework import plan, tables
+from experiments.framework import held_out, plan, tables
 from experiments.grace import probe
 from experiments.grace import train as grace_train
 from tfcl_jax import mappings, training
@@ -138,6 +138,13 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path, monkeypatch):
   assert "| tau=0.5 | 1 |" in markdown and "67.33 (3.02)" in markdown  # the paper's column
   assert os.path.getsize(tmp_path / "f1_micro.png") > 0
   assert os.path.exists(tmp_path / "runs" / "tau_0.5" / "seed0" / "result.json")
+  # The label-free scores at 10%, 25%, 50% (all step 1 of 2) and the end, LiDAR among them.
+  with open(tmp_path / "runs" / "tau_0.5" / "seed0" / held_out.FILE, newline="") as f:
+    scored = list(csv.DictReader(f))
+  assert [r["step"] for r in scored] == ["1", "2"] and "lidar" in scored[0]
+  for name in ("rankme", "lidar", "view_top1"):
+    assert [rows[0][held_out.column(name, f)] for f in held_out.FRACTIONS] == [
+        scored[0][name]] * 3 + [scored[1][name]]
   with monkeypatch.context() as patch:
     patch.setattr(grace_train, "train_run", lambda *a, **k: pytest.fail("retrained"))
     _run(tiny_config, str(tmp_path))  # nothing left to do
@@ -158,6 +165,23 @@ def test_run_writes_results_and_resumes(tiny_config, tmp_path, monkeypatch):
   tiny_config.epochs = 3
   with pytest.raises(plan.ConfigError, match="epochs: recorded 2, now 3"):
     _run(tiny_config, str(tmp_path))
+
+
+def test_held_out_set_reads_the_encoder_on_the_graph_and_on_grace_views(tiny_config):
+  graph = _tiny_graph(seed=2)
+  batch = _batch(graph)
+  loss = grace_train.parse_spec("tau=0.5", graph.num_nodes)
+  model, state, full = grace_train.build(tiny_config, graph, batch, loss, jax.random.key(0))
+  held = grace_train.held_out_set(tiny_config, model, batch, full)(state)
+  clean = model.apply({"params": state.params["model"]}, batch.features, full,
+                      method=gcn.GRACE.embed)
+  np.testing.assert_allclose(held.embeddings, clean, rtol=1e-5)  # 40 nodes: every one
+  assert held.views.shape == (40, held_out.LIDAR_VIEWS, 8)
+  np.testing.assert_array_equal(held.first, held.views[:, 0])
+  np.testing.assert_array_equal(held.second, held.views[:, 1])
+  assert not np.allclose(held.first, clean) and not np.allclose(held.first, held.second)
+  again = grace_train.held_out_set(tiny_config, model, batch, full)(state)
+  np.testing.assert_array_equal(again.views, held.views)  # the same views for every run
 
 
 def test_probe_restores_each_encoder_and_scores_other_splits(tiny_config, tmp_path):

@@ -9,14 +9,7 @@ import pytest
 from scipy import stats
 
 from experiments.regret import report, rows, runs, scales, study, traces
-
-
-def _write(path, lines):
-  columns = list(dict.fromkeys(key for line in lines for key in line))
-  with open(path, "w", newline="") as f:
-    writer = csv.DictWriter(f, columns)
-    writer.writeheader()
-    writer.writerows(lines)
+from tests.helpers.csv_files import write_csv as _write
 
 
 def _runs(values, metric="acc", **extra):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import retrieval_ml100k
-from experiments.framework import plan
+from experiments.framework import held_out, plan
 from experiments.retrieval import report
 from experiments.retrieval import train as experiment
 from tests.helpers.movielens_files import write_u_data
@@ -300,8 +300,39 @@ def test_run_writes_the_table_and_a_rerun_trains_nothing(tiny_config, tmp_path, 
   for spec, scaled in (("free", False), ("clip_learnable_0.07_100", True)):  # no column of NaNs
     with open(os.path.join(workdir, "runs", spec, "seed0", "eval.csv")) as f:
       assert ("scale" in f.readline().strip().split(",")) == scaled, spec
+  # Label-free scores of every trained run at 10%, 25%, 50% and the end (no LiDAR: no
+  # augmentation); the popularity rows have none.
+  steps = held_out.steps(rows[1]["steps"])
+  for row in rows:
+    has = [held_out.column(name, fraction) in row for fraction in steps
+           for name in ("rankme", "alpha_req", "uniformity", "alignment", "view_top1")]
+    assert all(has) if row["spec"] != "popularity" else not any(has)
+    assert held_out.column("lidar", 1.0) not in row
+  with open(os.path.join(workdir, "runs", "free", "seed0", held_out.FILE)) as f:
+    assert [int(line.split(",")[0]) for line in f.readlines()[1:]] == sorted(
+        set(steps.values()))
   monkeypatch.setattr(experiment, "train_run", lambda *a, **k: pytest.fail("retrained"))
   assert len(_run(tiny_config, workdir, command="cmd")) == 6
+
+
+def test_held_out_set_pairs_each_user_once_with_one_of_its_training_items(tiny_config):
+  data = experiment.load_data(tiny_config)
+  model = experiment.make_model(tiny_config, data)
+  users, items = experiment.tables_of(data.users), experiment.tables_of(data.items)
+  params = model.init(jax.random.key(0), retrieval.gather(users, jnp.arange(2)),
+                      retrieval.gather(items, jnp.arange(2)))["params"]
+  held = experiment.held_out_set(model, data)(params)
+  queries = np.asarray(model.apply({"params": params}, users, method=model.embed_queries))
+  candidates = np.asarray(model.apply({"params": params}, items, method=model.embed_candidates))
+  np.testing.assert_allclose(held.embeddings, candidates, rtol=1e-6)  # 20 items: every one
+  assert held.views is None and held.first.shape == (data.num_users, 8)
+  trained = set(zip(data.train.user.tolist(), data.train.item.tolist(), strict=True))
+  for first, second in zip(np.asarray(held.first), np.asarray(held.second), strict=True):
+    (user,) = np.flatnonzero(np.all(np.isclose(queries, first), axis=1))
+    item = np.flatnonzero(np.all(np.isclose(candidates, second), axis=1))
+    assert any((user, i) in trained for i in item)
+  found = [np.flatnonzero(np.all(np.isclose(queries, f), axis=1))[0] for f in held.first]
+  assert sorted(found) == list(range(data.num_users))  # each user once
 
 
 @pytest.mark.parametrize("field, value, message", [

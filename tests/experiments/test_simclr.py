@@ -11,7 +11,7 @@ import pytest
 
 from experiments import simclr as experiment
 from experiments.configs import simclr_digits
-from experiments.framework import plan
+from experiments.framework import held_out, plan
 from experiments.simclr import report
 from experiments.simclr import train as simclr_train
 from tfcl_jax.training import sharding
@@ -88,6 +88,20 @@ def test_run_writes_results_and_resume_is_checked(tmp_path):
   assert rows[0]["spec"] == "learnable=0.2"
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| learnable=0.2 |" in table and "± " in table
+  # The label-free scores of the test split at 10%, 25%, 50% and the end of training.
+  steps = held_out.steps(results[0]["steps"])
+  scores = ("alignment", "alpha_req", "lidar", "rankme", "uniformity", "view_top1")
+  for seed, row in enumerate(rows):
+    run_dir = os.path.join(workdir, "runs", "learnable_0.2", "batch_size_128", f"seed{seed}")
+    with open(os.path.join(run_dir, held_out.FILE)) as f:
+      scored = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in scored] == sorted(set(steps.values()))
+    assert sorted(scored[0]) == sorted(["step", *scores])
+    by_step = {int(r["step"]): r for r in scored}
+    for fraction, step in steps.items():
+      for name in scores:
+        assert row[held_out.column(name, fraction)] == by_step[step][name]
+    assert 1.0 <= float(row["label_free/rankme"]) <= 16.0  # width 4: 16 backbone features
   for name in ("accuracy.png", "curves.png", "geometry.png"):
     assert os.path.getsize(os.path.join(workdir, name)) > 0
   before = open(os.path.join(workdir, "results.csv")).read()

@@ -162,7 +162,7 @@ class _Interrupted(Exception):
   pass
 
 
-def _run(workdir, *, resume=False, stop_after=None, num_steps=8):
+def _run(workdir, *, resume=False, stop_after=None, num_steps=8, evaluations=()):
   fresh_state, _ = _setup(total_steps=num_steps)
   mesh, train_step = _train_step(8, total_steps=num_steps)
   all_images = _images(n=BATCH * num_steps, seed=7)
@@ -177,7 +177,7 @@ def _run(workdir, *, resume=False, stop_after=None, num_steps=8):
       fresh_state(), train_step=train_step, batches=batches,
       num_steps=num_steps, workdir=str(workdir), key=jax.random.key(11), mesh=mesh,
       config={"loss": "learnable=0.2", "steps": num_steps}, resume=resume,
-      checkpoint_every=3, log_every=2, progress=False)
+      checkpoint_every=3, log_every=2, progress=False, evaluations=evaluations)
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):
@@ -313,3 +313,24 @@ def test_the_host_keeps_one_step_in_flight(tmp_path):
              mesh=sharding.make_mesh(jax.devices()[:1]), config={}, log_every=100,
              checkpoint_every=100, progress=False)
   assert len(ready_at_dispatch) == 10 and all(ready_at_dispatch), ready_at_dispatch
+
+
+def test_step_evaluations_are_written_at_their_steps_and_redone_after_a_resume(tmp_path):
+  calls = []
+
+  def score(train_state):
+    calls.append(int(train_state.step))
+    return {"step_seen": float(train_state.step)}
+
+  evaluations = [loop.StepEvaluation("scores.csv", score, {1, 4, 8})]
+  with pytest.raises(_Interrupted):
+    _run(tmp_path, stop_after=5, evaluations=evaluations)
+  assert calls == [1, 4]
+  _run(tmp_path, resume=True, evaluations=evaluations)  # from the checkpoint of step 3
+  assert calls == [1, 4, 4, 8]  # step 4's row is redone, step 1's kept
+  rows = outputs.read_csv(str(tmp_path / "scores.csv"))
+  np.testing.assert_array_equal(rows["step"], [1, 4, 8])
+  np.testing.assert_array_equal(rows["step_seen"], [1, 4, 8])  # each after its own step
+  assert not os.path.exists(tmp_path / outputs.EVAL_FILE)  # no eval_fn: no eval.csv
+  with pytest.raises(ValueError, match="StepEvaluation.file must be a CSV file name"):
+    loop.StepEvaluation(outputs.EVAL_FILE, score, {1})

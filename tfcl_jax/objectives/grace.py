@@ -69,17 +69,37 @@ def make_grace_loss(
   loss = losses.as_loss(loss)
 
   def loss_fn(params, model_state, batch: GraphBatch, key, step):
-    num_nodes, num_edges = batch.features.shape[0], batch.edge_index.shape[1]
-    projections = []
-    for view_key in jax.random.split(key):
-      view = graph_augment.grace_view(view_key, batch.features, num_edges, edge_rate=edge_rate,
-                                      feature_rate=feature_rate)
-      propagation = gcn.gcn_normalize(batch.edge_index, num_nodes=num_nodes,
-                                      edge_weight=view.edge_weight)
-      projections.append(model.apply({"params": params["model"]}, view.features, propagation)[1])
+    projections = [encode_view(model, params["model"], batch, view_key, edge_rate=edge_rate,
+                               feature_rate=feature_rate)[1]
+                   for view_key in jax.random.split(key)]
 
     value, scale = loss.with_scale(*projections, params=params["loss"], step=step,
                                    negatives="all", block_size=block_size)
     return value, (model_state, views.scale_metrics(scale))
 
   return loss_fn
+
+
+def encode_view(model: gcn.GRACE, model_params: Any, batch: GraphBatch, key: jax.Array, *,
+                edge_rate: float, feature_rate: float) -> tuple[jax.Array, jax.Array]:
+  """`(embeddings, projections)` `[N, D]` of one GRACE view of the graph (`grace_view`: edges
+  removed with probability `edge_rate`, feature columns masked with `feature_rate`).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from tfcl_jax.models import gcn
+    >>> from tfcl_jax.objectives import grace
+    >>> batch = grace.GraphBatch(jnp.eye(3), jnp.array([[0, 1, 2], [1, 2, 0]], jnp.int32))
+    >>> model = gcn.GRACE(hidden_dims=(4,), projection_hidden_dim=4)
+    >>> params = model.init(jax.random.key(0), batch.features,
+    ...                     gcn.gcn_normalize(batch.edge_index, num_nodes=3))["params"]
+    >>> [x.shape for x in grace.encode_view(model, params, batch, jax.random.key(1),
+    ...                                     edge_rate=0.3, feature_rate=0.3)]
+    [(3, 4), (3, 4)]
+  """
+  num_nodes, num_edges = batch.features.shape[0], batch.edge_index.shape[1]
+  view = graph_augment.grace_view(key, batch.features, num_edges, edge_rate=edge_rate,
+                                  feature_rate=feature_rate)
+  propagation = gcn.gcn_normalize(batch.edge_index, num_nodes=num_nodes,
+                                  edge_weight=view.edge_weight)
+  return model.apply({"params": model_params}, view.features, propagation)

@@ -15,13 +15,14 @@ from tfcl_jax.training import (
     state,
     step,
 )
-from tfcl_jax.training.loop import train
+from tfcl_jax.training.loop import StepEvaluation, train
 from tfcl_jax.training.optim import make_optimizer
 from tfcl_jax.training.sharding import make_mesh
 from tfcl_jax.training.state import TrainState, create_train_state
 from tfcl_jax.training.step import make_train_step
 
 __all__ = [
+    "StepEvaluation",
     "TrainState",
     "checkpoint",
     "create_train_state",

@@ -4,12 +4,13 @@ checkpoints every K steps and at the end, resumes, and stops at a step boundary 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -80,6 +81,30 @@ def prepare_workdir(workdir: str, config: dict[str, Any], *, resume: bool) -> No
   if jax.process_index() == 0:
     with atomic_open(config_path) as f:  # whole or not at all
       json.dump(config, f, indent=2, sort_keys=True)
+
+@dataclasses.dataclass(frozen=True)
+class StepEvaluation:
+  """An evaluation at chosen steps, beside `eval_fn`'s: `fn(state)` is written as a row of
+  `workdir/<file>` (and TensorBoard scalars `<file stem>/<name>`) after each step of `steps`
+  (the last step included when it is one of them), before that step's checkpoint.
+
+  Examples:
+    >>> from tfcl_jax.training import loop
+    >>> sorted(loop.StepEvaluation("scores.csv", lambda state: {"score": 1.0}, [25, 10]).steps)
+    [10, 25]
+  """
+
+  file: str
+  fn: Callable[[TrainState], dict[str, float]]
+  steps: Collection[int]
+
+  def __post_init__(self):
+    names = (outputs.METRICS_FILE, outputs.EVAL_FILE, CONFIG_FILE)
+    if self.file in names or not self.file.endswith(".csv") or os.sep in self.file:
+      raise ValueError(f"StepEvaluation.file must be a CSV file name other than {names}, got "
+                       f"{self.file!r}.")
+    object.__setattr__(self, "steps", frozenset(int(s) for s in self.steps))
+
 
 class _MetricsWindow:
   """The steps' metrics since the last fetch from the device, with the window's throughput."""
@@ -197,6 +222,7 @@ def train(
     checkpoint_every: int = 0,
     eval_every: int = 0,
     eval_fn: Callable[[TrainState], dict[str, float]] | None = None,
+    evaluations: Sequence[StepEvaluation] = (),
     log_every: int = 10,
     examples_per_step: int | None = None,
     progress: bool = True,
@@ -208,7 +234,8 @@ def train(
   the step's metrics, `examples_per_sec` when `examples_per_step` is given, and `seconds`, the
   wall seconds of training from step 0 at the flush that wrote the row, the seconds before a
   resume included: `outputs.training_seconds`), `eval.csv`
-  (`eval_fn` results every `eval_every` steps and at the end), `checkpoints/` (orbax, every
+  (`eval_fn` results every `eval_every` steps and at the end), each of `evaluations`' CSV
+  files (`StepEvaluation`: at its own steps), `checkpoints/` (orbax, every
   `checkpoint_every` steps and at the end), `tensorboard/` (the metrics and evaluations as
   TensorBoard scalars, when `tensorboardX` is installed); `outputs` writes all but the
   checkpoints.
@@ -266,6 +293,7 @@ def train(
     checkpoint_every: save every that many steps (0: only at the end).
     eval_every: call `eval_fn(state)` every that many steps (0: only at the end).
     eval_fn: `state -> {name: float}`, e.g. kNN accuracy; optional.
+    evaluations: other evaluations, each at its own steps into its own CSV (`StepEvaluation`).
     log_every: fetch metrics from the device every that many steps (all steps are logged).
     examples_per_step: for the examples/s column and the progress bar.
     progress: show a tqdm progress bar.
@@ -287,8 +315,8 @@ def train(
               flush=True)
   state, key = sharding.replicate(state, mesh), sharding.replicate(key, mesh)
   start = int(jax.device_get(state.step))
-  with outputs.Outputs(workdir, start=start, num_steps=num_steps, desc=desc,
-                       progress=progress) as out, Preemption() as preemption:
+  with outputs.Outputs(workdir, start=start, num_steps=num_steps, desc=desc, progress=progress,
+                       files=[e.file for e in evaluations]) as out, Preemption() as preemption:
     window = _MetricsWindow(out, examples_per_step, run=f"{desc!r} ({workdir})")
     in_flight = None
     for step_number, host_batch in _numbered_batches(batches, start, num_steps):
@@ -309,12 +337,18 @@ def train(
         window.flush(step_number, checkpointed_step=int(manager.latest_step() or 0))
       if _due(step_number, eval_every) and not last:
         out.evaluate(eval_fn, state, step_number)
+      for evaluation in evaluations:
+        if step_number in evaluation.steps and not last:
+          out.evaluate(evaluation.fn, state, step_number, file=evaluation.file)
       if save:
         _save(manager, state)
       if preempted:
         raise preemption.stop(step_number, workdir)
     if start < num_steps or manager.latest_step() is None:
       out.evaluate(eval_fn, state, num_steps)
+      for evaluation in evaluations:
+        if num_steps in evaluation.steps:
+          out.evaluate(evaluation.fn, state, num_steps, file=evaluation.file)
       _save(manager, state)
     if preemption.requested:  # during the last step: finished, but the job must still stop
       raise Preempted(num_steps, workdir)

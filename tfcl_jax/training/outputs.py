@@ -248,6 +248,8 @@ class Outputs:
     num_steps: the run's last step, for the progress bar.
     desc: the progress bar's label.
     progress: show a tqdm progress bar.
+    files: other evaluation CSV files of the workdir (`evaluate(..., file=)`), kept as
+      `eval.csv` is: rows past `start` dropped.
 
   Examples:
     >>> import os, tempfile
@@ -260,9 +262,12 @@ class Outputs:
     array([0.5 , 0.25])
   """
 
-  def __init__(self, workdir: str, *, start: int, num_steps: int, desc: str, progress: bool):
+  def __init__(self, workdir: str, *, start: int, num_steps: int, desc: str, progress: bool,
+               files: Sequence[str] = ()):
     self.metrics = _CsvLog(os.path.join(workdir, METRICS_FILE), keep_through_step=start)
     self.evals = _CsvLog(os.path.join(workdir, EVAL_FILE), keep_through_step=start)
+    self.other_evals = {file: _CsvLog(os.path.join(workdir, file), keep_through_step=start)
+                        for file in files}
     encode = _event_encoder() if jax.process_index() == 0 else None
     self.summaries = (None if encode is None else
                       _Summaries(os.path.join(workdir, TENSORBOARD_DIR), encode))
@@ -287,13 +292,14 @@ class Outputs:
       self.summaries.scalars(prefix, rows)
 
   def evaluate(self, eval_fn: Callable[[Any], dict[str, float]] | None, state: Any,
-               step_number: int):
-    """Writes `eval_fn(state)` (if given) as the `eval.csv` row and summaries of `step_number`."""
+               step_number: int, *, file: str = EVAL_FILE):
+    """Writes `eval_fn(state)` (if given) as the row of `step_number` in `file` (`eval.csv`, or
+    one of `files`) and as summaries `<file stem>/<name>`."""
     if eval_fn is None:
       return
     row = {"step": step_number, **{k: float(v) for k, v in eval_fn(state).items()}}
-    self.evals.write([row])
-    self.scalars("eval", [row])
+    (self.evals if file == EVAL_FILE else self.other_evals[file]).write([row])
+    self.scalars(os.path.splitext(file)[0], [row])
 
   def __enter__(self) -> Outputs:
     return self
