@@ -13,7 +13,8 @@ Suites (`--suite`, default all four, in this order):
   PyTorch eager and `torch.compile` (dense; float32 only for `torch.compile`, whose
   compilation takes a minute a shape), and for CLIP Inf-CL's `cal_flash_loss` one way and
   both ways when `inf_cl` imports;
-* `sweep`: tiled XLA with each of `--blocks` and the fused kernels with each of
+* `sweep`: tiled XLA with each of `--blocks` and of `--unrolls` (tiles per step of its tile
+  loops, `_blocks._UNROLL`), and the fused kernels with each of
   `--launches` (the gradient kernels' `block:warps:stages`) at `--sweep_sizes`, and the
   fastest of each per `N`: the measurement that `losses.auto_block_size` and
   `_triton_tiles.LAUNCH` take;
@@ -113,11 +114,12 @@ def _time(variants: dict, args) -> dict:
   return dv.time_variants(variants, args.repeats, args.max_seconds)
 
 
-def _jax_contenders(loss, spec, n, z1, z2, args, *, blocks=(), launches=(), dense=True) -> dict:
+def _jax_contenders(loss, spec, n, z1, z2, args, *, blocks=(), launches=(), unrolls=(),
+                    dense=True) -> dict:
   shape = jax.ShapeDtypeStruct(z1.shape, z1.dtype)
   mapping = mappings.from_spec(spec)
   found = dv.jax_variants(loss, pallas=_pallas_runs(n, args), dense=dense, blocks=blocks,
-                          launches=launches)
+                          launches=launches, unrolls=unrolls)
   variants = {}
   for name, (fn, launch) in found.items():
     variant, note = dv.guarded(lambda fn=fn, launch=launch: dv.build_jax(
@@ -209,7 +211,7 @@ def sweep(args, report) -> list[dict]:
   for dtype, n, (_, _, z1, z2) in _cases(args, report, "sweep", args.sweep_dtypes,
                                          args.sweep_sizes):
     variants = _jax_contenders("ntxent", args.mapping, n, z1, z2, args, blocks=args.blocks,
-                               launches=launches, dense=False)
+                               launches=launches, unrolls=args.unrolls, dense=False)
     rows.append({"n": n, "dtype": dtype, "variants": _time(variants, args)})
     print(f"  sweep, N = {n}, {dtype}: done", flush=True)
   names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
@@ -294,6 +296,9 @@ def parse(argv: list[str] | None):
   parser.add_argument("--mapping", default="free", help="NT-Xent's mapping spec")
   parser.add_argument("--clip_mapping", default="tau=0.07", help="CLIP's mapping: tau=<value>")
   parser.add_argument("--blocks", type=int, nargs="*", default=[2048, 4096, 8192, 16384])
+  parser.add_argument("--unrolls", type=int, nargs="*", default=[2, 4],
+                      help="tiles per step of the XLA engine's tile loops to sweep (the default "
+                           "tiles; `_blocks._UNROLL`)")
   parser.add_argument("--launches", nargs="*",
                       default=["64:4:1", "64:4:2", "64:8:2", "128:8:2"],
                       help="the gradient kernels' block:warps:stages to sweep")

@@ -26,6 +26,7 @@ import numpy as np
 
 from benchmarks import timing, torch_ntxent
 from tfcl_jax import losses, mappings
+from tfcl_jax.losses._engine import _blocks  # the benchmark sets the engine's unroll table
 from tfcl_jax.losses._kernels import _triton_tiles
 
 # The loss of each benchmark: `info_nce`'s keywords.
@@ -124,11 +125,15 @@ GRADIENT_FAMILIES = ("backward", "pairs")  # the `_triton_tiles.LAUNCH` rows a l
 
 
 @contextlib.contextmanager
-def kernel_options(*, columns=None, launch=None):
+def kernel_options(*, columns=None, launch=None, unroll=None):
   """The fused kernels traced with `columns`, `(forward, backward)` of
   `_triton_tiles.COLUMN_SIDE`, and `launch`, `(block, warps)` or `(block, warps, stages)` of
-  the gradient kernels for every dtype and GPU (`LAUNCH_BEFORE_HOPPER` too); None keeps the
+  the gradient kernels for every dtype and GPU (`LAUNCH_BEFORE_HOPPER` too); the XLA engine's
+  tile loops with `unroll` tiles a step (`_blocks._UNROLL`, every tile side); None keeps the
   tables'."""
+  saved_unroll = _blocks._UNROLL
+  if unroll is not None:
+    _blocks._UNROLL = ((None, unroll),)
   tables = (_triton_tiles.LAUNCH, _triton_tiles.LAUNCH_BEFORE_HOPPER)
   saved = [dict(table) for table in tables]
   saved_columns = dict(_triton_tiles.COLUMN_SIDE)
@@ -148,6 +153,7 @@ def kernel_options(*, columns=None, launch=None):
       table.clear()
       table.update(before)
     _triton_tiles.COLUMN_SIDE.update(saved_columns)
+    _blocks._UNROLL = saved_unroll
 
 
 def default_columns() -> tuple[str, str]:
@@ -180,13 +186,17 @@ def compiled(loss_fn, shape, mapping):
   return program, size
 
 
-def jax_variants(loss: str, *, pallas: bool, dense: bool, blocks=(), launches=()) -> dict:
+def jax_variants(loss: str, *, pallas: bool, dense: bool, blocks=(), launches=(),
+                 unrolls=()) -> dict:
   """name -> `(loss_fn, kernel_options or None)` of the JAX contenders for `loss`."""
   mapping_kw = LOSSES[loss]
   out = {"tiled XLA": (functools.partial(call_info_nce, kw=mapping_kw), None)}
   for block in blocks:
     out[f"tiled XLA, block {block}"] = (
         functools.partial(call_info_nce, kw=dict(mapping_kw, block_size=block)), None)
+  for unroll in unrolls:  # the default tiles, `unroll` of them a step of the tile loops
+    out[f"tiled XLA, unroll {unroll}"] = (functools.partial(call_info_nce, kw=mapping_kw),
+                                          {"unroll": unroll})
   if pallas:
     out["Pallas"] = (functools.partial(call_info_nce, kw=dict(mapping_kw,
                                                           implementation="pallas")), None)

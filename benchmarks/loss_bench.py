@@ -125,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
   use_torch = torch_ntxent.available() and not args.no_torch
   print(f"jax {jax.__version__}, {jax.devices()[0].platform} ({jax.device_count()} devices), "
         f"D = {args.dim}, float32 (and bfloat16), loss + gradient, min (median) of "
-        f"{args.repeats} interleaved repeats (PyTorch, optax: {args.baseline_repeats}); floor products: min of "
-        f"{args.floor_repeats}; torch: {'yes' if use_torch else 'not installed'}")
+        f"{args.repeats} interleaved repeats (PyTorch, optax: {args.baseline_repeats}); "
+        f"floor products: min of {args.floor_repeats}; "
+        f"torch: {'yes' if use_torch else 'not installed'}")
 
   rows, notes = [], []
   for n in args.sizes:

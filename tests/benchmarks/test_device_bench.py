@@ -5,6 +5,8 @@ reported and the rest go on."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,7 +69,8 @@ def test_floor_products_cover_the_matrix_in_bounded_chunks():
 def _run(tmp_path, *extra):
   return device_bench.main(["--out", str(tmp_path), "--sizes", "32", "--check_sizes", "24",
                             "--sweep_sizes", "32", "--sweep_dtypes", "float32", "--dim", "24",
-                            "--blocks", "16", "--launches", "16:4:2", "--repeats", "1",
+                            "--blocks", "16", "--unrolls", "2", "--launches", "16:4:2",
+                            "--repeats", "1",
                             "--floor_repeats", "1", "--max_seconds", "0.1",
                             "--pallas_cpu_max", "32", "--no_torch", "--no_inf_cl",
                             "--check_mappings", "tau=0.07", *extra])
@@ -89,8 +92,8 @@ def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):
         assert median > 0 and memory > 0 and note == "", (loss, name, row)
       assert row["floor"] > 0
   (sweep,) = results["sweep"]
-  assert set(sweep["variants"]) == {"tiled XLA", "tiled XLA, block 16", "Pallas",
-                                    "Pallas, 16:4:2"}
+  assert set(sweep["variants"]) == {"tiled XLA", "tiled XLA, block 16", "tiled XLA, unroll 2",
+                                    "Pallas", "Pallas, 16:4:2"}
   out = capsys.readouterr().out
   written = (tmp_path / "device_bench.md").read_text()
   for title in ("Correctness against float64", "ntxent (free)", "clip (tau=0.07)",
@@ -100,6 +103,18 @@ def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):
   # The sweep's winners in the form of the tables they would replace.
   assert "_blocks._BLOCKS['gpu'] = ((None, " in written
   assert "LAUNCH['backward', 4] = Launch(16, " in written
+
+
+def test_the_unroll_option_sets_the_engines_tile_loops_and_restores_them():
+  z = jax.ShapeDtypeStruct((512, 16), jnp.float32)
+
+  def scan_unrolls():  # the tile loops' `unroll`, read from the program's text
+    text = str(jax.make_jaxpr(jax.grad(lambda a, b: losses.info_nce(a, b, block_size=128)))(z, z))
+    return set(re.findall(r"unroll=(\d+)", text))
+
+  with device_variants.kernel_options(unroll=2):
+    assert scan_unrolls() == {"2"}
+  assert scan_unrolls() == {"1"}
 
 
 def test_device_bench_reports_out_of_memory_and_goes_on(tmp_path, monkeypatch):
