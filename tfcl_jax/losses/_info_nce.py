@@ -22,10 +22,11 @@ IMPLEMENTATIONS = ("xla", "pallas")
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
-  """`log(exp(a) + exp(b))` with value `-inf` and zero (not NaN) gradients where both are."""
-  finite = jnp.isfinite(a) | jnp.isfinite(b)
-  out = jnp.logaddexp(jnp.where(finite, a, 0.0), jnp.where(finite, b, 0.0))
-  return jnp.where(finite, out, -jnp.inf)
+  """`log(exp(a) + exp(b))` with value `-inf` and zero (not NaN) gradients where both are `-inf`
+  (no negatives on either side); a NaN on either side gives NaN (NaN in, NaN out)."""
+  empty = (a == -jnp.inf) & (b == -jnp.inf)
+  out = jnp.logaddexp(jnp.where(empty, 0.0, a), jnp.where(empty, 0.0, b))
+  return jnp.where(empty, -jnp.inf, out)
 
 
 def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
@@ -275,6 +276,8 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
   valid = _arguments.check_where(where, z1.shape[0])
   block_size = _arguments.check_block_size(block_size)
   bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
+  if check_finite and bank is not None:
+    _arguments.check_finite(bank, name="extra_negatives", mode=check_finite, where=bank_where)
   mapping = _arguments.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank))
   if check_finite:
@@ -284,6 +287,10 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
   bias = check_candidate_bias(candidate_bias, z1.shape[0], negatives=negatives,
                               symmetric=symmetric, extra_negatives=bank,
                               implementation=implementation)
+  if check_finite and bias is not None:
+    names = ("candidate_bias[0]", "candidate_bias[1]") if symmetric else ("candidate_bias",)
+    for name, side_bias in zip(names, bias, strict=False):
+      _arguments.check_finite(side_bias, name=name, mode=check_finite)
   rows = _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid)
   dtype = rows.rows.vectors.dtype
   positive_bias = None

@@ -27,7 +27,7 @@ def _masked_logsumexp(logits: jax.Array, mask: jax.Array) -> jax.Array:
   row_max = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   total = jnp.sum(jnp.exp(masked - row_max), axis=-1)
-  nonempty = total > 0
+  nonempty = total != 0  # NaN in, NaN out: a NaN logit is not an empty row
   return jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + row_max[:, 0], -jnp.inf)
 
 

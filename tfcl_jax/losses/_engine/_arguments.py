@@ -125,29 +125,43 @@ def _traced(what: str) -> ValueError:
       "the first failed check.")
 
 
-def check_finite(x: jax.Array, *, name: str, mode: bool | str) -> None:
+def check_finite(x: jax.Array, *, name: str, mode: bool | str,
+                 where: jax.Array | None = None) -> None:
   """`check_finite` of the losses: every value of `x` is finite (no NaN, no inf).
 
   Concrete `x` (called outside any transformation) raises at once. A traced `x` adds a
   `jax.experimental.checkify` check under `mode="checkify"`, reported by the function that
   `checkify.checkify` wraps; under `mode=True` it is refused, since JAX can report a check
-  inside a trace only through checkify.
+  inside a trace only through checkify. `where` (`[rows]` bool) leaves out the rows it masks:
+  a bank's rows masked by `extra_where` are no candidates, and the loss zeroes them.
 
   Raises:
-    ValueError: concrete `x` holds a NaN or an inf (names `name` and the first bad row); a
-      traced `x` under `mode=True` (says how to check it).
+    ValueError: concrete `x` holds a NaN or an inf (names `name` and the first bad row, or the
+      value of a scalar); a traced `x` under `mode=True` (says how to check it).
   """
-  if _checks.is_concrete(x):
-    bad = ~np.isfinite(np.asarray(x))
+  if _checks.is_concrete(x) and (where is None or _checks.is_concrete(where)):
+    values = np.asarray(x)
+    bad = ~np.isfinite(values)
+    if where is not None:
+      bad &= np.asarray(where).reshape((-1,) + (1,) * (bad.ndim - 1))
     if bad.any():
+      if values.ndim == 0:
+        raise ValueError(f"{name} must be finite (check_finite), got {values.item()!r}.")
       row = int(np.argwhere(bad)[0][0])
       raise ValueError(f"{name} must be finite (check_finite), got {int(bad.sum())} "
                        f"NaN/inf value(s), the first in row {row}.")
     return
   if mode != "checkify":
     raise _traced(name)
-  checkify.check(jnp.all(jnp.isfinite(x)), f"{name} must be finite (check_finite), got "
-                 "NaN/inf value(s).")
+  bad = ~jnp.isfinite(x)
+  if where is not None:
+    bad = bad & jnp.reshape(where, (-1,) + (1,) * (bad.ndim - 1))
+  if bad.ndim == 0:
+    checkify.check(~bad, f"{name} must be finite (check_finite), got {{}}.", x)
+    return
+  rows = jnp.any(bad.reshape(bad.shape[0], -1), axis=1)
+  checkify.check(~jnp.any(rows), f"{name} must be finite (check_finite), got "
+                 "NaN/inf value(s), the first in row {}.", jnp.argmax(rows))
 
 
 def check_parameters(mapping: mappings.Mapping, *, mode: bool | str) -> None:
@@ -239,7 +253,8 @@ def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:
 
 
 def check_extra(extra_negatives, extra_where, dim: int):
-  """Checks a bank of extra negatives `[K, D]` and its optional mask `[K]`."""
+  """Checks a bank of extra negatives `[K, D]` and its optional mask `[K]`: `(bank, mask)`,
+  `(None, None)` for no bank, or an empty one (`K = 0` adds no candidate)."""
   if extra_negatives is None:
     if extra_where is not None:
       raise ValueError("extra_where was given without extra_negatives.")
@@ -248,4 +263,7 @@ def check_extra(extra_negatives, extra_where, dim: int):
   if bank.shape[1] != dim:
     raise ValueError(f"extra_negatives must have shape [K, {dim}] (the embeddings' D), got "
                      f"{bank.shape}.")
-  return bank, check_where(extra_where, bank.shape[0], name="extra_where")
+  where = check_where(extra_where, bank.shape[0], name="extra_where")
+  if bank.shape[0] == 0:  # no extra candidate: the loss without a bank, by definition
+    return None, None
+  return bank, where

@@ -170,11 +170,19 @@ def layout(z1: jax.Array, z2: jax.Array, *, negatives: str, symmetric: bool,
 
 
 def bank_side(bank: jax.Array, where: jax.Array | None, dtype) -> Side:
-  """Extra negatives as candidate columns: unit rows, never an anchor's self or positive."""
+  """Extra negatives as candidate columns: unit rows, never an anchor's self or positive.
+
+  Rows masked out by `where` are zeroed: they are no candidates, and whatever they hold (a NaN
+  in an unfilled queue slot) must not reach the anchors' gradient through the tile products.
+  """
   k = bank.shape[0]
   ids = jnp.full((k,), -3, jnp.int32)
-  valid = jnp.ones((k,), bool) if where is None else where
-  return Side(jax.lax.stop_gradient(unit_rows(bank, dtype)), ids, ids, valid)
+  unit = unit_rows(bank, dtype)
+  if where is None:
+    valid = jnp.ones((k,), bool)
+  else:
+    valid, unit = where, jnp.where(where[:, None], unit, 0.0)
+  return Side(jax.lax.stop_gradient(unit), ids, ids, valid)
 
 
 def anchor_valid(layout_: Layout) -> jax.Array:
