@@ -16,6 +16,13 @@ def is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
+def is_differentiated(x) -> bool:
+  """True when `x` is a tracer of an autodiff transformation (`jax.grad`, `jax.vjp`, `jax.jvp`)
+  at the current level: a tracer that carries a primal and a tangent. Under `jit`, `vmap` or
+  `checkpoint` inside the differentiation the tracer at the top is theirs: False."""
+  return isinstance(x, jax.core.Tracer) and hasattr(x, "primal") and hasattr(x, "tangent")
+
+
 def positive_scalar(value, *, name: str):
   """Checks that a hyperparameter is a positive real scalar when it is concrete.
 

@@ -279,7 +279,8 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
   if check_finite and bank is not None:
     _arguments.check_finite(bank, name="extra_negatives", mode=check_finite, where=bank_where)
   mapping = _arguments.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank))
+      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank),
+      inputs=(z1, z2))
   if check_finite:
     _arguments.check_parameters(mapping, mode=check_finite)
 

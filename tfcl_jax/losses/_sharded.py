@@ -119,7 +119,8 @@ def local_setup(z1, z2, *, mapping, negatives: str, symmetric: bool, axis_name, 
   block_size = _arguments.check_block_size(block_size)
   bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
   mapping = _arguments.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0] * size, negatives, bank))
+      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0] * size, negatives, bank),
+      inputs=(z1, z2))
   rows = _local_layout(z1, z2, negatives=negatives, symmetric=symmetric, where=where,
                        axis_name=axis_name, size=size)
   bank = None if bank is None else _layout.bank_side(bank, bank_where, rows.rows.vectors.dtype)

@@ -123,7 +123,8 @@ def setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices
   _arguments.check_mode(negatives, False, reduction)
   batch = z1.shape[0] * (devices or 1)
   mapping = _arguments.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives))
+      mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives),
+      inputs=(z1, z2))
   bias = _check_bias(bias)
   if relative_bias is not None:
     relative_bias = _check_bias(relative_bias, "relative_bias")

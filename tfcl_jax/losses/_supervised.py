@@ -144,7 +144,7 @@ def supervised_info_nce(
     raise ValueError(f"labels must have shape [B] = ({z.shape[0]},), got {labels.shape}.")
   _checks.one_of(form, FORMS, name="form")
   block_size = _arguments.check_block_size(block_size)
-  mapping = _arguments.loss_mapping(mapping, num_candidates=z.shape[0] - 1)
+  mapping = _arguments.loss_mapping(mapping, num_candidates=z.shape[0] - 1, inputs=(z,))
   if check_finite:
     _arguments.check_parameters(mapping, mode=check_finite)
   if _checks.is_concrete(labels):

@@ -190,8 +190,8 @@ def check_parameters(mapping: mappings.Mapping, *, mode: bool | str) -> None:
       checkify.check(check.valid, message, check.value)
 
 
-def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
-                 ) -> mappings.Mapping:
+def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int,
+                 inputs: tuple = ()) -> mappings.Mapping:
   """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`), refusing what would silently
   not train or not follow its schedule.
 
@@ -199,10 +199,16 @@ def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
 
   - a spec string of a mapping with trainable params (`"learnable_free=100"`): a string cannot
     hold them, the loss would rebuild them at their initial values on every call;
-  - a built mapping with trainable params that was never bound (`mapping=m` rather than
-    `m.bind(params=p["loss"])`) and whose params are not traced: the loss sees constants, and
-    the gradient on them is 0 (a mapping passed through `jax.grad` as an argument has traced
-    params and trains: it passes). `m.bind(params=m.params)` holds them fixed on purpose;
+  - a built mapping with trainable params that are not the caller's (`Mapping.params_given`):
+    never bound (`mapping=m` rather than `m.bind(params=p["loss"])`) nor rebuilt by JAX from
+    the leaves of an argument (`jax.grad(lambda m: loss(..., mapping=m))(m)` trains it). Built
+    inside the loss function (`mappings.from_spec(...)` in a Flax module's call) or closed over,
+    its params are constants there, under `jit` or not, and their gradient is 0: they would
+    never train. `m.bind(params=m.params)` holds them fixed on purpose. A mapping rebuilt from
+    leaves is refused too where the loss is differentiated with respect to its `inputs` and not
+    to the mapping's params (`_checks.is_differentiated`: a mapping held as data of a model's
+    state, `nnx.data`, while `jax.grad` takes the model's params only);
+  - params of another shape than the mapping's as built (a `t` made a vector by a tree map);
   - a spec string of a scheduled mapping (`"anneal=log:0.5"`), or a built one without a bound
     step: it would run at step 0 on every call. `m.bind(step=step)` gives it the step.
 
@@ -221,15 +227,26 @@ def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
         f"README's quickstart), or name the loss by its loss spec, losses.from_spec({spec!r}), "
         f"whose params go into the train state; to evaluate at the initial values on purpose, "
         f"pass mapping=m.bind(params=m.params).")
-  if built.learnable and not built.bound and all(
-      _checks.is_concrete(leaf) for leaf in jax.tree.leaves(built.params)):
+  if built.learnable and not built.params_given:
     raise ValueError(
         f"mapping {spec!r} has trainable params {sorted(built.params)} but was passed unbound: "
         f"the loss would use the values it was built with, and the gradient on them would be 0 "
-        f"(they would never train). Keep m.params with the trainable params (e.g. "
-        f"params['loss']) and pass mapping=m.bind(params=params['loss']) inside the loss "
-        f"function (the README's quickstart); to hold them fixed on purpose (evaluation, a "
+        f"(they would never train), inside jit or not. Keep m.params with the trainable params "
+        f"(e.g. params['loss']; in a Flax module, an nnx.Param or self.param) and pass "
+        f"mapping=m.bind(params=params['loss']) inside the loss function (the README's "
+        f"quickstart, NNX and Linen examples); to hold them fixed on purpose (evaluation, a "
         f"frozen scale), pass mapping=m.bind(params=m.params).")
+  if built.learnable and not built.bound and _params_left_out(built, inputs):
+    raise ValueError(
+        f"mapping {spec!r} has trainable params {sorted(built.params)} that the loss's "
+        f"gradient leaves out: the embeddings are differentiated (jax.grad, jax.vjp) and the "
+        f"mapping's params are not, so they would never train. Differentiate them with the "
+        f"model: pass the mapping as an argument of jax.grad, or keep its params with the "
+        f"model's (an nnx.Param, self.param, params['loss']) and pass "
+        f"mapping=m.bind(params=params['loss']); to hold them fixed on purpose, pass "
+        f"mapping=m.bind(params=m.params).")
+  if built.learnable:
+    built.check_shapes(built.params)
   if built.scheduled and built.step is None:
     where = (f"mapping={mapping!r} is a spec string, which cannot carry the training step"
              if isinstance(mapping, str) else f"mapping {spec!r} was passed without a step")
@@ -239,6 +256,13 @@ def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
         f"train state's step (losses.from_spec({spec!r}) takes step= when called); to evaluate "
         f"at step 0 on purpose, pass mapping=m.bind(step=0).")
   return built
+
+
+def _params_left_out(mapping: mappings.Mapping, inputs: tuple) -> bool:
+  """Whether some of `inputs` are differentiated at this level and none of the mapping's params
+  are."""
+  return (any(map(_checks.is_differentiated, jax.tree.leaves(inputs)))
+          and not any(map(_checks.is_differentiated, jax.tree.leaves(mapping.params))))
 
 
 def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:
