@@ -230,6 +230,8 @@ def info_nce(
     2021 (CLIP); Yi et al. 2019 (sampling-bias-corrected two-tower retrieval); Kim & Kim,
     arXiv 2501.17683, Eq. 1, 11 and 12.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, extra_negatives, candidate_bias,
+                                 loss="info_nce")
   batch = setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
                 reduction=reduction, where=where, block_size=block_size,
                 extra_negatives=extra_negatives, extra_where=extra_where,

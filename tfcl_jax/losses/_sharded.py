@@ -94,6 +94,7 @@ def sharded_info_nce(
   Returns:
     A scalar (mean, sum) or this device's per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, extra_negatives, loss="sharded_info_nce")
   batch = local_setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
                       axis_name=axis_name, strategy=strategy, block_size=block_size,
                       where=where, reduction=reduction, extra_negatives=extra_negatives,
@@ -186,6 +187,8 @@ def info_nce_on_mesh(
   Returns:
     The loss (scalar) or the global per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, kwargs.get("mapping"), extra_negatives,
+                                 loss="info_nce_on_mesh")
   kwargs.update(where=where, reduction=reduction, extra_negatives=extra_negatives,
                 extra_where=extra_where)
   return on_mesh(sharded_info_nce, z1, z2, mesh=mesh, axis_name=axis_name, **kwargs)
@@ -236,6 +239,8 @@ def sharded_sigmoid_loss(
   Returns:
     A scalar (mean, sum) or this device's per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, bias, relative_bias,
+                                 loss="sharded_sigmoid_loss")
   size = axis_size(axis_name, loss="sharded_sigmoid_loss", wrapper="sigmoid_loss_on_mesh")
   z1, z2, mapping, bias, relative_bias = _sigmoid.setup(
       z1, z2, mapping, bias, relative_bias, negatives, reduction, devices=size)
@@ -282,5 +287,7 @@ def sigmoid_loss_on_mesh(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
   Returns:
     The loss or the global per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, kwargs.get("mapping"), kwargs.get("bias"),
+                                 kwargs.get("relative_bias"), loss="sigmoid_loss_on_mesh")
   return on_mesh(sharded_sigmoid_loss, z1, z2, mesh=mesh, axis_name=axis_name, where=where,
                  reduction=reduction, **kwargs)

@@ -222,6 +222,7 @@ def sigmoid_loss(
     Zhai et al., Sigmoid Loss for Language Image Pre-Training, ICCV 2023; Bangachev et al.,
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, bias, relative_bias, loss="sigmoid_loss")
   z1, z2, mapping, bias, relative_bias = setup(z1, z2, mapping, bias, relative_bias, negatives,
                                                reduction)
   if _arguments.check_finite_mode(check_finite):

@@ -134,6 +134,8 @@ def supervised_info_nce(
     Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2; Kim & Kim,
     arXiv 2501.17683, Eq. 1 and 11.
   """
+  if form == "supcon":  # on the tiles' custom VJP; "ntxent"'s dense logits take forward mode
+    _arguments.refuse_forward_mode(z, mapping, loss="supervised_info_nce(form='supcon')")
   z = _arguments.check_embeddings(z, name="z", rows="B")
   if _arguments.check_finite_mode(check_finite):
     _arguments.check_finite(z, name="z", mode=check_finite)

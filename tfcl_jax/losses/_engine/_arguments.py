@@ -9,9 +9,11 @@ expected, not deep inside the tiles.
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
+from jax.interpreters import ad
 
 from tfcl_jax import _checks, mappings
 
@@ -256,6 +258,57 @@ def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int,
         f"train state's step (losses.from_spec({spec!r}) takes step= when called); to evaluate "
         f"at step 0 on purpose, pass mapping=m.bind(step=0).")
   return built
+
+
+#: What works where forward mode does not: the losses' derivatives are custom VJPs.
+FORWARD_MODE_HELP = (
+    "What works: reverse mode (jax.grad, jax.vjp, jax.jacrev); Hessians: jax.hessian "
+    "(forward-over-reverse) or jax.jacrev(jax.jacrev(f)); Hessian-vector products: "
+    "jax.jvp(jax.grad(f), (x,), (v,)) or jax.grad(lambda x: jnp.vdot(jax.grad(f)(x), v))(x).")
+
+
+def refuse_forward_mode(*values, loss: str) -> None:
+  """Refuses forward-mode differentiation of `loss` (`jax.jvp`, `jax.jacfwd`) by name.
+
+  The losses' derivatives are custom VJPs that recompute the tiles (memory O(N * block)); JAX
+  runs a custom VJP in reverse mode only, and forward mode through one fails deep inside with a
+  generic error. Forward-over-reverse (`jax.hessian`, `jax.jvp` of `jax.grad`) works: the
+  backward pass is plain JAX. `values` are the loss's arguments: where the loss is traced in
+  forward mode at this level (the current trace is a `JVPTrace`, and some argument its tracer),
+  the loss raises this error instead; under `jax.grad` inside `jax.jvp` the current trace is the
+  gradient's, and the loss runs. A loss jitted before the forward-mode transformation
+  (`jax.jvp(jax.jit(loss))`) is traced before the tangents exist: there JAX's own error, "can't
+  apply forward-mode autodiff (jvp) to a custom_vjp function", is the one (docs/losses.md).
+
+  Raises:
+    TypeError: an argument is a forward-mode tracer (naming the loss and what works).
+  """
+  forward = isinstance(jax.extend.core.find_top_trace(()), ad.JVPTrace)
+  if forward and any(isinstance(leaf, ad.JVPTracer) for leaf in jax.tree.leaves(values)):
+    raise TypeError(
+        f"{loss} cannot be differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or "
+        f"reverse-over-forward): its gradient is a custom VJP that recomputes the tiles, which "
+        f"JAX runs in reverse mode only. {FORWARD_MODE_HELP}")
+
+
+def refuse_second_order(*values, loss: str) -> None:
+  """Refuses a derivative of a first-order-only gradient (the fused kernels') by name.
+
+  Called in the forward rule of a custom VJP whose forward and backward computations have no
+  derivative rules (Pallas kernels): a second derivative differentiates both, and JAX would fail
+  inside the kernels' tracing. Where `values` (the rule's inputs) are differentiated at this
+  level (`_checks.is_differentiated`: `jax.hessian`, `jax.jvp` or `jax.grad` of `jax.grad`),
+  this raises instead.
+
+  Raises:
+    TypeError: naming the loss and what to use.
+  """
+  if any(map(_checks.is_differentiated, jax.tree.leaves(values))):
+    raise TypeError(
+        f"{loss} has first derivatives only (jax.grad, jax.vjp, jax.jacrev): its kernels have "
+        f"no derivative rules of their own, so Hessians and Hessian-vector products (jax.hessian, "
+        f"jax.jvp or jax.grad of jax.grad) fail there. Use implementation='xla' for them, the "
+        f"same loss on the XLA engine.")
 
 
 def _params_left_out(mapping: mappings.Mapping, inputs: tuple) -> bool:

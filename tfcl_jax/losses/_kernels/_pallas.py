@@ -48,7 +48,7 @@ import jax
 import jax.core
 import jax.numpy as jnp
 
-from tfcl_jax.losses._engine import _layout, _tiled
+from tfcl_jax.losses._engine import _arguments, _layout, _tiled
 from tfcl_jax.losses._engine._tiles import LogSumExp, Side
 from tfcl_jax.losses._kernels import (
   _kernel_tpu,
@@ -202,7 +202,16 @@ def _through_norm(side: Side, unit_grad: jax.Array) -> jax.Array:
   return vjp(unit_grad)[0].astype(side.vectors.dtype)
 
 
-_lse.defvjp(_tiled.saving_inputs(_lse), _lse_bwd)
+_save_inputs = _tiled.saving_inputs(_lse)
+
+
+def _lse_fwd(plan, theta, rows, cols):
+  # A second derivative differentiates this rule and the backward, and the kernels have no rules.
+  _arguments.refuse_second_order(theta, rows, cols, loss="info_nce(implementation='pallas')")
+  return _save_inputs(plan, theta, rows, cols)
+
+
+_lse.defvjp(_lse_fwd, _lse_bwd)
 
 
 def supports(mapping) -> bool:
