@@ -127,8 +127,9 @@ def supervised_info_nce(
       too, a `checkify` check the caller reports). Off by default.
 
   Returns:
-    A float32 scalar (0 if there is no positive pair under `jit`; concrete labels with no
-    positive pair raise `ValueError`).
+    A float32 scalar. Concrete labels with no positive pair raise `ValueError`, and so do
+    labels all equal under `"ntxent"` (no negative: every pair's loss would be `-log 1 = 0`);
+    under `jit`, where the labels are not known, both give 0 (with no gradient).
 
   References:
     Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2; Kim & Kim,
@@ -155,6 +156,12 @@ def supervised_info_nce(
     same = values[:, None] == values[None, :]
     if not np.any(same & ~np.eye(z.shape[0], dtype=bool)):
       raise ValueError("labels must contain at least one positive pair (two equal labels).")
+    if form == "ntxent" and np.all(same):
+      raise ValueError(
+          "labels must contain two different labels for form='ntxent': it scores each positive "
+          "pair against the anchor's negatives (the other labels' rows), and with one label "
+          "every pair's loss is -log(1) = 0, with no gradient. form='supcon' scores the "
+          "positives against every other row.")
 
   u = _layout.unit_rows(z, _checks.compute_dtype(z.dtype))
   mapping, scale = _calibration.supervised_for_loss(mapping, u, labels, block_size=block_size)
