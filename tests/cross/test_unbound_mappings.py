@@ -135,6 +135,22 @@ def test_a_mapping_held_as_model_data_and_left_out_of_the_gradient_is_refused():
       wrap(lambda m: nnx.grad(lambda m: m(USERS))(m))(model)
 
 
+def test_a_mapping_passed_to_jit_but_left_out_of_the_gradient_is_refused():
+  z1, z2 = _views()
+
+  @jax.jit
+  def embeddings_gradient(z, mapping):
+    return jax.grad(lambda z: losses.info_nce(z, z2, mapping=mapping))(z)
+
+  with pytest.raises(ValueError, match="that the loss's gradient leaves out"):
+    embeddings_gradient(z1, mappings.from_spec("learnable_free=100"))
+  # Evaluated, not differentiated, it is taken as given.
+  m = mappings.from_spec("learnable_free=100")
+  np.testing.assert_allclose(
+      jax.jit(lambda mapping: losses.info_nce(z1, z2, mapping=mapping))(m),
+      losses.info_nce(z1, z2, mapping=m.bind(params=m.params)), rtol=1e-5)
+
+
 def test_a_mapping_differentiated_as_an_argument_trains_under_jit():
   # Rebuilt by JAX from the leaves it was given, its params are the argument: the gradient on
   # them is the bound mapping's.

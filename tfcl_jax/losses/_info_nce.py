@@ -200,8 +200,10 @@ def info_nce(
       losses are 0. With no valid pair the mean is 0.
     block_size: the largest tile side, an int > 0 (a value >= the rows gives one dense
       tile), or None: chosen from the sizes and the backend (`losses.auto_block_size`).
-    extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient).
-    extra_where: optional `[K]` bool mask of valid extra negatives.
+    extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient);
+      `K = 0` is the loss without a bank. A NaN or inf in a valid row gives a NaN loss.
+    extra_where: optional `[K]` bool mask of valid extra negatives; a masked row counts for
+      nothing, whatever it holds.
     candidate_bias: optional `[N]` float logit offsets of the rows of `z2` as candidates, or
       with `symmetric=True` the pair `(z2's, z1's)` (see above; no gradient);
       `negatives="cross"`, `implementation="xla"`.
@@ -210,16 +212,17 @@ def info_nce(
       Pallas interpreter elsewhere, which is slow and meant for tests). A per-anchor scale
       (`mappings.perplexity_free`) is refused there; the batch scale's pass runs on the XLA
       engine.
-    check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
-      that the mapping's parameters meet its conditions (`Mapping.parameter_checks`: a traced
-      `tau > 0`, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete
-      arrays. `True` checks concrete values only and refuses traced ones (inside `jit`, `grad`,
-      `vmap`) with a `ValueError` that says what to do; `"checkify"` checks traced values too, as
-      `jax.experimental.checkify` checks that the caller reports: `err, loss =
-      checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a reduction
-      over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
-      `tau = 0` gives a NaN loss, `tau < 0` a finite but meaningless one (a concrete `tau <= 0` is
-      refused by `mappings.temperature` itself).
+    check_finite: `False`, `True` or `"checkify"`: check that every array argument is finite
+      (`z1`, `z2`, the valid rows of `extra_negatives`, `candidate_bias`), and that the mapping's
+      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau > 0`, a learnable
+      `t` finite): `ValueError` naming the argument and its first bad row, or the parameter, on
+      concrete arrays. `True` checks concrete values only and refuses traced ones (inside `jit`,
+      `grad`, `vmap`) with a `ValueError` that says what to do; `"checkify"` checks traced values
+      too, as `jax.experimental.checkify` checks that the caller reports: `err, loss =
+      checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a
+      reduction over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is
+      not checked: `tau = 0` gives a NaN loss, `tau < 0` a finite but meaningless one (a concrete
+      `tau <= 0` is refused by `mappings.temperature` itself).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or the per-row losses: `[N]` (`cross`) or

@@ -125,10 +125,8 @@ class Mapping:
   bound: bool = dataclasses.field(default=False, repr=False)
   shapes: tuple[tuple[str, tuple[int, ...]], ...] | None = dataclasses.field(default=None,
                                                                              repr=False)
-  # Set by `tree_unflatten` (not a field, not in the pytree's static data, so that a mapping and
-  # the one JAX rebuilds from its leaves keep one tree structure): its params are leaves that a
-  # transformation or a tree map was given (a `jax.grad` argument), not the values it was built
-  # with.
+  # Set by `tree_unflatten`, outside the static data (a mapping and the one JAX rebuilds from its
+  # leaves keep one tree structure): its params are leaves a transformation was given.
   _from_leaves: ClassVar[bool] = False
 
   def __post_init__(self):
@@ -200,7 +198,8 @@ class Mapping:
       raise TypeError(f"cos must have a floating dtype, got {cos.dtype}.")
     cos = cos.astype(_checks.compute_dtype(cos.dtype))
     params = self.params if params is None else params
-    step = self.bound_step() if step is None else jnp.asarray(check_step(step, spec=self.spec))
+    step = self.bound_step() if step is None else jnp.asarray(
+        _checks.training_step(step, name=f"step of mapping {self.spec!r}"))
     return self.fn(cos, params, step)
 
   def bound_step(self) -> jax.Array:
@@ -249,7 +248,7 @@ class Mapping:
     if params is not None:
       self.check_shapes(params)
     if step is not None:
-      step = check_step(step, spec=self.spec)
+      step = _checks.training_step(step, name=f"step of mapping {self.spec!r}")
     fn = self.fn
     if scale is not None:
       scaled = self.fn.with_batch_scale(jnp.asarray(scale))
@@ -337,29 +336,6 @@ class ParameterCheck(NamedTuple):
   value: jax.Array
   valid: jax.Array
   requirement: str
-
-
-def check_step(step, *, spec: str):
-  """`step` checked as a training step: an integer scalar, `>= 0` where it is concrete.
-
-  A traced step (the train state's, inside `jit`) is checked for its dtype and shape only.
-
-  Raises:
-    TypeError: a bool, a float or another non-integer step (naming the mapping `spec`).
-    ValueError: not a scalar, or a concrete step below 0.
-  """
-  dtype = getattr(step, "dtype", None)
-  if isinstance(step, (bool, np.bool_)) or (dtype is None and not isinstance(step, int)) or (
-      dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
-    raise TypeError(f"step of mapping {spec!r} must be an integer (the training step, e.g. the "
-                    f"train state's step), got {step!r}.")
-  if jnp.ndim(step) != 0:
-    raise ValueError(f"step of mapping {spec!r} must be a scalar (the training step), "
-                     f"got shape {jnp.shape(step)}.")
-  if _checks.is_concrete(step) and int(np.asarray(step)) < 0:
-    raise ValueError(f"step of mapping {spec!r} must be >= 0 (a schedule starts at step 0), "
-                     f"got {int(np.asarray(step))}.")
-  return step
 
 
 def positive_check(name: str, value: jax.typing.ArrayLike) -> ParameterCheck:
