@@ -70,6 +70,8 @@ def _loss_fn(method, mapping_name, negatives, block_size, loss_name="info_nce"):
 
     return optax_loss
   mapping = mappings.from_spec(MAPPINGS[mapping_name])
+  # A learnable mapping at its initial params, held (the gradient timed is the embeddings').
+  mapping = mapping.bind(params=mapping.params)
 
   def loss(z1, z2):
     rows = z1.shape[0] * (2 if negatives == "all" else 1)

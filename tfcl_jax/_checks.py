@@ -16,6 +16,13 @@ def is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
+def is_differentiated(x) -> bool:
+  """True when `x` is a tracer of an autodiff transformation (`jax.grad`, `jax.vjp`, `jax.jvp`)
+  at the current level: a tracer that carries a primal and a tangent. Under `jit`, `vmap` or
+  `checkpoint` inside the differentiation the tracer at the top is theirs: False."""
+  return isinstance(x, jax.core.Tracer) and hasattr(x, "primal") and hasattr(x, "tangent")
+
+
 def positive_scalar(value, *, name: str):
   """Checks that a hyperparameter is a positive real scalar when it is concrete.
 
@@ -38,6 +45,28 @@ def positive_scalar(value, *, name: str):
   if not np.isfinite(array) or array <= 0:
     raise ValueError(f"{name} must be a finite number > 0, got {array.item()!r}.")
   return value
+
+
+def training_step(step, *, name: str = "step"):
+  """Checks a training step: an integer scalar, `>= 0` where it is concrete (a traced step, the
+  train state's inside `jit`, for its dtype and shape only), and returns it.
+
+  Raises:
+    TypeError: a bool, a float or another non-integer step.
+    ValueError: not a scalar, or a concrete step below 0.
+  """
+  dtype = getattr(step, "dtype", None)
+  if isinstance(step, (bool, np.bool_)) or (dtype is None and not isinstance(step, int)) or (
+      dtype is not None and not jnp.issubdtype(dtype, jnp.integer)):
+    raise TypeError(f"{name} must be an integer (the training step, e.g. the train state's "
+                    f"step), got {step!r}.")
+  if jnp.ndim(step) != 0:
+    raise ValueError(f"{name} must be a scalar (the training step), got shape "
+                     f"{jnp.shape(step)}.")
+  if is_concrete(step) and int(np.asarray(step)) < 0:
+    raise ValueError(f"{name} must be >= 0 (a schedule starts at step 0), got "
+                     f"{int(np.asarray(step))}.")
+  return step
 
 
 def positive_int(value, *, name: str, minimum: int = 1) -> int:

@@ -1,7 +1,10 @@
 """Temperature annealing schedules: optax-style `step -> tau` functions.
 
-Use them inside `jit` as `mappings.temperature(schedule(step))`, or through
-`mappings.from_spec("anneal=cosine:0.5:0.1:1000")`, which binds the step for you.
+Each takes its hyperparameters positionally or by keyword, as optax's do
+(`schedules.cosine(0.5, 0.1, 1000)`), and returns a jittable `schedule(step)`. Use one inside `jit`
+as `mappings.temperature(schedule(step))`, or as an annealed mapping bound to the train state's
+step, `mappings.from_spec("anneal=cosine:0.5:0.1:1000").bind(step=step)`. A step below 0 counts as
+0, as in optax's schedules (`Mapping.bind` refuses a concrete negative or a float step).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def _step(step) -> jax.Array:
   return jnp.maximum(jnp.asarray(step, dtype=jnp.float32), 0.0)
 
 
-def logarithmic(*, tau0: float, tau_min: float = 1e-3) -> Schedule:
+def logarithmic(tau0: float, tau_min: float = 1e-3) -> Schedule:
   r"""Logarithmic cooling of simulated annealing: tau(t) = tau0 / log(t + 2).
 
   The classical schedule under which Langevin dynamics finds the global
@@ -31,7 +34,7 @@ def logarithmic(*, tau0: float, tau_min: float = 1e-3) -> Schedule:
 
   Examples:
     >>> from tfcl_jax import schedules
-    >>> schedule = schedules.logarithmic(tau0=0.5)
+    >>> schedule = schedules.logarithmic(0.5)   # or logarithmic(tau0=0.5)
     >>> round(float(schedule(0)), 4)
     0.7213
 
@@ -69,7 +72,7 @@ def _interpolating(kind: str, tau_start: float, tau_end: float, steps: int) -> S
   return schedule
 
 
-def linear(*, tau_start: float, tau_end: float, steps: int) -> Schedule:
+def linear(tau_start: float, tau_end: float, steps: int) -> Schedule:
   r"""Linear annealing: tau(t) = tau_start + (tau_end - tau_start) min(t / steps, 1).
 
   Examples:
@@ -81,7 +84,7 @@ def linear(*, tau_start: float, tau_end: float, steps: int) -> Schedule:
   return _interpolating("linear", tau_start, tau_end, steps)
 
 
-def exponential(*, tau_start: float, tau_end: float, steps: int) -> Schedule:
+def exponential(tau_start: float, tau_end: float, steps: int) -> Schedule:
   r"""Exponential annealing: tau(t) = tau_start (tau_end / tau_start)^min(t / steps, 1).
 
   Examples:
@@ -93,7 +96,7 @@ def exponential(*, tau_start: float, tau_end: float, steps: int) -> Schedule:
   return _interpolating("exponential", tau_start, tau_end, steps)
 
 
-def cosine(*, tau_start: float, tau_end: float, steps: int) -> Schedule:
+def cosine(tau_start: float, tau_end: float, steps: int) -> Schedule:
   r"""Cosine annealing: tau(t) = tau_end + (tau_start - tau_end)(1 + cos(pi min(t/steps, 1))) / 2.
 
   Kukleva et al. (ICLR 2023) schedule temperature this way between a maximum
@@ -101,7 +104,7 @@ def cosine(*, tau_start: float, tau_end: float, steps: int) -> Schedule:
 
   Examples:
     >>> from tfcl_jax import schedules
-    >>> schedule = schedules.cosine(tau_start=0.5, tau_end=0.1, steps=100)
+    >>> schedule = schedules.cosine(0.5, 0.1, 100)   # tau_start, tau_end, steps
     >>> round(float(schedule(50)), 4)
     0.3
   """

@@ -9,13 +9,14 @@ a float64 NumPy transcription, a closed form of a schedule, the invariance of a 
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfcl_jax import losses, mappings
+from tfcl_jax import losses, mappings, schedules
 
 
 def _views(n=8, d=6, seed=0):
@@ -89,16 +90,7 @@ def test_the_unbound_mapping_would_never_have_trained():
 
   with pytest.raises(ValueError, match="passed unbound"):
     jax.grad(unbound_loss)(params)
-
-
-def test_a_mapping_differentiated_as_an_argument_trains():
-  # A mapping passed through jax.grad as an argument has traced params: the gradient flows to
-  # them, nothing is lost, and the loss takes it unbound.
-  z1, z2 = _views()
-  m = mappings.from_spec("learnable_free=100")
-  grad = jax.grad(lambda mapping: losses.info_nce(z1, z2, mapping=mapping))(m)
-  bound = jax.grad(lambda p: losses.info_nce(z1, z2, mapping=m.bind(params=p)))(m.params)
-  np.testing.assert_allclose(grad.params["t"], bound["t"], rtol=1e-6)
+  # A mapping differentiated as an argument trains: tests/cross/test_unbound_mappings.py.
 
 
 # -- 2. annealed mappings without a step ------------------------------------------------------
@@ -288,3 +280,118 @@ def test_a_non_scalar_t_is_refused_where_it_is_bound(spec):
   batched = jax.vmap(lambda t: losses.info_nce(z1, z2, mapping=m.bind(params={"t": t})))(
       jnp.zeros(3))
   np.testing.assert_allclose(batched, batched[0], rtol=1e-6)
+
+
+# -- 5. clamps and no-ops: a named error, or documented on purpose -----------------------------
+
+
+def _numpy_sigmoid(z1, z2, logit):
+  """SigLIP's loss, float64, with `logit(cos)` the pairs' logits."""
+  logits = logit(_unit64(z1) @ _unit64(z2).T)
+  labels = 2.0 * np.eye(len(logits)) - 1.0
+  return np.mean(np.sum(np.logaddexp(0.0, -labels * logits), axis=1))
+
+
+@pytest.mark.parametrize("r", [2.0, -1.5, 1.0 + 1e-3])
+def test_a_relative_bias_outside_the_cosines_is_refused(r):
+  # It was clamped in silence: relative_bias=2.0 gave the loss of 1.0 under the free mapping.
+  z1, z2 = _views()
+  for loss in (losses.sigmoid_loss,
+               lambda a, b, **kw: losses.sigmoid_loss_on_mesh(a, b, mesh=_mesh(), **kw)):
+    with pytest.raises(ValueError, match=r"relative_bias r is the cosine .* \[-1, 1\], got"):
+      loss(z1, z2, relative_bias=r)
+    with pytest.raises(ValueError, match=r"relative_bias r is the cosine"):
+      loss(z1, z2, relative_bias=jnp.asarray(r), mapping="tau=0.5")
+
+
+@pytest.mark.parametrize("r", [-1.0, 0.3, 1.0])
+def test_a_relative_bias_is_the_cosine_at_which_a_logit_is_zero(r):
+  z1, z2 = _views()
+  np.testing.assert_allclose(losses.sigmoid_loss(z1, z2, relative_bias=r, mapping="tau=0.25"),
+                             _numpy_sigmoid(z1, z2, lambda c: (c - r) / 0.25), rtol=1e-5)
+  margin = 8 * float(np.finfo(np.float32).epsneg)   # free's own clamp, 8 float32 ulps
+  clip = np.clip(r, -1 + margin, 1 - margin)
+  np.testing.assert_allclose(losses.sigmoid_loss(z1, z2, relative_bias=r),
+                             _numpy_sigmoid(z1, z2, lambda c: _free(c) - _free(clip)), rtol=1e-4)
+
+
+def test_a_step_is_an_integer_not_below_zero():
+  # Once a negative step was clamped to 0 and a float step accepted, in silence.
+  m = mappings.from_spec("anneal=log:0.5")
+  for step in (-1, jnp.int32(-3)):
+    with pytest.raises(ValueError, match=r"step of mapping 'anneal=log:0.5' must be >= 0"):
+      m.bind(step=step)
+    with pytest.raises(ValueError, match=r"must be >= 0"):
+      m(0.5, step=step)
+  for step in (2.5, jnp.float32(2.0), True):
+    with pytest.raises(TypeError, match=r"step of mapping 'anneal=log:0.5' must be an integer"):
+      m.bind(step=step)
+  with pytest.raises(TypeError, match=r"must be an integer"):   # traced: its dtype is known
+    jax.jit(lambda s: m.bind(step=s)(0.5))(1.5)
+  z1, z2 = _views()
+  with pytest.raises(ValueError, match=r"must be >= 0"):
+    losses.from_spec("anneal=log:0.5")(z1, z2, step=-1)
+  np.testing.assert_allclose(m.bind(step=jnp.int32(3))(0.5), 0.5 / (0.5 / math.log(5)),
+                             rtol=1e-6)
+
+
+def test_a_mapping_without_a_schedule_ignores_its_step_on_purpose():
+  # Documented (Mapping.bind): a train step binds every loss's mapping to its step alike.
+  z1, z2 = _views()
+  m = mappings.temperature(0.5)
+  assert not m.scheduled
+  np.testing.assert_array_equal(losses.info_nce(z1, z2, mapping=m.bind(step=7)),
+                                losses.info_nce(z1, z2, mapping=m))
+  loss = losses.from_spec("tau=0.5")
+  np.testing.assert_array_equal(loss(z1, z2, step=7), loss(z1, z2))
+  np.testing.assert_allclose(loss(z1, z2), _numpy_info_nce(z1, z2, 0.5), rtol=1e-5)
+
+
+def test_the_supervised_ntxent_form_refuses_labels_without_a_negative():
+  # With one label every pair's loss is -log(1) = 0: it returned 0.0, while labels without a
+  # positive were refused. SupCon's form is defined there: the float64 loss of its formula.
+  z1, _ = _views()
+  one_label = jnp.zeros((8,), jnp.int32)
+  with pytest.raises(ValueError, match=r"two different labels for form='ntxent'"):
+    losses.supervised_info_nce(z1, one_label)
+  logits = _free(np.clip(_unit64(z1) @ _unit64(z1).T, -1 + 1e-12, 1 - 1e-12))
+  others = ~np.eye(8, dtype=bool)
+  rows = [np.logaddexp.reduce(logits[i][others[i]]) - logits[i][others[i]].mean()
+          for i in range(8)]
+  np.testing.assert_allclose(losses.supervised_info_nce(z1, one_label, form="supcon"),
+                             np.mean(rows), rtol=1e-5)
+
+
+# -- 6. errors that say what to do ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("constructor, call", [
+    (mappings.temperature, "mappings.temperature(tau)"),
+    (mappings.temperature_free, "mappings.temperature_free()"),
+    (mappings.from_spec, "mappings.from_spec(text)"),
+    (mappings.learnable_free, "mappings.learnable_free()"),
+    (mappings.n_aware_free, "mappings.n_aware_free(num_candidates=...)"),
+])
+@pytest.mark.parametrize("loss", ["info_nce cross", "sigmoid", "supervised"])
+def test_an_uncalled_constructor_is_named_with_the_call(loss, constructor, call):
+  z1, z2 = _views()
+  with pytest.raises(TypeError, match=rf"did you mean {re.escape(call)}\?"):
+    LOSSES[loss](z1, z2, constructor)
+
+
+def test_a_schedule_passed_as_a_mapping_is_named():
+  z1, z2 = _views()
+  with pytest.raises(TypeError, match=r"schedules.cosine is a temperature schedule.*"
+                                      r"annealed_temperature"):
+    losses.info_nce(z1, z2, mapping=schedules.cosine)
+
+
+def test_the_schedules_take_positional_arguments_as_optax_does():
+  # The closed forms of each schedule, positional and by keyword.
+  assert float(schedules.logarithmic(0.5)(3)) == pytest.approx(0.5 / math.log(5), rel=1e-6)
+  assert float(schedules.logarithmic(0.5, 0.3)(10**6)) == pytest.approx(0.3)
+  assert float(schedules.linear(1.0, 0.1, 10)(5)) == pytest.approx(0.55, rel=1e-6)
+  assert float(schedules.exponential(1.0, 0.01, 10)(5)) == pytest.approx(0.1, rel=1e-5)
+  assert float(schedules.cosine(0.5, 0.1, 100)(50)) == pytest.approx(0.3, rel=1e-6)
+  keyword = schedules.cosine(tau_start=0.5, tau_end=0.1, steps=100)
+  assert float(keyword(25)) == float(schedules.cosine(0.5, 0.1, 100)(25))

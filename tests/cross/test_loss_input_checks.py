@@ -270,12 +270,14 @@ class OtherMapParametersTest(parameterized.TestCase):
 
   def test_sigmoid_bias_must_be_finite(self):
     z1, z2 = _views()
-    for kw, name in (({"bias": jnp.asarray(jnp.nan)}, "bias"),
-                     ({"relative_bias": jnp.asarray(jnp.inf)}, "relative_bias")):
+    # A bias must be finite; a relative bias is a cosine, in [-1, 1] (inf and 1.5 are not).
+    for kw, message in (({"bias": jnp.asarray(jnp.nan)}, "bias must be finite"),
+                        ({"relative_bias": jnp.asarray(jnp.inf)}, "relative_bias must be in"),
+                        ({"relative_bias": jnp.asarray(1.5)}, "relative_bias must be in")):
       loss = jax.jit(lambda kw: losses.sigmoid_loss(z1, z2, mapping="tau=0.5",
                                                     check_finite="checkify", **kw))
       error, _ = checkify.checkify(loss)(kw)
-      assert error.get().startswith(f"{name} must be finite (check_finite)")
+      assert error.get().startswith(message), error.get()
     # The bias does not hide the mapping's own check.
     error, _ = _checked(lambda a, b, **kw: losses.sigmoid_loss(a, b, bias=jnp.asarray(-1.0),
                                                                **kw), mappings.temperature)(0.0)

@@ -63,7 +63,11 @@ def numpy_info_nce(z1, z2, logits_of, negatives, symmetric=False, where=None, ba
 
 
 def _mapping(spec):
+  """The mapping of `spec`, held at its initial params (a learnable one is refused unbound) and,
+  scheduled, at step 5."""
   mapping = mappings.from_spec(spec)
+  if mapping.learnable:
+    mapping = mapping.bind(params=mapping.params)
   return mapping.bind(step=5) if mapping.scheduled else mapping
 
 
@@ -303,7 +307,7 @@ class EdgeCaseTest(chex.TestCase):
         for spec in ("free", "tau=0.1", "learnable", "dynamic=0.1:0.2"):
           for negatives, symmetric in MODES:
             def loss(a, b, spec=spec, negatives=negatives, symmetric=symmetric):
-              return losses.info_nce(a, b, mapping=mappings.from_spec(spec),
+              return losses.info_nce(a, b, mapping=_mapping(spec),
                                      negatives=negatives, symmetric=symmetric)
             out.append(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1)))(z1, z2))
         return out

@@ -154,8 +154,9 @@ def test_finite_at_cos_plus_minus_one_and_zero_vectors(dtype):
       for spec, bias in (("free", 0.0), ("free", -10.0), ("learnable", -10.0)):
         for negatives in ("cross", "all"):
           def loss(a, c, spec=spec, bias=bias, negatives=negatives):
-            return losses.sigmoid_loss(a, c, mapping=mappings.from_spec(spec), bias=bias,
-                                       negatives=negatives)
+            mapping = mappings.from_spec(spec)   # held at its initial params
+            return losses.sigmoid_loss(a, c, mapping=mapping.bind(params=mapping.params),
+                                       bias=bias, negatives=negatives)
           out.append(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1)))(z1, z2))
       return out
 

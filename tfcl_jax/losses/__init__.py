@@ -8,6 +8,13 @@ losses across devices; the supervised contrastive loss; the softmax over raw dot
 `SigmoidLoss`, `DotProductLoss`) with its mapping and its parameters; each family registers its
 spec forms in `SPECS`. Every cosine loss runs the tiled engine: dense logits are its one-tile
 case, chosen automatically where they are faster.
+
+Derivatives: each tiled loss's gradient is a custom VJP that recomputes the tiles backward.
+Reverse mode (`jax.grad`, `jax.vjp`, `jax.jacrev`) and second derivatives work: `jax.hessian`,
+Hessian-vector products `jax.jvp(jax.grad(f), (x,), (v,))` (forward over reverse) and
+`jax.jacrev(jax.jacrev(f))`. Forward mode (`jax.jvp`, `jax.jacfwd`, `jax.linearize`) is refused
+at the loss with a `TypeError` naming these; `implementation="pallas"` has first derivatives only.
+The dense `supervised_info_nce(form="ntxent")` and `dot_product_softmax` take forward mode too.
 """
 
 from tfcl_jax.losses import queue

@@ -22,10 +22,11 @@ IMPLEMENTATIONS = ("xla", "pallas")
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
-  """`log(exp(a) + exp(b))` with value `-inf` and zero (not NaN) gradients where both are."""
-  finite = jnp.isfinite(a) | jnp.isfinite(b)
-  out = jnp.logaddexp(jnp.where(finite, a, 0.0), jnp.where(finite, b, 0.0))
-  return jnp.where(finite, out, -jnp.inf)
+  """`log(exp(a) + exp(b))` with value `-inf` and zero (not NaN) gradients where both are `-inf`
+  (no negatives on either side); a NaN on either side gives NaN (NaN in, NaN out)."""
+  empty = (a == -jnp.inf) & (b == -jnp.inf)
+  out = jnp.logaddexp(jnp.where(empty, 0.0, a), jnp.where(empty, 0.0, b))
+  return jnp.where(empty, -jnp.inf, out)
 
 
 def negatives_lse(layout: _layout.Layout, *, mapping, block_size, bank=None,
@@ -200,8 +201,10 @@ def info_nce(
       losses are 0. With no valid pair the mean is 0.
     block_size: the largest tile side, an int > 0 (a value >= the rows gives one dense
       tile), or None: chosen from the sizes and the backend (`losses.auto_block_size`).
-    extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient).
-    extra_where: optional `[K]` bool mask of valid extra negatives.
+    extra_negatives: optional `[K, D]` float candidates added for every anchor (no gradient);
+      `K = 0` is the loss without a bank. A NaN or inf in a valid row gives a NaN loss.
+    extra_where: optional `[K]` bool mask of valid extra negatives; a masked row counts for
+      nothing, whatever it holds.
     candidate_bias: optional `[N]` float logit offsets of the rows of `z2` as candidates, or
       with `symmetric=True` the pair `(z2's, z1's)` (see above; no gradient);
       `negatives="cross"`, `implementation="xla"`.
@@ -210,16 +213,17 @@ def info_nce(
       Pallas interpreter elsewhere, which is slow and meant for tests). A per-anchor scale
       (`mappings.perplexity_free`) is refused there; the batch scale's pass runs on the XLA
       engine.
-    check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
-      that the mapping's parameters meet its conditions (`Mapping.parameter_checks`: a traced
-      `tau > 0`, a learnable `t` finite): `ValueError` naming the argument or parameter on concrete
-      arrays. `True` checks concrete values only and refuses traced ones (inside `jit`, `grad`,
-      `vmap`) with a `ValueError` that says what to do; `"checkify"` checks traced values too, as
-      `jax.experimental.checkify` checks that the caller reports: `err, loss =
-      checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a reduction
-      over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is not checked:
-      `tau = 0` gives a NaN loss, `tau < 0` a finite but meaningless one (a concrete `tau <= 0` is
-      refused by `mappings.temperature` itself).
+    check_finite: `False`, `True` or `"checkify"`: check that every array argument is finite
+      (`z1`, `z2`, the valid rows of `extra_negatives`, `candidate_bias`), and that the mapping's
+      parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau > 0`, a learnable
+      `t` finite): `ValueError` naming the argument and its first bad row, or the parameter, on
+      concrete arrays. `True` checks concrete values only and refuses traced ones (inside `jit`,
+      `grad`, `vmap`) with a `ValueError` that says what to do; `"checkify"` checks traced values
+      too, as `jax.experimental.checkify` checks that the caller reports: `err, loss =
+      checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default: it costs a
+      reduction over the inputs. Without it a NaN input gives a NaN loss, and a traced `tau` is
+      not checked: `tau = 0` gives a NaN loss, `tau < 0` a finite but meaningless one (a concrete
+      `tau <= 0` is refused by `mappings.temperature` itself).
 
   Returns:
     A float32 (float64 under x64 inputs) scalar, or the per-row losses: `[N]` (`cross`) or
@@ -230,6 +234,8 @@ def info_nce(
     2021 (CLIP); Yi et al. 2019 (sampling-bias-corrected two-tower retrieval); Kim & Kim,
     arXiv 2501.17683, Eq. 1, 11 and 12.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, extra_negatives, candidate_bias,
+                                 loss="info_nce")
   batch = setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
                 reduction=reduction, where=where, block_size=block_size,
                 extra_negatives=extra_negatives, extra_where=extra_where,
@@ -275,8 +281,11 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
   valid = _arguments.check_where(where, z1.shape[0])
   block_size = _arguments.check_block_size(block_size)
   bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
+  if check_finite and bank is not None:
+    _arguments.check_finite(bank, name="extra_negatives", mode=check_finite, where=bank_where)
   mapping = _arguments.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank))
+      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank),
+      inputs=(z1, z2))
   if check_finite:
     _arguments.check_parameters(mapping, mode=check_finite)
 
@@ -284,6 +293,10 @@ def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, w
   bias = check_candidate_bias(candidate_bias, z1.shape[0], negatives=negatives,
                               symmetric=symmetric, extra_negatives=bank,
                               implementation=implementation)
+  if check_finite and bias is not None:
+    names = ("candidate_bias[0]", "candidate_bias[1]") if symmetric else ("candidate_bias",)
+    for name, side_bias in zip(names, bias, strict=False):
+      _arguments.check_finite(side_bias, name=name, mode=check_finite)
   rows = _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid)
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   positive_bias = None

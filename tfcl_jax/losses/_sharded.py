@@ -94,6 +94,7 @@ def sharded_info_nce(
   Returns:
     A scalar (mean, sum) or this device's per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, extra_negatives, loss="sharded_info_nce")
   batch = local_setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
                       axis_name=axis_name, strategy=strategy, block_size=block_size,
                       where=where, reduction=reduction, extra_negatives=extra_negatives,
@@ -119,7 +120,8 @@ def local_setup(z1, z2, *, mapping, negatives: str, symmetric: bool, axis_name, 
   block_size = _arguments.check_block_size(block_size)
   bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
   mapping = _arguments.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0] * size, negatives, bank))
+      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0] * size, negatives, bank),
+      inputs=(z1, z2))
   rows = _local_layout(z1, z2, negatives=negatives, symmetric=symmetric, where=where,
                        axis_name=axis_name, size=size)
   bank = None if bank is None else _layout.bank_side(bank, bank_where, rows.rows.vectors.dtype)
@@ -185,6 +187,8 @@ def info_nce_on_mesh(
   Returns:
     The loss (scalar) or the global per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, kwargs.get("mapping"), extra_negatives,
+                                 loss="info_nce_on_mesh")
   kwargs.update(where=where, reduction=reduction, extra_negatives=extra_negatives,
                 extra_where=extra_where)
   return on_mesh(sharded_info_nce, z1, z2, mesh=mesh, axis_name=axis_name, **kwargs)
@@ -235,6 +239,8 @@ def sharded_sigmoid_loss(
   Returns:
     A scalar (mean, sum) or this device's per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, bias, relative_bias,
+                                 loss="sharded_sigmoid_loss")
   size = axis_size(axis_name, loss="sharded_sigmoid_loss", wrapper="sigmoid_loss_on_mesh")
   z1, z2, mapping, bias, relative_bias = _sigmoid.setup(
       z1, z2, mapping, bias, relative_bias, negatives, reduction, devices=size)
@@ -281,5 +287,7 @@ def sigmoid_loss_on_mesh(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
   Returns:
     The loss or the global per-row losses.
   """
+  _arguments.refuse_forward_mode(z1, z2, kwargs.get("mapping"), kwargs.get("bias"),
+                                 kwargs.get("relative_bias"), loss="sigmoid_loss_on_mesh")
   return on_mesh(sharded_sigmoid_loss, z1, z2, mesh=mesh, axis_name=axis_name, where=where,
                  reduction=reduction, **kwargs)

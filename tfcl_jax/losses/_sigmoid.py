@@ -86,9 +86,14 @@ class _Biased(mappings.MappingFunction):
 
   def parameter_checks(self, params, step) -> tuple[mappings.ParameterCheck, ...]:
     # The inner mapping's own checks, then the bias's: a NaN or infinite bias gives a non-finite
-    # loss.
+    # loss; a relative bias is a cosine, in [-1, 1] (beyond, free's clamp would move it).
     inner, bias = self.split(params)
-    return (*self.inner.parameter_checks(inner, step), finite_check(self.key, bias))
+    if self.relative:
+      bias = jnp.asarray(bias)
+      check = mappings.ParameterCheck(self.key, bias, jnp.abs(bias) <= 1.0, "in [-1, 1]")
+    else:
+      check = finite_check(self.key, bias)
+    return (*self.inner.parameter_checks(inner, step), check)
 
 
 def _biased(mapping: mappings.Mapping, bias, relative_bias) -> mappings.Mapping:
@@ -123,10 +128,17 @@ def setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices
   _arguments.check_mode(negatives, False, reduction)
   batch = z1.shape[0] * (devices or 1)
   mapping = _arguments.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives))
+      mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives),
+      inputs=(z1, z2))
   bias = _check_bias(bias)
   if relative_bias is not None:
     relative_bias = _check_bias(relative_bias, "relative_bias")
+    if _checks.is_concrete(relative_bias) and not -1.0 <= float(np.asarray(relative_bias)) <= 1.0:
+      raise ValueError(
+          f"relative_bias r is the cosine at which a pair's logit f(c) - f(r) is 0: it must lie "
+          f"in [-1, 1], got {float(np.asarray(relative_bias))!r} (a mapping of cosines is not "
+          "defined beyond them: the free mapping would clamp it to 1 - 8 ulps). For logits "
+          "shifted by a free amount, pass bias= instead.")
     if not (isinstance(bias, float) and bias == 0.0):
       raise ValueError("give bias or relative_bias, not both (relative_bias replaces the bias "
                        f"by -f(relative_bias)); got bias={bias!r}.")
@@ -197,16 +209,18 @@ def sigmoid_loss(
       with a per-anchor scale).
     bias: `b`, a float (fixed) or a float scalar array (differentiable: pass the train
       state's leaf; `sigmoid_bias_init` gives SigLIP's -10 or the prior log-odds).
-    relative_bias: `r` of the relative form instead of `bias`; a float or scalar array.
+    relative_bias: `r` of the relative form instead of `bias`: the cosine at which a pair's
+      logit is 0, a float or scalar array in `[-1, 1]` (a concrete `r` outside is refused; a
+      traced one is checked under `check_finite`).
     negatives: `"cross"` or `"all"`.
     reduction: `"mean"` (over valid anchors), `"sum"`, or `"none"` (per-row sums).
     where: optional `[N]` bool mask of valid pairs (padded batches).
     block_size: the largest tile side, or None (automatic).
     check_finite: `False`, `True` or `"checkify"`: check that every input embedding is finite, and
       that the mapping's parameters meet its conditions (`Mapping.parameter_checks`: a traced `tau >
-      0`, a learnable `t` finite), and `bias` (or `relative_bias`) finite: `ValueError` naming the
-      argument or parameter on concrete arrays. `True` checks concrete values only and refuses
-      traced ones (inside `jit`, `grad`, `vmap`) with a `ValueError` that says what to do;
+      0`, a learnable `t` finite), and `bias` finite (`relative_bias` in `[-1, 1]`): `ValueError`
+      naming the argument or parameter on concrete arrays. `True` checks concrete values only and
+      refuses traced ones (inside `jit`, `grad`, `vmap`) with a `ValueError` that says what to do;
       `"checkify"` checks traced values too, as `jax.experimental.checkify` checks that the caller
       reports: `err, loss = checkify.checkify(jax.jit(f))(...)`, then `err.throw()`. Off by default:
       it costs a reduction over the inputs. Without it a NaN input gives a NaN loss, and a traced
@@ -221,6 +235,7 @@ def sigmoid_loss(
     Zhai et al., Sigmoid Loss for Language Image Pre-Training, ICCV 2023; Bangachev et al.,
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
+  _arguments.refuse_forward_mode(z1, z2, mapping, bias, relative_bias, loss="sigmoid_loss")
   z1, z2, mapping, bias, relative_bias = setup(z1, z2, mapping, bias, relative_bias, negatives,
                                                reduction)
   if _arguments.check_finite_mode(check_finite):

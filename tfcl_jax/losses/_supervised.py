@@ -28,7 +28,7 @@ def _masked_logsumexp(logits: jax.Array, mask: jax.Array) -> jax.Array:
   row_max = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   total = jnp.sum(jnp.exp(masked - row_max), axis=-1)
-  nonempty = total > 0
+  nonempty = total != 0  # NaN in, NaN out: a NaN logit is not an empty row
   return jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + row_max[:, 0], -jnp.inf)
 
 
@@ -129,13 +129,16 @@ def supervised_info_nce(
       too, a `checkify` check the caller reports). Off by default.
 
   Returns:
-    A float32 scalar (0 if there is no positive pair under `jit`; concrete labels with no
-    positive pair raise `ValueError`).
+    A float32 scalar. Concrete labels with no positive pair raise `ValueError`, and so do
+    labels all equal under `"ntxent"` (no negative: every pair's loss would be `-log 1 = 0`);
+    under `jit`, where the labels are not known, both give 0 (with no gradient).
 
   References:
     Khosla et al. 2020, "Supervised Contrastive Learning", Eq. 2; Kim & Kim,
     arXiv 2501.17683, Eq. 1 and 11.
   """
+  if form == "supcon":  # on the tiles' custom VJP; "ntxent"'s dense logits take forward mode
+    _arguments.refuse_forward_mode(z, mapping, loss="supervised_info_nce(form='supcon')")
   z = _arguments.check_embeddings(z, name="z", rows="B")
   if _arguments.check_finite_mode(check_finite):
     _arguments.check_finite(z, name="z", mode=check_finite)
@@ -146,7 +149,7 @@ def supervised_info_nce(
     raise ValueError(f"labels must have shape [B] = ({z.shape[0]},), got {labels.shape}.")
   _checks.one_of(form, FORMS, name="form")
   block_size = _arguments.check_block_size(block_size)
-  mapping = _arguments.loss_mapping(mapping, num_candidates=z.shape[0] - 1)
+  mapping = _arguments.loss_mapping(mapping, num_candidates=z.shape[0] - 1, inputs=(z,))
   if check_finite:
     _arguments.check_parameters(mapping, mode=check_finite)
   if _checks.is_concrete(labels):
@@ -155,6 +158,12 @@ def supervised_info_nce(
     same = values[:, None] == values[None, :]
     if not np.any(same & ~np.eye(z.shape[0], dtype=bool)):
       raise ValueError("labels must contain at least one positive pair (two equal labels).")
+    if form == "ntxent" and np.all(same):
+      raise ValueError(
+          "labels must contain two different labels for form='ntxent': it scores each positive "
+          "pair against the anchor's negatives (the other labels' rows), and with one label "
+          "every pair's loss is -log(1) = 0, with no gradient. form='supcon' scores the "
+          "positives against every other row.")
 
   rows = _layout.operand_rows(z, _layout.operand_dtype(z.dtype))  # raw 16-bit rows, or unit
   mapping, scale = _calibration.supervised_for_loss(mapping, rows, labels, block_size=block_size)

@@ -6,7 +6,7 @@ import abc
 import collections.abc
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -112,8 +112,9 @@ class Mapping:
     params: trainable scalars, `{}` for non-learnable mappings.
     scheduled: whether the mapping depends on `step`.
     step: the step fixed by `bind` (None: 0).
-    bound: whether `bind(params=...)` fixed its `params` (the losses refuse a learnable mapping
-      whose params were neither bound nor traced: they would never train).
+    bound: whether `bind(params=...)` fixed its `params` (see `params_given`).
+    shapes: `((name, shape), ...)` of its params as built: what `bind` and the losses hold the
+      params to (a mapping holds one `t` per loss; vmap the loss to train several).
   """
 
   spec: str
@@ -122,6 +123,11 @@ class Mapping:
   scheduled: bool = False
   step: Any = dataclasses.field(default=None, repr=False)
   bound: bool = dataclasses.field(default=False, repr=False)
+  shapes: tuple[tuple[str, tuple[int, ...]], ...] | None = dataclasses.field(default=None,
+                                                                             repr=False)
+  # Set by `tree_unflatten`, outside the static data (a mapping and the one JAX rebuilds from its
+  # leaves keep one tree structure): its params are leaves a transformation was given.
+  _from_leaves: ClassVar[bool] = False
 
   def __post_init__(self):
     if not isinstance(self.fn, MappingFunction):
@@ -129,16 +135,61 @@ class Mapping:
         raise TypeError(f"fn must be a MappingFunction or a callable fn(cos, params, step), got "
                         f"{type(self.fn).__name__}.")
       object.__setattr__(self, "fn", _Plain(self.fn))
+    if self.shapes is None:
+      object.__setattr__(self, "shapes", tuple(
+          (name, tuple(jnp.shape(value))) for name, value in sorted(self.params.items())))
 
-  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any],
-                                  tuple[str, MappingFunction, bool, bool]]:
-    return (self.params, self.step), (self.spec, self.fn, self.scheduled, self.bound)
+  def tree_flatten(self) -> tuple[tuple[dict[str, Any], Any], tuple[Any, ...]]:
+    return (self.params, self.step), (self.spec, self.fn, self.scheduled, self.bound,
+                                      self.shapes)
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    spec, fn, scheduled, bound = aux
+    spec, fn, scheduled, bound, shapes = aux
     params, step = children
-    return cls(spec, fn, params, scheduled, step, bound)
+    mapping = cls(spec, fn, params, scheduled, step, bound, shapes)
+    object.__setattr__(mapping, "_from_leaves", True)
+    return mapping
+
+  @property
+  def params_given(self) -> bool:
+    """Whether its params are the caller's, not the values it was built with: bound
+    (`bind(params=...)`), or rebuilt by JAX from leaves it was given (the mapping is an argument
+    of `jax.grad`, `jit`, `vmap`, or the result of a tree map or an optax update).
+
+    The losses take a learnable mapping only then: a learnable mapping built inside the loss
+    function (`mappings.from_spec(...)` in a Flax module's call, under `jit` or not) or closed
+    over holds its initial params as constants, whose gradient is 0 (they would never train).
+
+    Examples:
+      >>> import jax
+      >>> from tfcl_jax import mappings
+      >>> m = mappings.learnable_free()
+      >>> m.params_given, m.bind(params=m.params).params_given
+      (False, True)
+      >>> jax.tree.map(lambda leaf: leaf, m).params_given   # rebuilt from leaves
+      True
+    """
+    return self.bound or self._from_leaves
+
+  def check_shapes(self, params: Params) -> None:
+    """Checks that `params` have the keys and shapes of the mapping's params as built (`shapes`).
+
+    Raises:
+      ValueError: another key, or a value of another shape (naming it and the mapping).
+    """
+    shapes = dict(self.shapes or ())
+    if set(params) != set(shapes):
+      raise ValueError(f"params must have the keys {sorted(shapes)} of mapping {self.spec!r}, "
+                       f"got {sorted(params)}.")
+    for name, value in params.items():
+      got = tuple(jnp.shape(value))
+      if got != shapes[name]:
+        raise ValueError(
+            f"params[{name!r}] of mapping {self.spec!r} must have shape {shapes[name]} (the shape "
+            f"of its initial value, mapping.params[{name!r}]), got shape {got}; a mapping "
+            f"holds one {name!r} for every pair (vmap the loss to train several, or bind one "
+            f"value: m.bind(params=...) rather than a jax.tree.map over the mapping).")
 
   def __call__(self, cos: jax.typing.ArrayLike, *, params: Params | None = None,
                step: jax.typing.ArrayLike | None = None) -> jax.Array:
@@ -147,7 +198,8 @@ class Mapping:
       raise TypeError(f"cos must have a floating dtype, got {cos.dtype}.")
     cos = cos.astype(_checks.compute_dtype(cos.dtype))
     params = self.params if params is None else params
-    step = self.bound_step() if step is None else jnp.asarray(step)  # as bound_step does
+    step = self.bound_step() if step is None else jnp.asarray(
+        _checks.training_step(step, name=f"step of mapping {self.spec!r}"))
     return self.fn(cos, params, step)
 
   def bound_step(self) -> jax.Array:
@@ -177,8 +229,9 @@ class Mapping:
     Args:
       params: replaces `self.params` (same keys, each of the same shape as the value it
         replaces: a scalar `t` stays a scalar); None keeps them.
-      step: the training step a scheduled mapping reads, an integer scalar; None keeps the
-        bound one (else 0).
+      step: the training step a scheduled mapping reads, an integer scalar >= 0; None keeps
+        the bound one (else 0). A mapping without a schedule (`scheduled` False) ignores it,
+        on purpose: a train step binds every loss's mapping to its step alike.
       scale: for the batch-scaled mappings (`calibrated_free`, `accuracy_free`: a float
         scalar; `perplexity_free`: `[M]` floats, one per anchor of the loss in its order), the
         scale the loss would otherwise solve from its batch (`losses.batch_scale` returns it):
@@ -187,24 +240,15 @@ class Mapping:
 
     Raises:
       ValueError: `params` has other keys, or a value of another shape (naming it and the
-        mapping); `step` is not a scalar; `scale` given to a mapping without a batch scale, or
-        of the wrong shape, or (when concrete) not finite and > 0.
+        mapping); `step` is not a scalar, or (when concrete) negative; `scale` given to a
+        mapping without a batch scale, or of the wrong shape, or (when concrete) not finite
+        and > 0.
+      TypeError: `step` is not an integer (a float step, traced or not).
     """
     if params is not None:
-      if set(params) != set(self.params):
-        raise ValueError(
-            f"params must have the keys {sorted(self.params)} of mapping {self.spec!r}, "
-            f"got {sorted(params)}.")
-      for name, value in params.items():
-        want, got = jnp.shape(self.params[name]), jnp.shape(value)
-        if got != want:
-          raise ValueError(
-              f"params[{name!r}] of mapping {self.spec!r} must have shape {want} (the shape "
-              f"of its initial value, mapping.params[{name!r}]), got shape {got}; a mapping "
-              f"holds one {name!r} for every pair (vmap the loss to train several).")
-    if step is not None and jnp.ndim(step) != 0:
-      raise ValueError(f"step of mapping {self.spec!r} must be a scalar (the training step), "
-                       f"got shape {jnp.shape(step)}.")
+      self.check_shapes(params)
+    if step is not None:
+      step = _checks.training_step(step, name=f"step of mapping {self.spec!r}")
     fn = self.fn
     if scale is not None:
       scaled = self.fn.with_batch_scale(jnp.asarray(scale))
@@ -215,10 +259,13 @@ class Mapping:
             f"mapping {self.spec!r} has none. Pass its own parameters with bind(params=...), or "
             f"use mappings.temperature(1 / scale) or learnable_free for a scale of your own.")
       fn = scaled
-    return dataclasses.replace(self, fn=fn,
-                               params=self.params if params is None else dict(params),
-                               step=self.step if step is None else step,
-                               bound=self.bound or params is not None)
+    mapping = dataclasses.replace(self, fn=fn,
+                                  params=self.params if params is None else dict(params),
+                                  step=self.step if step is None else step,
+                                  bound=self.bound or params is not None)
+    if self._from_leaves:  # still the caller's params
+      object.__setattr__(mapping, "_from_leaves", True)
+    return mapping
 
   @property
   def learnable(self) -> bool:

@@ -7,6 +7,9 @@ reads the mapping inside a loss spec through `SPECS` too.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 from tfcl_jax import _checks, specs
 from tfcl_jax.mappings._base import Mapping, MappingLike, _Plain
 from tfcl_jax.mappings._free import temperature_free
@@ -74,7 +77,9 @@ def as_mapping(mapping: MappingLike | None, *, num_candidates: int | None = None
       `free_n`; None where no loss is in sight (then `free_n` needs its `N`: `free_n=N`).
 
   Raises:
-    TypeError: `mapping` is neither a `Mapping`, a str, a callable nor None.
+    TypeError: `mapping` is neither a `Mapping`, a str, a callable nor None; or a function of
+      `tfcl_jax.mappings` left uncalled (`mappings.temperature_free` for
+      `mappings.temperature_free()`, named in the message) or a schedule.
     ValueError: a str that is not a mapping spec (the message lists `SPEC_FORMS`), or `free_n`
       without `num_candidates`.
   """
@@ -97,4 +102,32 @@ def as_mapping(mapping: MappingLike | None, *, num_candidates: int | None = None
         f"mapping must be a callable cos -> logits (a tfcl_jax.mappings.Mapping or a plain "
         f"function), a mapping spec string such as 'free' or 'tau=0.1' (mappings.from_spec), or "
         f"None (the temperature-free mapping); got {type(mapping).__name__}.")
+  _refuse_uncalled(mapping)
   return Mapping("callable", _Plain(lambda cos, params, step: mapping(cos)))
+
+
+def _refuse_uncalled(fn) -> None:
+  """Refuses a public function or class of `tfcl_jax.mappings` or of `tfcl_jax.schedules` given as
+  a mapping: none is a map `cos -> logits` (a constructor left uncalled,
+  `mappings.temperature_free` for `mappings.temperature_free()`; a schedule)."""
+  name = getattr(fn, "__name__", "")
+  if getattr(importlib.import_module("tfcl_jax.schedules"), name, None) is fn:
+    raise TypeError(
+        f"mapping=schedules.{name} is a temperature schedule, not a mapping: anneal with "
+        f"mapping=mappings.annealed_temperature(schedules.{name}(...)).bind(step=step).")
+  if getattr(importlib.import_module("tfcl_jax.mappings"), name, None) is not fn:
+    return
+  if inspect.isclass(fn):
+    raise TypeError(f"mapping=mappings.{name} is the class, not a mapping: build one, e.g. "
+                    "mappings.temperature_free() or mappings.from_spec('free').")
+  required = [
+      parameter.name if parameter.kind in (parameter.POSITIONAL_ONLY,
+                                           parameter.POSITIONAL_OR_KEYWORD)
+      else f"{parameter.name}=..."
+      for parameter in inspect.signature(fn).parameters.values()
+      if parameter.default is parameter.empty
+      and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)]
+  raise TypeError(
+      f"mapping=mappings.{name} is the function itself, not a mapping: did you mean "
+      f"mappings.{name}({', '.join(required)})? (A mapping spec string works too, e.g. "
+      f"mapping='free' or 'tau=0.1'.)")

@@ -132,7 +132,8 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
   Args:
     tau: initial temperature, > 0 (default 0.07 when `t` is not given).
     t: initial log inverse temperature instead of `tau`; may be a traced scalar, so that
-      gradients reach it.
+      gradients reach it: a traced `t` is the caller's, and the mapping counts as bound
+      (`Mapping.params_given`; a concrete `t` or `tau` gives an unbound one, to bind).
     max_scale: optional cap on the logit scale `exp(t)` (open_clip uses 100); None: no cap.
       The cap is `min(exp(t), max_scale)` in the forward pass: past it `t` gets no gradient,
       where open_clip clamps `t` itself after each step; both hold the scale at the cap.
@@ -147,6 +148,7 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
     _checks.positive_scalar(max_scale, name="max_scale")
     max_scale = float(max_scale)
   initial = None  # the initial temperature the spec names: `tau` as given, else exp(-t)
+  given_t = t is not None
   if t is None:
     tau = 0.07 if tau is None else tau
     _checks.positive_scalar(tau, name="tau")
@@ -167,8 +169,10 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
   # Built inside a trace (jit, shard_map), `t` from a concrete `tau` is traced, its spec not.
   if max_scale is not None and initial is not None:
     spec = f"{spec}:{format_number(max_scale)}"
+  # A traced `t` is the caller's (a parameter inside `jax.grad`): bound, as by `bind(params=)`.
   return Mapping(spec, _Learnable(max_scale),
-                 params={"t": jnp.asarray(t, float) if concrete else t})
+                 params={"t": jnp.asarray(t, float) if concrete else t},
+                 bound=given_t and not concrete)
 
 
 SPECS.register("tau=T", temperature, T=specs.Positive("tau"),

@@ -35,7 +35,7 @@ MAPPINGS = {
     "learnable": lambda: mappings.learnable_temperature(tau=0.3),
     "learnable_capped": lambda: mappings.learnable_temperature(tau=0.001, max_scale=100.0),
     "dynamic": lambda: mappings.dynamic_temperature(0.1, 0.2),
-    "annealed": lambda: mappings.annealed_temperature(SCHEDULE).bind(step=3.0),  # a float leaf
+    "annealed": lambda: mappings.annealed_temperature(SCHEDULE).bind(step=3),
 }
 MODES = {
     "cross": dict(negatives="cross"),
@@ -109,11 +109,14 @@ def _kwargs(mode, where, bank):
 
 
 def _grad(mode, where, bank):
-  def loss(a, b, mapping, implementation):
-    return losses.info_nce(a, b, mapping=mapping, block_size=16, implementation=implementation,
-                           **_kwargs(mode, where, bank))
+  """The value and the gradients of both views and of the mapping's params (a step, an integer,
+  takes none)."""
+  def loss(a, b, params, mapping, implementation):
+    return losses.info_nce(a, b, mapping=mapping.bind(params=params), block_size=16,
+                           implementation=implementation, **_kwargs(mode, where, bank))
 
-  return jax.value_and_grad(loss, argnums=(0, 1, 2))
+  grad = jax.value_and_grad(loss, argnums=(0, 1, 2))
+  return lambda a, b, mapping, implementation: grad(a, b, mapping.params, mapping, implementation)
 
 
 # Every mapping on the two hardest modes (masked NT-Xent; the two-tower loss with a bank),

@@ -9,9 +9,11 @@ expected, not deep inside the tiles.
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
+from jax.interpreters import ad
 
 from tfcl_jax import _checks, mappings
 
@@ -125,29 +127,43 @@ def _traced(what: str) -> ValueError:
       "the first failed check.")
 
 
-def check_finite(x: jax.Array, *, name: str, mode: bool | str) -> None:
+def check_finite(x: jax.Array, *, name: str, mode: bool | str,
+                 where: jax.Array | None = None) -> None:
   """`check_finite` of the losses: every value of `x` is finite (no NaN, no inf).
 
   Concrete `x` (called outside any transformation) raises at once. A traced `x` adds a
   `jax.experimental.checkify` check under `mode="checkify"`, reported by the function that
   `checkify.checkify` wraps; under `mode=True` it is refused, since JAX can report a check
-  inside a trace only through checkify.
+  inside a trace only through checkify. `where` (`[rows]` bool) leaves out the rows it masks:
+  a bank's rows masked by `extra_where` are no candidates, and the loss zeroes them.
 
   Raises:
-    ValueError: concrete `x` holds a NaN or an inf (names `name` and the first bad row); a
-      traced `x` under `mode=True` (says how to check it).
+    ValueError: concrete `x` holds a NaN or an inf (names `name` and the first bad row, or the
+      value of a scalar); a traced `x` under `mode=True` (says how to check it).
   """
-  if _checks.is_concrete(x):
-    bad = ~np.isfinite(np.asarray(x))
+  if _checks.is_concrete(x) and (where is None or _checks.is_concrete(where)):
+    values = np.asarray(x)
+    bad = ~np.isfinite(values)
+    if where is not None:
+      bad &= np.asarray(where).reshape((-1,) + (1,) * (bad.ndim - 1))
     if bad.any():
+      if values.ndim == 0:
+        raise ValueError(f"{name} must be finite (check_finite), got {values.item()!r}.")
       row = int(np.argwhere(bad)[0][0])
       raise ValueError(f"{name} must be finite (check_finite), got {int(bad.sum())} "
                        f"NaN/inf value(s), the first in row {row}.")
     return
   if mode != "checkify":
     raise _traced(name)
-  checkify.check(jnp.all(jnp.isfinite(x)), f"{name} must be finite (check_finite), got "
-                 "NaN/inf value(s).")
+  bad = ~jnp.isfinite(x)
+  if where is not None:
+    bad = bad & jnp.reshape(where, (-1,) + (1,) * (bad.ndim - 1))
+  if bad.ndim == 0:
+    checkify.check(~bad, f"{name} must be finite (check_finite), got {{}}.", x)
+    return
+  rows = jnp.any(bad.reshape(bad.shape[0], -1), axis=1)
+  checkify.check(~jnp.any(rows), f"{name} must be finite (check_finite), got "
+                 "NaN/inf value(s), the first in row {}.", jnp.argmax(rows))
 
 
 def check_parameters(mapping: mappings.Mapping, *, mode: bool | str) -> None:
@@ -176,8 +192,8 @@ def check_parameters(mapping: mappings.Mapping, *, mode: bool | str) -> None:
       checkify.check(check.valid, message, check.value)
 
 
-def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
-                 ) -> mappings.Mapping:
+def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int,
+                 inputs: tuple = ()) -> mappings.Mapping:
   """A loss's `mapping` as a `Mapping` (`mappings.as_mapping`), refusing what would silently
   not train or not follow its schedule.
 
@@ -185,10 +201,16 @@ def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
 
   - a spec string of a mapping with trainable params (`"learnable_free=100"`): a string cannot
     hold them, the loss would rebuild them at their initial values on every call;
-  - a built mapping with trainable params that was never bound (`mapping=m` rather than
-    `m.bind(params=p["loss"])`) and whose params are not traced: the loss sees constants, and
-    the gradient on them is 0 (a mapping passed through `jax.grad` as an argument has traced
-    params and trains: it passes). `m.bind(params=m.params)` holds them fixed on purpose;
+  - a built mapping with trainable params that are not the caller's (`Mapping.params_given`):
+    never bound (`mapping=m` rather than `m.bind(params=p["loss"])`) nor rebuilt by JAX from
+    the leaves of an argument (`jax.grad(lambda m: loss(..., mapping=m))(m)` trains it). Built
+    inside the loss function (`mappings.from_spec(...)` in a Flax module's call) or closed over,
+    its params are constants there, under `jit` or not, and their gradient is 0: they would
+    never train. `m.bind(params=m.params)` holds them fixed on purpose. A mapping rebuilt from
+    leaves is refused too where the loss is differentiated with respect to its `inputs` and not
+    to the mapping's params (`_checks.is_differentiated`: a mapping held as data of a model's
+    state, `nnx.data`, while `jax.grad` takes the model's params only);
+  - params of another shape than the mapping's as built (a `t` made a vector by a tree map);
   - a spec string of a scheduled mapping (`"anneal=log:0.5"`), or a built one without a bound
     step: it would run at step 0 on every call. `m.bind(step=step)` gives it the step.
 
@@ -207,15 +229,26 @@ def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
         f"README's quickstart), or name the loss by its loss spec, losses.from_spec({spec!r}), "
         f"whose params go into the train state; to evaluate at the initial values on purpose, "
         f"pass mapping=m.bind(params=m.params).")
-  if built.learnable and not built.bound and all(
-      _checks.is_concrete(leaf) for leaf in jax.tree.leaves(built.params)):
+  if built.learnable and not built.params_given:
     raise ValueError(
         f"mapping {spec!r} has trainable params {sorted(built.params)} but was passed unbound: "
         f"the loss would use the values it was built with, and the gradient on them would be 0 "
-        f"(they would never train). Keep m.params with the trainable params (e.g. "
-        f"params['loss']) and pass mapping=m.bind(params=params['loss']) inside the loss "
-        f"function (the README's quickstart); to hold them fixed on purpose (evaluation, a "
+        f"(they would never train), inside jit or not. Keep m.params with the trainable params "
+        f"(e.g. params['loss']; in a Flax module, an nnx.Param or self.param) and pass "
+        f"mapping=m.bind(params=params['loss']) inside the loss function (the README's "
+        f"quickstart, NNX and Linen examples); to hold them fixed on purpose (evaluation, a "
         f"frozen scale), pass mapping=m.bind(params=m.params).")
+  if built.learnable and not built.bound and _params_left_out(built, inputs):
+    raise ValueError(
+        f"mapping {spec!r} has trainable params {sorted(built.params)} that the loss's "
+        f"gradient leaves out: the embeddings are differentiated (jax.grad, jax.vjp) and the "
+        f"mapping's params are not, so they would never train. Differentiate them with the "
+        f"model: pass the mapping as an argument of jax.grad, or keep its params with the "
+        f"model's (an nnx.Param, self.param, params['loss']) and pass "
+        f"mapping=m.bind(params=params['loss']); to hold them fixed on purpose, pass "
+        f"mapping=m.bind(params=m.params).")
+  if built.learnable:
+    built.check_shapes(built.params)
   if built.scheduled and built.step is None:
     where = (f"mapping={mapping!r} is a spec string, which cannot carry the training step"
              if isinstance(mapping, str) else f"mapping {spec!r} was passed without a step")
@@ -225,6 +258,64 @@ def loss_mapping(mapping: mappings.MappingLike | None, *, num_candidates: int
         f"train state's step (losses.from_spec({spec!r}) takes step= when called); to evaluate "
         f"at step 0 on purpose, pass mapping=m.bind(step=0).")
   return built
+
+
+#: What works where forward mode does not: the losses' derivatives are custom VJPs.
+FORWARD_MODE_HELP = (
+    "What works: reverse mode (jax.grad, jax.vjp, jax.jacrev); Hessians: jax.hessian "
+    "(forward-over-reverse) or jax.jacrev(jax.jacrev(f)); Hessian-vector products: "
+    "jax.jvp(jax.grad(f), (x,), (v,)) or jax.grad(lambda x: jnp.vdot(jax.grad(f)(x), v))(x).")
+
+
+def refuse_forward_mode(*values, loss: str) -> None:
+  """Refuses forward-mode differentiation of `loss` (`jax.jvp`, `jax.jacfwd`) by name.
+
+  The losses' derivatives are custom VJPs that recompute the tiles (memory O(N * block)); JAX
+  runs a custom VJP in reverse mode only, and forward mode through one fails deep inside with a
+  generic error. Forward-over-reverse (`jax.hessian`, `jax.jvp` of `jax.grad`) works: the
+  backward pass is plain JAX. `values` are the loss's arguments: where the loss is traced in
+  forward mode at this level (the current trace is a `JVPTrace`, and some argument its tracer),
+  the loss raises this error instead; under `jax.grad` inside `jax.jvp` the current trace is the
+  gradient's, and the loss runs. A loss jitted before the forward-mode transformation
+  (`jax.jvp(jax.jit(loss))`) is traced before the tangents exist: there JAX's own error, "can't
+  apply forward-mode autodiff (jvp) to a custom_vjp function", is the one (docs/losses.md).
+
+  Raises:
+    TypeError: an argument is a forward-mode tracer (naming the loss and what works).
+  """
+  forward = isinstance(jax.extend.core.find_top_trace(()), ad.JVPTrace)
+  if forward and any(isinstance(leaf, ad.JVPTracer) for leaf in jax.tree.leaves(values)):
+    raise TypeError(
+        f"{loss} cannot be differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or "
+        f"reverse-over-forward): its gradient is a custom VJP that recomputes the tiles, which "
+        f"JAX runs in reverse mode only. {FORWARD_MODE_HELP}")
+
+
+def refuse_second_order(*values, loss: str) -> None:
+  """Refuses a derivative of a first-order-only gradient (the fused kernels') by name.
+
+  Called in the forward rule of a custom VJP whose forward and backward computations have no
+  derivative rules (Pallas kernels): a second derivative differentiates both, and JAX would fail
+  inside the kernels' tracing. Where `values` (the rule's inputs) are differentiated at this
+  level (`_checks.is_differentiated`: `jax.hessian`, `jax.jvp` or `jax.grad` of `jax.grad`),
+  this raises instead.
+
+  Raises:
+    TypeError: naming the loss and what to use.
+  """
+  if any(map(_checks.is_differentiated, jax.tree.leaves(values))):
+    raise TypeError(
+        f"{loss} has first derivatives only (jax.grad, jax.vjp, jax.jacrev): its kernels have "
+        f"no derivative rules of their own, so Hessians and Hessian-vector products (jax.hessian, "
+        f"jax.jvp or jax.grad of jax.grad) fail there. Use implementation='xla' for them, the "
+        f"same loss on the XLA engine.")
+
+
+def _params_left_out(mapping: mappings.Mapping, inputs: tuple) -> bool:
+  """Whether some of `inputs` are differentiated at this level and none of the mapping's params
+  are."""
+  return (any(map(_checks.is_differentiated, jax.tree.leaves(inputs)))
+          and not any(map(_checks.is_differentiated, jax.tree.leaves(mapping.params))))
 
 
 def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:
@@ -239,7 +330,8 @@ def check_mode(negatives: str, symmetric: bool, reduction: str) -> None:
 
 
 def check_extra(extra_negatives, extra_where, dim: int):
-  """Checks a bank of extra negatives `[K, D]` and its optional mask `[K]`."""
+  """Checks a bank of extra negatives `[K, D]` and its optional mask `[K]`: `(bank, mask)`,
+  `(None, None)` for no bank, or an empty one (`K = 0` adds no candidate)."""
   if extra_negatives is None:
     if extra_where is not None:
       raise ValueError("extra_where was given without extra_negatives.")
@@ -248,4 +340,7 @@ def check_extra(extra_negatives, extra_where, dim: int):
   if bank.shape[1] != dim:
     raise ValueError(f"extra_negatives must have shape [K, {dim}] (the embeddings' D), got "
                      f"{bank.shape}.")
-  return bank, check_where(extra_where, bank.shape[0], name="extra_where")
+  where = check_where(extra_where, bank.shape[0], name="extra_where")
+  if bank.shape[0] == 0:  # no extra candidate: the loss without a bank, by definition
+    return None, None
+  return bank, where

@@ -223,11 +223,18 @@ def layout(z1: jax.Array, z2: jax.Array, *, negatives: str, symmetric: bool,
 def bank_side(bank: jax.Array, where: jax.Array | None, row_dtype) -> Side:
   """Extra negatives as candidate columns, never an anchor's self or positive: raw rows when
   the bank and the anchors (`row_dtype`, their vectors' dtype) share a 16-bit dtype, else unit
-  rows (`operand_rows`)."""
+  rows (`operand_rows`).
+
+  Rows masked out by `where` are zeroed: they are no candidates, and whatever they hold (a NaN
+  in an unfilled queue slot) must not reach the anchors' gradient through the tile products.
+  """
   k = bank.shape[0]
   ids = jnp.full((k,), -3, jnp.int32)
-  valid = jnp.ones((k,), bool) if where is None else where
   vectors = operand_rows(bank, operand_dtype(bank.dtype, row_dtype))
+  if where is None:
+    valid = jnp.ones((k,), bool)
+  else:
+    valid, vectors = where, jnp.where(where[:, None], vectors, jnp.zeros((), vectors.dtype))
   return Side(jax.lax.stop_gradient(vectors), ids, ids, valid)
 
 

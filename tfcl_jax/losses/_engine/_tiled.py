@@ -263,10 +263,17 @@ def side_grad(side: Side | None, unit_grad) -> Side | None:
 def saving_inputs(primal, num_static: int = 1):
   """The forward rule of a custom VJP whose backward recomputes every tile: `primal`'s outputs,
   with its inputs after the `num_static` static ones (`nondiff_argnums`) and its outputs as the
-  residuals, `(*inputs, outputs)`."""
+  residuals, `(*inputs, outputs)`.
+
+  It runs the function `primal` wraps (`__wrapped__`), not the custom VJP itself: under
+  forward-over-reverse (`jax.jvp` of `jax.grad`, `jax.hessian`) JAX differentiates the forward
+  rule and the backward in forward mode, which a custom VJP refuses; the plain function and the
+  backward take it. Reverse mode runs the same computation either way.
+  """
+  function = getattr(primal, "__wrapped__", primal)
 
   def forward(*args):
-    out = primal(*args)
+    out = function(*args)
     return out, (*args[num_static:], out)
 
   return forward

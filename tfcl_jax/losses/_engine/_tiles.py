@@ -264,7 +264,8 @@ class LogSumExp(TileReduction):
 
   def finish(self, stats) -> jax.Array:
     m, s = stats
-    nonempty = s > 0
+    # `s != 0`, not `s > 0`: a NaN candidate (NaN in, NaN out) must not read as no negatives.
+    nonempty = s != 0
     return jnp.where(nonempty, jnp.log(jnp.where(nonempty, s, 1.0)) + m, -jnp.inf)
 
   def forward(self, tile_mapping: TileMapping, args: MappingArgs, a: Side, b: Side, row_stats,
@@ -321,5 +322,5 @@ class LogSumExp(TileReduction):
     top = jax.lax.pmax(jax.lax.stop_gradient(partial), axis_name)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
     total = jax.lax.psum(jnp.exp(partial - top), axis_name)
-    nonempty = total > 0
+    nonempty = total != 0  # NaN stays NaN (`finish`)
     return jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + top, -jnp.inf)

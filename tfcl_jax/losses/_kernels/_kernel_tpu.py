@@ -107,7 +107,7 @@ def _forward_kernel(mapping: KernelMapping, theta_ref, r_ref, r_ids_ref, r_pos_r
   @pl.when(j == pl.num_programs(1) - 1)
   def _():
     total = s_ref[...]
-    nonempty = total > 0
+    nonempty = total != 0  # a NaN candidate gives NaN, not an empty row
     shift = m_ref[...] if mapping.fast is None else jnp.full(total.shape, start, total.dtype)
     lse_ref[...] = jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, total, 1.0)),
                              -jnp.inf)

@@ -100,7 +100,7 @@ def _forward_kernel(mapping: KernelMapping, g: tb.Geometry, theta_ref, r_ref, r_
 
     shift, total = loop(0, g.steps, fold,
                         (jnp.full((block,), -jnp.inf, dtype), jnp.zeros((block,), dtype)))
-  nonempty = total > 0
+  nonempty = total != 0  # a NaN candidate gives NaN, not an empty row
   lse_ref[...] = jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, total, 1.0)),
                            -jnp.inf)
 

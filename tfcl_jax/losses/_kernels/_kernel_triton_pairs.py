@@ -53,7 +53,7 @@ def _half(g: tb.Geometry, i, t):
 
 
 def _lse(sums, shift):
-  nonempty = sums > 0
+  nonempty = sums != 0  # a NaN candidate gives NaN, not an empty row
   return jnp.where(nonempty, shift + jnp.log(jnp.where(nonempty, sums, 1.0)), -jnp.inf)
 
 

@@ -49,7 +49,7 @@ import jax
 import jax.core
 import jax.numpy as jnp
 
-from tfcl_jax.losses._engine import _layout, _tiled
+from tfcl_jax.losses._engine import _arguments, _layout, _tiled
 from tfcl_jax.losses._engine._tiles import LogSumExp, Side, stats_dtype
 from tfcl_jax.losses._kernels import (
   _kernel_tpu,
@@ -191,7 +191,16 @@ def _no_grad(side: Side, dvectors) -> Side:
   return Side(dvectors, None, None, None)  # pyright: ignore[reportArgumentType]
 
 
-_lse.defvjp(_tiled.saving_inputs(_lse), _lse_bwd)
+_save_inputs = _tiled.saving_inputs(_lse)
+
+
+def _lse_fwd(plan, theta, rows, cols):
+  # A second derivative differentiates this rule and the backward, and the kernels have no rules.
+  _arguments.refuse_second_order(theta, rows, cols, loss="info_nce(implementation='pallas')")
+  return _save_inputs(plan, theta, rows, cols)
+
+
+_lse.defvjp(_lse_fwd, _lse_bwd)
 
 
 def supports(mapping) -> bool:
