@@ -67,6 +67,7 @@ def test_every_named_file_exists():
 
 
 @pytest.mark.parametrize("caller, callee", [
+    ("experiments.framework.cli.run_main", "train_and_evaluate(config, workdir)"),
     ("experiments.simclr.train.plan_runs", "plan.parse_losses("),
     ("experiments.framework.plan.plan", "parse_losses("),
     ("experiments.framework.sweep.train_run", "run.loss.build(num_candidates)"),
