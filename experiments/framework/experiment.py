@@ -1,8 +1,9 @@
 """What an experiment declares to the framework (`Experiment`): its name, its kind, its configs,
 `train_and_evaluate`, and what `experiments.regenerate` and the lowering tests call.
 
-Each experiment binds one as `EXPERIMENT` in its module (or its package's `__init__`), runs
-it with `EXPERIMENT.main()` under `python -m`, and is listed once in `experiments.registry`.
+Each experiment binds one as `EXPERIMENT` in its module (or its package's `__init__`), which
+registers it (`experiments.registry` finds the modules of `experiments/` that bind one), and
+runs it with `EXPERIMENT.main()` under `python -m`.
 """
 
 from __future__ import annotations
