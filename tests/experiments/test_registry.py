@@ -1,8 +1,8 @@
 """`experiments.registry`: every experiment found by its place, with its configs in the one
-place, its kind and its command line; the framework importing no experiment and no experiment
-importing another; a study's workdir under a sweep's rules (its lock, its config checked); and
-the worked example of `docs/architecture.md` ("Adding an experiment") added to a copy of the
-repository from the page and run there, by its tests and its command line."""
+place, its kind and its command line; no experiment importing another (nor the framework one:
+test_framework.py); a study's workdir under a sweep's rules (its lock, its config checked);
+and the worked example of `docs/architecture.md` ("Adding an experiment") added to a copy of
+the repository from the page and run there, by its tests and its command line."""
 
 from __future__ import annotations
 
@@ -90,19 +90,6 @@ def test_no_experiment_imports_another():
   assert registry.modules()
   found = {module: _reaching_out(module) for module in registry.modules()}
   assert not {module: files for module, files in found.items() if files}
-
-
-def test_the_framework_imports_no_experiment():
-  """Imports at the top of a module and inside its functions alike, read with `ast`; nor does
-  it load one by name (`importlib`): experiments are found through `experiments.registry`."""
-  found = {}
-  for path in sorted((EXPERIMENTS / "framework").glob("*.py")):
-    source = path.read_text()
-    found[path.name] = {imported for imported in _imports(path)
-                        if imported.split(".")[0] == "experiments"
-                        and not imported.startswith("experiments.framework.")}
-    assert "import_module" not in source and "__import__" not in source, path.name
-  assert not {name: imported for name, imported in found.items() if imported}
 
 
 def test_an_unknown_name_lists_the_registered_ones():
