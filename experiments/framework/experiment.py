@@ -29,8 +29,9 @@ class Experiment:
     train_and_evaluate: `(config, workdir) -> rows`, after `check_config` passed.
     check_config: `(config) -> None`, every check that needs no data; raises
       `plan.ConfigError` naming the field.
-    configs: its config files, from the repository root; the first is the one the usage line
-      and the command-line tests take.
+    configs: its config files, from the repository root (`experiments/configs/NAME.py`, the
+      one place of every experiment's configs); the first is the one the usage line, the
+      command-line tests and the lowering tests take.
     default_config: the config file used when `--config` is not given (or None).
     results_markdown: `(rows, config, command) -> str`, its `results.md` from its
       `results.csv` rows: what `experiments.regenerate` rebuilds a committed table with.
