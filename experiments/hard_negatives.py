@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import studies
-from experiments.framework import experiment, plan, sweep, tables
+from experiments.framework import experiment, plan, sphere_study, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -98,7 +97,7 @@ def make_runner(mapping: mappings.Mapping, *, config):
         views = perturbed(views, jax.random.fold_in(augment_key, index))
         return instance_loss(cosines(*views), lambda x: mapping(x, params=params))
 
-      _, views, params, _ = studies.sphere_step(
+      _, views, params, _ = sphere_study.sphere_step(
           loss_fn, views, params, lr=config.learning_rate, t_lr=config.t_learning_rate, scale=n)
       cos = cosines(*views)
       separated = cos[:, 0] - jnp.max(cos[:, 1:], axis=-1) >= config.margin

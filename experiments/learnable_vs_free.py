@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import studies
-from experiments.framework import experiment, plan, sweep, tables
+from experiments.framework import experiment, plan, sphere_study, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -56,11 +55,11 @@ def stuck_t_runner(mapping: mappings.Mapping, *, steps: int, lr: float, t_lr: fl
   """
 
   def loss_fn(views, params):
-    return studies.mean_loss(*views, mapping.bind(params=params), "cross")
+    return sphere_study.mean_loss(*views, mapping.bind(params=params), "cross")
 
   def step(carry, _):
     views, params = carry
-    loss, new_views, new_params, (_, param_grads) = studies.sphere_step(
+    loss, new_views, new_params, (_, param_grads) = sphere_study.sphere_step(
         loss_fn, views, params, lr=lr, t_lr=t_lr, scale=views[0].shape[0])
     record = dict(
         t=params.get("t", jnp.nan),
@@ -150,11 +149,11 @@ def precision_run(spec: str, dtype, *, key, config):
   z2 = langevin.random_sphere(key2, (p.m, p.d), dtype=dtype)
 
   def loss_fn(views, params):
-    return studies.mean_loss(*views, mapping, "cross")
+    return sphere_study.mean_loss(*views, mapping, "cross")
 
   def block(views, _):
     def step(views, _):
-      _, views, _, grads = studies.sphere_step(
+      _, views, _, grads = sphere_study.sphere_step(
           loss_fn, views, {}, lr=p.learning_rate, t_lr=0.0, scale=p.m)
       return views, None
 

@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from experiments import studies
-from experiments.framework import experiment, plan, sweep, tables
+from experiments.framework import experiment, plan, sphere_study, sweep, tables
 from tfcl_jax import langevin, losses, mappings
 from tfcl_jax.analysis import geometry
 
@@ -85,7 +84,7 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
 
   def loss_at(state, noise, params, step):
     z1, z2 = views_of(state, noise)
-    return studies.mean_loss(z1, z2, mapping.bind(params=params, step=step), negatives)
+    return sphere_study.mean_loss(z1, z2, mapping.bind(params=params, step=step), negatives)
 
   def at_optimum(state):
     # The geometric target: views (or instance points) on the simplex.
@@ -102,7 +101,7 @@ def make_runner(mapping: mappings.Mapping, *, d: int, m: int, negatives: str, co
       noise = draw_perturbations(perturbation_key)
     # The potential is the summed loss (m x the mean): each point's gradient is O(1) in m.
     # beta(t) = beta0 log(t + 2): logarithmic cooling (Theorem 1 of the annealing paper).
-    _, state, params, _ = studies.sphere_step(
+    _, state, params, _ = sphere_study.sphere_step(
         lambda state, params: loss_at(state, noise, params, step), state, params,
         lr=config.learning_rate, t_lr=config.t_learning_rate, scale=m, key=noise_key,
         beta=beta0 * jnp.log(step + 2.0))

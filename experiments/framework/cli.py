@@ -3,16 +3,19 @@
 `python -m experiments.NAME` parses the flags, calls the experiment's `check_config(config)`
 (every check that needs no data), then its `train_and_evaluate(config, workdir)`, and prints
 the table it wrote. Flags are defined when an experiment runs as a script, not when it is
-imported, so experiments can import each other (MSC pretrains with SimCLR) and the tests can
-import them all.
+imported, so the tests can import every experiment.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import logging as std_logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 from experiments.framework import plan, tables
 from experiments.framework import workdir as workdirs
@@ -42,113 +45,189 @@ def run_main(
     default_config: config file used when `--config` is not given.
     quiet_logs: lower absl logging to WARNING (orbax logs every save at INFO).
 
+  The steps, in the order they run: `define_flags`, `parse_flags` (absl's parser: `--help`, or
+  the config file run once and the flags parsed), then in `main` `read_flags`, `set_log_levels`,
+  `check_config` under `config_errors_exit`, `start_distributed`, `train_and_evaluate` under
+  `training_exits`, and `print_summary`; Ctrl-C anywhere ends in `interrupted`.
+
   How a command ends, each with one line on stderr: a user's mistake (`plan.ConfigError`),
   exit 2; a full disk (`ENOSPC`, `EDQUOT`) naming the file, or a non-finite loss naming the
   step and the run, exit 1; Ctrl-C after the checkpoint of the current step, exit 130;
   SIGTERM (preemption) likewise, exit `PREEMPTED_STATUS` (143). The workdir's lock
   (`workdir.acquire`) is released on every way out. Rerunning the same command resumes.
   """
-  from absl import app, flags, logging
-  from ml_collections import config_flags
+  from absl import app
 
-  workdir = flags.DEFINE_string("workdir", None, "output directory")
-  distributed = flags.DEFINE_bool(
-      "distributed", False, "call jax.distributed.initialize() first (one process per host; "
-      "SLURM, Open MPI and TPU pods are detected, else give the three flags below)")
-  coordinator = flags.DEFINE_string("coordinator_address", None, "host:port of process 0")
-  num_processes = flags.DEFINE_integer("num_processes", None, "processes in the job")
-  process_id = flags.DEFINE_integer("process_id", None, "this process's index")
+  command_flags = define_flags()
 
-  def main(argv):
-    if len(argv) > 1:
-      raise app.UsageError(f"unexpected arguments {argv[1:]}; {usage}")
-    config = flags.FLAGS["config"] if "config" in flags.FLAGS else None
-    if config is None or not workdir.value:
-      raise app.UsageError(usage)
-    if quiet_logs:
-      logging.set_verbosity(logging.WARNING)
-    # JAX's probe of absent backends ("Unable to initialize backend 'tpu'") is INFO, not a fault.
-    std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
-    try:
-      check_config(config.value)
-    except plan.ConfigError as error:
-      print(f"error: {error}", file=sys.stderr)
-      sys.exit(2)
-    if distributed.value or coordinator.value:
-      import jax  # noqa: PLC0415
-
-      try:
-        jax.distributed.initialize(coordinator.value, num_processes.value, process_id.value)
-      except ValueError as error:  # no cluster detected and no coordinator given
-        print(f"error: --distributed: {error} (no cluster was detected: pass "
-              "--coordinator_address, --num_processes and --process_id)", file=sys.stderr)
-        sys.exit(2)
-    try:
-      train_and_evaluate(config.value, workdir.value)
-    except plan.ConfigError as error:
-      print(f"error: {error}", file=sys.stderr)
-      sys.exit(2)
-    except preemption.Preempted as error:  # SIGTERM: the checkpoint of error.step is on disk
-      workdirs.release()
-      print(f"stopped: {error}", file=sys.stderr)
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(PREEMPTED_STATUS)  # as for Ctrl-C: no interpreter shutdown mid-prefetch
-    except FloatingPointError as error:  # a non-finite loss or gradient, step and run named
-      print(f"error: {error}", file=sys.stderr)
-      sys.exit(1)
-    except Exception as error:  # a full disk met by any writer, orbax's included
-      if not files.is_disk_full(error):
-        raise
-      if not isinstance(error, files.DiskFull):
-        error = files.DiskFull.of(error, getattr(error, "filename", None) or "a file",
-                                  "the files written before are kept")
-      print(f"error: {error}", file=sys.stderr)
-      sys.exit(1)
-    finally:
-      workdirs.release()
-    import jax  # noqa: PLC0415
-
-    if jax.process_index() == 0:
-      print(summary(workdir.value))
-
-  def parse_flags(argv):
-    if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
-      try:
-        print(help_text(argv, usage=usage, default_config=default_config), flush=True)
-      except BrokenPipeError:  # `--help | head`: the reader has all it wants
-        os._exit(0)
-      sys.exit(0)
-    try:
-      # The config file runs once: its fields checked here, then overridden by the flags.
-      path = _config_path(argv, default_config)
-      config = None
-      if path is not None and os.path.isfile(path.partition(":")[0]):
-        config = load_config(path)
-      problem = check_overrides(argv, default_config=default_config, config=config)
-      if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
-      argv = _without_config_file(argv)
-      if config is not None:  # `--config.FIELD=VALUE` overrides its fields
-        config_flags.DEFINE_config_dict("config", config, "experiment config file",
-                                        sys_argv=argv)
-      return flags.FLAGS(argv)
-    except (flags.Error, ValueError, TypeError, AttributeError, KeyError, OSError) as error:
-      print(f"error: {error}", file=sys.stderr)
-      sys.exit(2)
+  def main(argv: list[str]) -> None:
+    config, workdir = read_flags(argv, command_flags, usage=usage)
+    set_log_levels(quiet_logs)
+    with config_errors_exit():
+      check_config(config)
+    start_distributed(command_flags)
+    with training_exits():
+      train_and_evaluate(config, workdir)
+    print_summary(workdir)
 
   try:
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=functools.partial(parse_flags, usage=usage,
+                                                 default_config=default_config))
   except KeyboardInterrupt:
-    workdirs.release()  # os._exit below skips the atexit hook that would
-    print("interrupted: finished runs and the last checkpoint are on disk; rerun the same "
-          "command to resume.", file=sys.stderr)
+    interrupted()
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandFlags:
+  """The command line's own flags (absl's `FlagHolder`s), beside `--config`."""
+
+  workdir: Any
+  distributed: Any
+  coordinator_address: Any
+  num_processes: Any
+  process_id: Any
+
+
+def define_flags() -> CommandFlags:
+  """Defines `--workdir` and the flags of a multi-host run (`--config` comes with its file)."""
+  from absl import flags
+
+  return CommandFlags(
+      workdir=flags.DEFINE_string("workdir", None, "output directory"),
+      distributed=flags.DEFINE_bool(
+          "distributed", False, "call jax.distributed.initialize() first (one process per host; "
+          "SLURM, Open MPI and TPU pods are detected, else give the three flags below)"),
+      coordinator_address=flags.DEFINE_string("coordinator_address", None,
+                                               "host:port of process 0"),
+      num_processes=flags.DEFINE_integer("num_processes", None, "processes in the job"),
+      process_id=flags.DEFINE_integer("process_id", None, "this process's index"))
+
+
+def parse_flags(argv: list[str], *, usage: str, default_config: str | None) -> list[str]:
+  """absl's flag parser: `--help` printed, or the config file run once, its overrides checked
+  and every flag parsed; a bad flag or config is one line on stderr, exit 2."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
+    try:
+      print(help_text(argv, usage=usage, default_config=default_config), flush=True)
+    except BrokenPipeError:  # `--help | head`: the reader has all it wants
+      os._exit(0)
+    sys.exit(0)
+  try:
+    # The config file runs once: its fields checked here, then overridden by the flags.
+    path = _config_path(argv, default_config)
+    config = None
+    if path is not None and os.path.isfile(path.partition(":")[0]):
+      config = load_config(path)
+    problem = check_overrides(argv, default_config=default_config, config=config)
+    if problem:
+      _exit(problem, 2)
+    argv = _without_config_file(argv)
+    if config is not None:  # `--config.FIELD=VALUE` overrides its fields
+      config_flags.DEFINE_config_dict("config", config, "experiment config file", sys_argv=argv)
+    return flags.FLAGS(argv)
+  except (flags.Error, ValueError, TypeError, AttributeError, KeyError, OSError) as error:
+    _exit(error, 2)
+
+
+def read_flags(argv: list[str], command_flags: CommandFlags, *, usage: str) -> tuple[Any, str]:
+  """The parsed config and the workdir; absl's usage error when either is missing."""
+  from absl import app, flags
+
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; {usage}")
+  config = flags.FLAGS["config"] if "config" in flags.FLAGS else None
+  if config is None or not command_flags.workdir.value:
+    raise app.UsageError(usage)
+  return config.value, command_flags.workdir.value
+
+
+def set_log_levels(quiet_logs: bool) -> None:
+  """absl's logging at WARNING if `quiet_logs`; JAX's probe of absent backends at WARNING."""
+  from absl import logging
+
+  if quiet_logs:
+    logging.set_verbosity(logging.WARNING)
+  # JAX's probe of absent backends ("Unable to initialize backend 'tpu'") is INFO, not a fault.
+  std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
+
+
+@contextlib.contextmanager
+def config_errors_exit() -> Iterator[None]:
+  """A `plan.ConfigError` inside becomes its one line on stderr and exit 2."""
+  try:
+    yield
+  except plan.ConfigError as error:
+    _exit(error, 2)
+
+
+def start_distributed(command_flags: CommandFlags) -> None:
+  """`jax.distributed.initialize` when `--distributed` or `--coordinator_address` asks for it."""
+  if not (command_flags.distributed.value or command_flags.coordinator_address.value):
+    return
+  import jax  # noqa: PLC0415
+
+  try:
+    jax.distributed.initialize(command_flags.coordinator_address.value,
+                               command_flags.num_processes.value, command_flags.process_id.value)
+  except ValueError as error:  # no cluster detected and no coordinator given
+    _exit(f"--distributed: {error} (no cluster was detected: pass --coordinator_address, "
+          "--num_processes and --process_id)", 2)
+
+
+@contextlib.contextmanager
+def training_exits() -> Iterator[None]:
+  """Each way training ends early becomes one line on stderr and its exit status; the
+  workdir's lock is released on every way out."""
+  try:
+    yield
+  except plan.ConfigError as error:
+    _exit(error, 2)
+  except preemption.Preempted as error:  # SIGTERM: the checkpoint of error.step is on disk
+    workdirs.release()
+    print(f"stopped: {error}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    # Not sys.exit: interpreter shutdown would join the loader's prefetch threads and the
-    # checkpointer's event loop mid-step and print their noise after the line above.
-    os._exit(130)
+    os._exit(PREEMPTED_STATUS)  # as for Ctrl-C: no interpreter shutdown mid-prefetch
+  except FloatingPointError as error:  # a non-finite loss or gradient, step and run named
+    _exit(error, 1)
+  except Exception as error:  # a full disk met by any writer, orbax's included
+    if not files.is_disk_full(error):
+      raise
+    if not isinstance(error, files.DiskFull):
+      error = files.DiskFull.of(error, getattr(error, "filename", None) or "a file",
+                                "the files written before are kept")
+    _exit(error, 1)
+  finally:
+    workdirs.release()
+
+
+def print_summary(workdir: str) -> None:
+  """Prints `summary(workdir)` on the first process."""
+  import jax  # noqa: PLC0415
+
+  if jax.process_index() == 0:
+    print(summary(workdir))
+
+
+def interrupted() -> None:
+  """Ctrl-C: the lock released, one line on stderr, exit 130 without interpreter shutdown."""
+  workdirs.release()  # os._exit below skips the atexit hook that would
+  print("interrupted: finished runs and the last checkpoint are on disk; rerun the same "
+        "command to resume.", file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  # Not sys.exit: interpreter shutdown would join the loader's prefetch threads and the
+  # checkpointer's event loop mid-step and print their noise after the line above.
+  os._exit(130)
+
+
+def _exit(error: object, status: int) -> NoReturn:
+  """`error: ...` on stderr, then exit `status`."""
+  print(f"error: {error}", file=sys.stderr)
+  sys.exit(status)
 
 
 def summary(workdir: str) -> str:

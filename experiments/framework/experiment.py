@@ -1,8 +1,9 @@
 """What an experiment declares to the framework (`Experiment`): its name, its kind, its configs,
 `train_and_evaluate`, and what `experiments.regenerate` and the lowering tests call.
 
-Each experiment binds one as `EXPERIMENT` in its module (or its package's `__init__`), runs
-it with `EXPERIMENT.main()` under `python -m`, and is listed once in `experiments.registry`.
+Each experiment binds one as `EXPERIMENT` in its module (or its package's `__init__`), which
+registers it (`experiments.registry` finds the modules of `experiments/` that bind one), and
+runs it with `EXPERIMENT.main()` under `python -m`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class Experiment:
     train_and_evaluate: `(config, workdir) -> rows`, after `check_config` passed.
     check_config: `(config) -> None`, every check that needs no data; raises
       `plan.ConfigError` naming the field.
-    configs: its config files, from the repository root; the first is the one the usage line
-      and the command-line tests take.
+    configs: its config files, from the repository root (`experiments/configs/NAME.py`, the
+      one place of every experiment's configs); the first is the one the usage line, the
+      command-line tests and the lowering tests take.
     default_config: the config file used when `--config` is not given (or None).
     results_markdown: `(rows, config, command) -> str`, its `results.md` from its
       `results.csv` rows: what `experiments.regenerate` rebuilds a committed table with.

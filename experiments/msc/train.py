@@ -1,7 +1,7 @@
 """MSC's runs: one normal class at a time, fine-tuned from a pretrained encoder; the sweep.
 
 Without `config.init_checkpoint`, the encoder is first pretrained without labels with SimCLR
-(`experiments.simclr.train`, in `DIR/pretrain`). Then per (loss, seed, normal class): the
+(`experiments.framework.pretraining`, in `DIR/pretrain`). Then per (loss, seed, normal class): the
 center of the normal training features, MSC fine-tuning with `tfcl_jax.training` (BatchNorm in
 inference mode, optional frozen modules), and the ROC-AUC of the kNN score on the test split.
 """
@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from experiments.framework import lowering, plan, sweep, tables
+from experiments.framework import images, lowering, plan, pretraining, sweep, tables
 from experiments.msc import report
-from experiments.simclr import train as simclr_train
 from tfcl_jax import augment, data, losses, models
 from tfcl_jax.anomaly import msc, scores, weights
 from tfcl_jax.objectives import msc as msc_objective
@@ -91,7 +90,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not config.init_checkpoint:
     pretrain = pretrain_config(config)
     with plan.config_errors("pretraining: "):
-      simclr_train.check_config(pretrain)
+      pretraining.check_config(pretrain)
 
 
 def _frozen(config) -> list[str]:
@@ -119,7 +118,7 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, mesh):
     self.config, self.mesh = config, mesh
-    self.images = simclr_train.load_images(config)
+    self.images = images.load_images(config)
     self.encoder = models.make_backbone(config.backbone, width=config.width or None)
     dummy = self.images.dummy_batch()
     self.template = jax.eval_shape(
@@ -190,7 +189,7 @@ class Trainer:
 
   def held_out_set(self, train_state):
     """The encoder's features (those the kNN score reads) of the test split's views
-    (`simclr_train.Images.held_out_set`), its labels unused."""
+    (`images.Images.held_out_set`), its labels unused."""
     params, model_state = train_state.params["model"], train_state.model_state
     return self.images.held_out_set(
         lambda views: self.features(params, model_state, views, preprocess=False))
@@ -306,13 +305,13 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> str:
   unless done; its run directory."""
   pretrain_cfg = pretrain_config(config)
   directory = os.path.join(workdir, PRETRAIN_DIR)
-  (run,) = simclr_train.plan_runs(pretrain_cfg)
+  (run,) = pretraining.plan_runs(pretrain_cfg)
   if not sweep.finished(run, directory):
-    mesh = simclr_train.make_mesh(pretrain_cfg)
+    mesh = pretraining.make_mesh(pretrain_cfg)
     with plan.config_errors("pretraining: "):
-      simclr_train.check_data(pretrain_cfg, [run], mesh)
-    trainer = simclr_train.Trainer(pretrain_cfg, mesh)
-    sweep.sweep(pretrain_cfg, directory, runs=[run], plan_fields=simclr_train.PLAN_FIELDS,
+      pretraining.check_data(pretrain_cfg, [run], mesh)
+    trainer = pretraining.Trainer(pretrain_cfg, mesh)
+    sweep.sweep(pretrain_cfg, directory, runs=[run], plan_fields=pretraining.PLAN_FIELDS,
                 train_run=lambda r: trainer.train(r, directory), desc="pretraining")
   return run.directory(directory)
 
@@ -329,7 +328,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       checkpoint that does not fit the encoder, or a workdir made with another config.
   """
   command = tables.command_line() if command is None else command
-  mesh = simclr_train.make_mesh(config)
+  mesh = pretraining.make_mesh(config)
   runs = plan_runs(config)
   with plan.config_errors():  # a checkpoint that is absent or does not fit the encoder too
     experiment = Trainer(config, mesh)
@@ -347,7 +346,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 def abstract_step(config: ml_collections.ConfigDict, mesh, *, spec: str = "free"):
   """The fine-tuning step with abstract `(state, batch, key)` (`framework.lowering`) on
   `config`'s encoder, no data."""
-  info, recipe, view_size = simclr_train.views(config)
+  info, recipe, view_size = images.views(config)
   encoder = models.make_backbone(config.backbone, width=config.width or None)
   loss = losses.from_spec(spec, num_candidates=losses.num_candidates(config.batch_size,
                                                                      negatives="all"))

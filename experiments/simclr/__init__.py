@@ -5,16 +5,18 @@
 
 Trains one run per (loss spec, seed) (or per (batch size, loss spec, seed) with
 `--config.mode=n_sensitivity`) with `tfcl_jax.training`, each in `DIR/runs/...`, and writes
-`DIR/results.csv`, `DIR/results.md` and PNG plots. `train`: the runs of a config, one run
-(shared with MSC's pretraining) and the sweep; `report`: the tables and plots. Everything a run
+`DIR/results.csv`, `DIR/results.md` and PNG plots. A run is one run of
+`experiments.framework.pretraining` (MSC pretrains its encoder with one too); `train`: the
+sweep and the train step to lower; `report`: the tables and plots. Everything a run
 needs is checked before the first step; rerunning the command continues the workdir
 (`experiments.framework`: finished runs kept, an interrupted one resumed from its last
 checkpoint, a workdir made with another config refused; more seeds or losses may be added).
 """
 
 from experiments.framework.experiment import Experiment
+from experiments.framework.pretraining import check_config
 from experiments.simclr.report import results_markdown
-from experiments.simclr.train import abstract_step, check_config, train_and_evaluate
+from experiments.simclr.train import abstract_step, train_and_evaluate
 
 __all__ = ["EXPERIMENT", "check_config", "results_markdown", "train_and_evaluate"]
 

@@ -67,11 +67,12 @@ def test_every_named_file_exists():
 
 
 @pytest.mark.parametrize("caller, callee", [
-    ("experiments.simclr.train.plan_runs", "plan.parse_losses("),
+    ("experiments.framework.cli.run_main", "train_and_evaluate(config, workdir)"),
+    ("experiments.framework.pretraining.plan_runs", "plan.parse_losses("),
     ("experiments.framework.plan.plan", "parse_losses("),
     ("experiments.framework.sweep.train_run", "run.loss.build(num_candidates)"),
-    ("experiments.simclr.train.Trainer.train", "sweep.train_run("),
-    ("experiments.simclr.train.Trainer.train_step", "make_train_step("),
+    ("experiments.framework.pretraining.Trainer.train", "sweep.train_run("),
+    ("experiments.framework.pretraining.Trainer.train_step", "make_train_step("),
     ("tfcl_jax.objectives.simclr.make_simclr_loss", "loss.with_scale("),
     ("tfcl_jax.losses.InfoNCELoss.compute", "info_nce("),
     ("tfcl_jax.losses.InfoNCELoss.compute", "self.bound_mapping("),

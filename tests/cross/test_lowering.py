@@ -16,9 +16,11 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments import registry
+from experiments.framework import cli
 from tfcl_jax import losses, mappings
 from tfcl_jax.training import lowering, sharding
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLATFORMS = ("cuda", "tpu")
 MAPPINGS = {
     "tau": mappings.temperature(0.1),
@@ -210,6 +212,25 @@ def _lower_step(name, config, mesh, platform, **options):
                             platform=platform)
   _check(report)
   return report
+
+
+@pytest.mark.heavy  # an experiment's whole step: in CI's heavy run
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("module", registry.modules())  # found without importing them
+def test_every_experiments_step_lowers_at_its_first_config(module, platform):
+  """Each registered experiment with an `abstract_step`, at its first config: a new experiment's
+  step is lowered here without a test of its own (the tests below add the sizes users run)."""
+  experiment = registry.load(module)
+  if experiment.abstract_step is None:
+    pytest.skip(f"{module} has no train step to lower")
+  config = cli.load_config(os.path.join(ROOT, experiment.configs[0]))
+  devices = jax.devices()[:config.num_devices] if config.get("num_devices") else None
+  try:
+    _lower_step(experiment.name, config, sharding.make_mesh(devices), platform)
+  except FileNotFoundError as error:
+    if not experiment.reads_files:
+      raise
+    pytest.skip(f"{experiment.configs[0]} names files that are absent here: {error}")
 
 
 @pytest.mark.heavy  # an experiment's whole step: in CI's heavy run

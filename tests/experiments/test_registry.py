@@ -1,7 +1,8 @@
-"""`experiments.registry`: every experiment listed once, with its configs, its kind and its
-command line, and the framework importing none of them; a study's workdir under a sweep's rules
-(its lock, its config checked); and the worked example of `docs/architecture.md` ("Adding an
-experiment") built from the page, registered and run end to end."""
+"""`experiments.registry`: every experiment found by its place, with its configs in the one
+place, its kind and its command line; no experiment importing another (nor the framework one:
+test_framework.py); a study's workdir under a sweep's rules (its lock, its config checked);
+and the worked example of `docs/architecture.md` ("Adding an experiment") added to a copy of
+the repository from the page and run there, by its tests and its command line."""
 
 from __future__ import annotations
 
@@ -9,64 +10,103 @@ import ast
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import types
 import typing
 
 import ml_collections
-import numpy as np
 import pytest
 
-import experiments
 from experiments import registry
-from experiments.framework import cli, experiment, plan, sweep, tables, workdir
+from experiments.framework import experiment, plan, sweep, workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXPERIMENTS = pathlib.Path(ROOT, "experiments")
+# The commands of `experiments/` that are not experiments: they take no config and no workdir.
+NOT_EXPERIMENTS = {"experiments.regenerate", "experiments.regret"}
 
 
-def test_every_registered_experiment_is_its_module_and_owns_its_configs():
-  experiments = registry.experiments()
-  assert len(experiments) == len(registry.MODULES)
-  owned = []
-  for module, found in experiments.items():
-    assert module == f"experiments.{found.name}"
-    assert found.kind in typing.get_args(experiment.Kind)
-    assert registry.get(found.name) is found and registry.owner(module) is found
-    for path in found.configs:
-      assert os.path.isfile(os.path.join(ROOT, path)), (found.name, path)
-    owned += found.configs
-  # The configs' two places (docs/architecture.md): experiments/configs/ for the older
-  # experiments, experiments/<name>/configs/ for a new one.
-  configs = sorted(
-      str(path.relative_to(ROOT)) for pattern in ("configs/*.py", "*/configs/*.py")
-      for path in pathlib.Path(ROOT, "experiments").glob(pattern) if path.name != "__init__.py")
-  assert sorted(owned) == configs  # each config belongs to exactly one experiment
+def _commands() -> set[str]:
+  """Every `python -m experiments.NAME` of `experiments/`: a package with a `__main__.py`, or a
+  module with an `if __name__ == "__main__":` block."""
+  found = {f"experiments.{path.parent.name}" for path in EXPERIMENTS.glob("*/__main__.py")}
+  return found | {f"experiments.{path.stem}" for path in EXPERIMENTS.glob("*.py")
+                  if 'if __name__ == "__main__":' in path.read_text()}
 
 
-def test_the_framework_imports_no_experiment():
-  """Imports at the top of a module and inside its functions alike, read with `ast`; nor does
-  it load one by name (`importlib`): experiments are found through `experiments.registry`."""
-  folder = os.path.join(ROOT, "experiments", "framework")
-  found = []
-  for name in sorted(os.listdir(folder)):
-    if not name.endswith(".py"):
-      continue
-    with open(os.path.join(folder, name)) as f:
-      source = f.read()
-    for node in ast.walk(ast.parse(source)):
-      modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
-                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-      found += [f"{name}: {module}" for module in modules
-                if module.startswith("experiments") and not module.startswith(
-                    "experiments.framework")]
-    assert "import_module" not in source and "__import__" not in source, name
-  assert not found
+def test_every_command_is_an_experiment_found_by_its_place():
+  """The registry finds (by the line that binds `EXPERIMENT`) exactly the commands of
+  `experiments/`, each named after its module."""
+  found = registry.experiments()
+  assert list(found) == registry.modules() == sorted(_commands() - NOT_EXPERIMENTS)
+  for module, declared in found.items():
+    assert module == f"experiments.{declared.name}"
+    assert declared.kind in typing.get_args(experiment.Kind)
+    assert registry.get(declared.name) is declared and registry.owner(module) is declared
+
+
+def test_every_config_is_in_experiments_configs_and_belongs_to_one_experiment():
+  """The one place of the configs (docs/architecture.md): `experiments/configs/`, each file
+  named by exactly one experiment."""
+  owned = [path for declared in registry.experiments().values() for path in declared.configs]
+  assert all(path.startswith("experiments/configs/") and os.path.isfile(os.path.join(ROOT, path))
+             for path in owned), owned
+  configs = sorted(str(path.relative_to(ROOT)) for path in EXPERIMENTS.glob("configs/*.py")
+                   if path.name != "__init__.py")
+  assert sorted(owned) == configs
+  assert not list(EXPERIMENTS.glob("*/configs")), "a config folder outside experiments/configs"
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """The modules `path` imports, at its top or inside its functions (`from a import b`: `a.b`)."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {alias.name for alias in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      found |= {f"{node.module}.{alias.name}" for alias in node.names}
+  return found
+
+
+def _reaching_out(module: str) -> dict[str, set[str]]:
+  """File -> the modules of `experiments` it imports other than `module`'s own and the
+  framework's, for every file of the experiment `module`."""
+  name = module.removeprefix("experiments.")
+  files = sorted((EXPERIMENTS / name).rglob("*.py")) or [EXPERIMENTS / f"{name}.py"]
+  allowed = (f"{module}.", "experiments.framework.")
+  found = {str(path.relative_to(ROOT)): {imported for imported in _imports(path)
+                                         if imported.split(".")[0] == "experiments"
+                                         and imported not in (module, "experiments.framework")
+                                         and not imported.startswith(allowed)}
+           for path in files}
+  return {path: imported for path, imported in found.items() if imported}
+
+
+def test_no_experiment_imports_another():
+  """What two experiments share is in `experiments.framework` (or `tfcl_jax`): an experiment
+  imports, of `experiments`, its own modules and the framework only (no sibling, no registry)."""
+  assert registry.modules()
+  found = {module: _reaching_out(module) for module in registry.modules()}
+  assert not {module: files for module, files in found.items() if files}
 
 
 def test_an_unknown_name_lists_the_registered_ones():
   with pytest.raises(KeyError, match="registered: augment_views, dcrec"):
     registry.get("dcrecs")
   assert registry.owner("experiments.grace.probe") is registry.get("grace")
+
+
+def test_an_experiment_named_other_than_its_module_is_refused(monkeypatch):
+  module = types.ModuleType("experiments.dcrec_copy")
+  module.EXPERIMENT = registry.get("dcrec")
+  monkeypatch.setitem(sys.modules, module.__name__, module)
+  with pytest.raises(TypeError, match="named 'dcrec': an experiment is named after its module"):
+    registry.load(module.__name__)
+  module.EXPERIMENT = None
+  with pytest.raises(TypeError, match="binds no EXPERIMENT"):
+    registry.load(module.__name__)
 
 
 def test_a_study_holds_its_workdir_and_refuses_another_config(tmp_path):
@@ -86,7 +126,12 @@ def test_a_study_holds_its_workdir_and_refuses_another_config(tmp_path):
   assert calls == [True, True]
 
 
-# -- the worked example of docs/architecture.md, built from the page -----------------------
+# -- the worked example of docs/architecture.md, added to a copy of the repository ----------
+
+#: What Python and pytest import from the repository: the copy holds these.
+COPIED = ("experiments", "tfcl_jax", "tests", "pyproject.toml")
+EXAMPLE = {"experiments/pairs/__init__.py", "experiments/pairs/__main__.py",
+           "experiments/configs/pairs.py", "tests/experiments/test_pairs.py"}
 
 
 def _example_files() -> dict[str, str]:
@@ -95,55 +140,57 @@ def _example_files() -> dict[str, str]:
   with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
     page = f.read()
   section = page.split("### Adding an experiment", 1)[1].split("\n### ", 1)[0]
-  found = re.findall(r"^`([\w/.]+)`(?:, one line of `MODULES`)?:\n\n```python\n(.*?)```$",
-                     section, re.MULTILINE | re.DOTALL)
+  found = re.findall(r"^`([\w/.]+)`:\n\n```python\n(.*?)```$", section,
+                     re.MULTILINE | re.DOTALL)
   return dict(found)
 
 
-@pytest.fixture
-def pairs(tmp_path, monkeypatch):
-  """The page's experiment written under `tmp_path/experiments` and registered."""
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> pathlib.Path:
+  """A copy of the repository with the page's experiment added: the files the page lists, each
+  new, and nothing else touched."""
   files = _example_files()
-  assert set(files) == {"experiments/pairs/__init__.py", "experiments/pairs/__main__.py",
-                        "experiments/pairs/configs/default.py", "experiments/registry.py"}
-  line = files.pop("experiments/registry.py").strip()
+  assert set(files) == EXAMPLE
+  root = tmp_path_factory.mktemp("repository")
+  for name in COPIED:
+    source = pathlib.Path(ROOT, name)
+    if source.is_dir():
+      shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+      shutil.copy2(source, root / name)
   for path, code in files.items():
-    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / path).write_text(code)
-  monkeypatch.setattr(experiments, "__path__", [*experiments.__path__,
-                                                str(tmp_path / "experiments")])
-  monkeypatch.setattr(registry, "MODULES", [*registry.MODULES, ast.literal_eval(line)[0]])
-  yield tmp_path
-  for name in [name for name in sys.modules if name.startswith("experiments.pairs")]:
-    del sys.modules[name]
+    assert not (root / path).exists(), f"{path} is in the repository already"
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
+    (root / path).write_text(code)
+  return root
 
 
-def test_the_worked_example_runs_through_the_registry(pairs):
-  found = registry.get("pairs")
-  config = cli.load_config(str(pairs / found.configs[0]))
-  found.check_config(config)
-  workdir = str(pairs / "work")
-  rows = found.train_and_evaluate(config, workdir, command="python -m experiments.pairs")
-  assert [(row["spec"], row["seed"]) for row in rows] == [
-      ("free", 0), ("tau=0.1", 0), ("free", 1), ("tau=0.1", 1)]
-  assert all(0 <= row["pair_top1"] <= 1 and np.isfinite(row["final_loss"]) for row in rows)
-  assert os.path.isdir(os.path.join(workdir, "runs", "tau_0.1", "seed1"))
-  with open(os.path.join(workdir, "results.md")) as f:
-    table = f.read()
-  csv_rows = tables.typed(tables.read_csv(os.path.join(workdir, "results.csv")))
-  rebuilt = found.results_markdown(csv_rows, config, "python -m experiments.pairs")
-  assert table == rebuilt.rstrip() + "\n"  # what experiments.regenerate checks
-  config.seeds = 3  # the sweep grows: only the third seed trains
-  assert len(found.train_and_evaluate(config, workdir, command="c")) == 6
+def _run(command: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
+  proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  return proc
+
+
+def test_the_worked_example_is_registered_and_passes_its_tests_and_the_registrys(pairs):
+  """In the copy: the example's own test, and the registry's checks of every experiment (found
+  by its place, its configs in the one place, no import of another experiment), which now
+  include it."""
+  checks = [f"tests/experiments/test_registry.py::{name}" for name in (
+      "test_every_command_is_an_experiment_found_by_its_place",
+      "test_every_config_is_in_experiments_configs_and_belongs_to_one_experiment",
+      "test_no_experiment_imports_another")]
+  proc = _run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+               "tests/experiments/test_pairs.py", *checks], pairs)
+  tests = len(re.findall(r"^def test_", (pairs / "tests/experiments/test_pairs.py").read_text(),
+                         re.MULTILINE))
+  assert re.search(rf"\b{tests + len(checks)} passed\b", proc.stdout), proc.stdout[-2000:]
+  listed = _run([sys.executable, "-c", "from experiments import registry; "
+                 "print(registry.modules())"], pairs)
+  assert "'experiments.pairs'" in listed.stdout
 
 
 def test_the_worked_example_runs_from_the_command_line(pairs):
-  code = (f"import experiments, runpy; experiments.__path__.append({str(pairs / 'experiments')!r})"
-          "; runpy.run_module('experiments.pairs', run_name='__main__', alter_sys=True)")
   workdir = pairs / "cli"
-  proc = subprocess.run(
-      [sys.executable, "-c", code, f"--config={pairs / 'experiments/pairs/configs/default.py'}",
-       f"--workdir={workdir}", "--config.seeds=1", "--config.losses=free"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  proc = _run([sys.executable, "-m", "experiments.pairs", "--config=experiments/configs/pairs.py",
+               f"--workdir={workdir}", "--config.seeds=1", "--config.losses=free"], pairs)
   assert "| free | 0 |" in proc.stdout and f"wrote {workdir}/" in proc.stdout

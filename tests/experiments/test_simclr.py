@@ -11,9 +11,8 @@ import pytest
 
 from experiments import simclr as experiment
 from experiments.configs import simclr_digits
-from experiments.framework import held_out, plan
+from experiments.framework import held_out, plan, pretraining
 from experiments.simclr import report
-from experiments.simclr import train as simclr_train
 from tfcl_jax.training import sharding
 
 
@@ -64,7 +63,7 @@ def test_what_the_devices_decide_is_checked_before_anything_is_written(tmp_path,
   config = tiny_config(num_devices=8, **overrides)
   experiment.check_config(config)  # no data, no devices: nothing to refuse
   with pytest.raises(plan.ConfigError, match=message):
-    simclr_train.check_data(config, simclr_train.plan_runs(config), mesh8)
+    pretraining.check_data(config, pretraining.plan_runs(config), mesh8)
   workdir = tmp_path / "run"
   with pytest.raises(plan.ConfigError, match=message):
     experiment.train_and_evaluate(config, str(workdir))

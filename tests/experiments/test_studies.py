@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import hard_negatives, learnable_vs_free, sphere, studies
+from experiments import hard_negatives, learnable_vs_free, sphere
 from experiments.configs import hard_negatives as hard_negatives_config
 from experiments.configs import learnable_vs_free as learnable_vs_free_config
 from experiments.configs import sphere as sphere_config
-from experiments.framework import plan
+from experiments.framework import plan, sphere_study
 from tfcl_jax import langevin, mappings
 
 
@@ -87,7 +87,7 @@ class OptimumTest(chex.TestCase):
     m, d, tau = 6, 8, 0.3
     v = jnp.asarray(sphere.simplex(m, d), jnp.float32)
     for negatives, count in (("cross", m - 1), ("all", 2 * (m - 1))):
-      value = jax.jit(lambda v, negatives=negatives: studies.mean_loss(
+      value = jax.jit(lambda v, negatives=negatives: sphere_study.mean_loss(
           v, v, mappings.temperature(tau), negatives))(v)
       expected = math.log1p(count * math.exp((-1.0 / (m - 1) - 1.0) / tau))
       np.testing.assert_allclose(float(value), expected, rtol=1e-5)
@@ -103,7 +103,7 @@ class OptimumTest(chex.TestCase):
     def margins(keys):
       def loss(key, mapping):
         z = v if key is None else langevin.random_sphere(key, (m, d))
-        return studies.mean_loss(z, z, mapping, "cross")
+        return sphere_study.mean_loss(z, z, mapping, "cross")
 
       return [jnp.min(jax.vmap(lambda k, f=f: loss(k, f))(keys)) - loss(None, f) for f in maps]
 
@@ -167,7 +167,7 @@ def test_reference_loss_is_float64_info_nce():
   z2 = z1 + 0.3 * jax.random.normal(jax.random.key(1), (5, 4))
   for spec in ("free", "tau=0.2"):
     mapping = mappings.from_spec(spec)
-    library = jax.jit(lambda a, b, f=mapping: studies.mean_loss(a, b, f, "cross"))(z1, z2)
+    library = jax.jit(lambda a, b, f=mapping: sphere_study.mean_loss(a, b, f, "cross"))(z1, z2)
     np.testing.assert_allclose(learnable_vs_free.reference_loss(z1, z2, spec), float(library),
                                rtol=1e-5)
 

@@ -18,8 +18,7 @@ import pytest
 
 from experiments import regenerate
 from experiments import simclr as experiment
-from experiments.framework import plan, tables
-from experiments.simclr import train as simclr_train
+from experiments.framework import plan, pretraining, tables
 from tests.experiments import test_simclr as simclr_tests
 from tfcl_jax import losses, mappings
 from tfcl_jax.objectives import simclr
@@ -210,9 +209,9 @@ def test_bad_objective_raises_before_anything_is_written(tmp_path, overrides, me
 
 def test_supcon_trains_on_the_labelled_split():
   config = _tiny_config(dataset="stl10")  # STL-10 pretrains on train+unlabelled (label -1)
-  assert simclr_train.training_split(config) == "train"
+  assert pretraining.training_split(config) == "train"
   config.objective = "simclr"
-  assert simclr_train.training_split(config) == "train+unlabelled"
+  assert pretraining.training_split(config) == "train+unlabelled"
 
 
 @pytest.mark.parametrize("form", simclr.FORMS)
@@ -220,12 +219,12 @@ def test_simclr_refuses_a_form_and_supcon_needs_one(form):
   config = _tiny_config(objective="simclr", form=form)
   with pytest.raises(plan.ConfigError, match=r"config.form must be one of '' with "
                      r"config.objective='simclr', got '" + form + "'"):
-    simclr_train.check_config(config)
-  simclr_train.check_config(_tiny_config(objective="simclr", form=""))
-  assert simclr_train.form(_tiny_config(objective="simclr", form="")) is None
+    pretraining.check_config(config)
+  pretraining.check_config(_tiny_config(objective="simclr", form=""))
+  assert pretraining.form(_tiny_config(objective="simclr", form="")) is None
   with pytest.raises(plan.ConfigError, match="config.form must be one of 'supcon', 'ntxent'"):
-    simclr_train.check_config(_tiny_config(form=""))
-  assert simclr_train.form(_tiny_config(form=form)) == form
+    pretraining.check_config(_tiny_config(form=""))
+  assert pretraining.form(_tiny_config(form=form)) == form
 
 
 def test_unknown_objective_is_one_line_and_exit_2(tmp_path):

@@ -1,7 +1,8 @@
 """What the temperature studies on the sphere share: the InfoNCE they minimise and one step.
 
-The studies (`sphere.py`, `hard_negatives.py`, `learnable_vs_free.py`) vary the mapping of
-InfoNCE (`config.mappings`: `tfcl_jax.mappings.from_spec` specs) on free unit vectors.
+The studies (`experiments.sphere`, `experiments.hard_negatives`, `experiments.learnable_vs_free`)
+vary the mapping of InfoNCE (`config.mappings`: `tfcl_jax.mappings.from_spec` specs) on free
+unit vectors; each imports this module, never another study.
 """
 
 from __future__ import annotations
