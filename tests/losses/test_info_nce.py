@@ -14,6 +14,7 @@ import optax
 import pytest
 from absl.testing import parameterized
 
+from tests.helpers import dense_info_nce
 from tfcl_jax import losses, mappings
 
 DTYPES = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
@@ -106,20 +107,7 @@ def test_every_mapping_mask_bank_and_tile_equals_numpy(negatives, symmetric):
 
 def _dense_reference_loss(z1, z2, logits_of, negatives, symmetric):
   """Mean loss from full `[N, N]` / `[2N, 2N]` logits, for autodiff (independent of the engine)."""
-  unit = lambda z: z / jnp.linalg.norm(z, axis=1, keepdims=True)  # noqa: E731
-  u1, u2 = unit(z1), unit(z2)
-  n = z1.shape[0]
-  if negatives == "cross":
-    logits = logits_of(u1 @ u2.T)
-    rows = jax.nn.logsumexp(logits, axis=1) - jnp.diag(logits)
-    if symmetric:
-      rows = jnp.concatenate([rows, jax.nn.logsumexp(logits, axis=0) - jnp.diag(logits)])
-    return rows.mean()
-  u = jnp.concatenate([u1, u2])
-  self_pairs = jnp.eye(2 * n, dtype=bool)  # masked before the mapping: f(1) is inf for Eq. 11
-  logits = jnp.where(self_pairs, -jnp.inf, logits_of(jnp.where(self_pairs, 0.0, u @ u.T)))
-  positive = logits[jnp.arange(2 * n), (jnp.arange(2 * n) + n) % (2 * n)]
-  return (jax.nn.logsumexp(logits, axis=1) - positive).mean()
+  return dense_info_nce.row_losses(z1, z2, logits_of, negatives, symmetric).mean()
 
 
 @pytest.mark.parametrize("negatives, symmetric", MODES)

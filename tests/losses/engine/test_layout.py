@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import batch_scaled_reference as ref
+from tests.helpers import dense_info_nce
 from tests.helpers.marks import widest
 from tfcl_jax import losses, mappings
 
@@ -43,22 +44,9 @@ def _views(n=160, d=64, seed=0, noise=1.5):
 
 
 def _dense_loss(z1, z2, logits_of, negatives, symmetric):
-  """The summed InfoNCE from full `[N, N]` / `[2N, 2N]` logits, float64 (summed: float16's
-  gradients of a mean would fall below its smallest number, as without loss scaling)."""
-  unit = lambda z: z / jnp.linalg.norm(z, axis=1, keepdims=True)  # noqa: E731
-  u1, u2 = unit(z1), unit(z2)
-  n = z1.shape[0]
-  if negatives == "cross":
-    logits = logits_of(u1 @ u2.T)
-    rows = jax.nn.logsumexp(logits, axis=1) - jnp.diag(logits)
-    if symmetric:
-      rows = jnp.concatenate([rows, jax.nn.logsumexp(logits, axis=0) - jnp.diag(logits)])
-    return rows.sum()
-  u = jnp.concatenate([u1, u2])
-  itself = jnp.eye(2 * n, dtype=bool)
-  logits = jnp.where(itself, -jnp.inf, logits_of(jnp.where(itself, 0.0, u @ u.T)))
-  positive = logits[jnp.arange(2 * n), (jnp.arange(2 * n) + n) % (2 * n)]
-  return (jax.nn.logsumexp(logits, axis=1) - positive).sum()
+  """The summed InfoNCE from full logits, float64 (summed: float16's gradients of a mean would
+  fall below its smallest number, as without loss scaling)."""
+  return dense_info_nce.row_losses(z1, z2, logits_of, negatives, symmetric).sum()
 
 
 def _errors(got, want):
