@@ -53,7 +53,7 @@ def _errors(got, want):
   """(relative error of the loss, largest gradient error over the largest gradient entry)."""
   (value, grads), (want_value, want_grads) = got, want
   loss_error = abs(float(value) - float(want_value)) / abs(float(want_value))
-  grad_error = max(float(jnp.max(jnp.abs(g.astype(jnp.float64) - w))) / float(jnp.max(jnp.abs(w)))
+  grad_error = max(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w))) / np.max(np.abs(w))
                    for g, w in zip(grads, want_grads, strict=True))
   return loss_error, grad_error
 
