@@ -235,7 +235,11 @@ def test_sharded_batch_scale_and_sigmoid_loss_equal_the_single_device_ones():
   # first views, then all second views.
   n = z1.shape[0] // 8
   per_device = sharded[0].reshape(8, 2, n).transpose(1, 0, 2).reshape(-1)
-  chex.assert_trees_all_close([per_device, *sharded[1:]], single, rtol=1e-5)
+  chex.assert_trees_all_close(per_device, single[0], rtol=1e-5)
+  # The global scales are roots of moments summed over the whole batch, in another order on the
+  # mesh: the root moves about ten times the moments' relative rounding (1.2e-5 for the accuracy
+  # target under the tests' compile flags, against 1.3e-6 for the per-anchor scales).
+  chex.assert_trees_all_close(sharded[1:], single[1:], rtol=5e-5)
 
   m = mappings.perplexity_free()
 
