@@ -168,7 +168,7 @@ class MatrixProduct:
 
 
 def _walk_products(op, functions: dict, executions: int, found: list) -> None:
-  from jax._src.lib.mlir import ir  # noqa: PLC0415 - JAX's MLIR bindings, used here only
+  from jax.extend.mlir import ir  # noqa: PLC0415 - JAX's MLIR bindings, used here only
 
   for region in op.regions:
     for block in region.blocks:
@@ -215,7 +215,7 @@ class _OpRegions:
 def _trip_count(loop) -> int:
   """The trip count of a `stablehlo.while` whose condition compares a counter with a constant
   (`i < limit`, from a constant start): JAX's `scan` and `fori_loop` with static bounds."""
-  from jax._src.lib.mlir import ir  # noqa: PLC0415
+  from jax.extend.mlir import ir  # noqa: PLC0415
 
   for op in loop.regions[0].blocks[0].operations:
     op = op.operation
@@ -254,6 +254,8 @@ def matrix_products(lowered: jax.stages.Lowered) -> list[MatrixProduct]:
     True
   """
   module = lowered.compiler_ir("stablehlo")
+  if module is None:
+    raise ValueError("matrix_products: the lowered program has no StableHLO module.")
   with module.context:
     functions = {str(op.attributes["sym_name"]).strip('"'): op.operation
                  for op in module.body.operations if op.operation.name == "func.func"}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import cast
+from typing import cast, overload
 
 import jax
 import jax.numpy as jnp
@@ -244,6 +244,10 @@ def zero_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side | None):
           jax.tree.map(jnp.zeros_like, args.params), tuple(jnp.zeros_like(k) for k in args.consts))
 
 
+@overload
+def with_inverse_norms(side: Side) -> Side: ...
+@overload
+def with_inverse_norms(side: None) -> None: ...
 def with_inverse_norms(side: Side | None) -> Side | None:
   """`side` with the float32 inverse norms of its raw rows (`Side.inverse_norm`), which scale
   every tile product; unit rows as they are."""
