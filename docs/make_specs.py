@@ -1,4 +1,5 @@
-"""Writes what the registries declare into the docs: `python -m docs.make_specs`.
+"""Writes what the registries declare into the docs: `python -m docs.make_specs` (`--check`:
+fails if a page is out of date, writing nothing).
 
 * the tables of docs/specs.md, one per spec registry (`Registry.table`), each a generated block
   (`experiments.framework.blocks`) between a line `<!-- the forms of REGISTRY, written by ... -->`
@@ -18,6 +19,7 @@ import importlib
 import inspect
 import pathlib
 import re
+import sys
 
 from experiments.framework import blocks
 from tfcl_jax import losses, mappings
@@ -69,11 +71,21 @@ def pages() -> dict[pathlib.Path, str]:
   return written
 
 
-def main() -> None:
-  for path, text in pages().items():
-    path.write_text(text)
+def main(argv: list[str]) -> int:
+  """Writes the pages; with `--check`, writes nothing and fails (1) if one is out of date."""
+  if set(argv) - {"--check"}:
+    raise SystemExit(f"usage: {COMMAND} [--check]; got {argv}")
+  written = pages()
+  stale = [path for path, text in written.items() if path.read_text() != text]
+  if "--check" in argv:
+    for path in stale:
+      print(f"out of date: {path} (run {COMMAND})")
+    return int(bool(stale))
+  for path in stale:
+    path.write_text(written[path])
     print(f"wrote {path}")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main(sys.argv[1:]))
