@@ -9,7 +9,15 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from experiments.framework import blocks
-from experiments.regret import changes, fragility, outcome, quotes, scales
+from experiments.regret import (
+  changes,
+  fragility,
+  outcome,
+  quotes,
+  scales,
+  selection,
+  selection_report,
+)
 from experiments.regret.rows import CANDIDATES, ROWS, Row
 from experiments.regret.runs import RESULTS
 from experiments.regret.study import SetSummary, Study, study
@@ -50,6 +58,8 @@ WRITERS: dict[str, Callable[[Source], str]] = {
     "regret: predictions": lambda s: outcome.predicted(s.result),
     "regret: fragility": lambda s: fragility.markdown(s.result),
     "regret: changes": lambda s: changes.markdown(s.result, s.results),
+    "regret: round 3 in short": lambda s: selection_report.in_short(
+        selection.selection(s.results)),
 }
 
 

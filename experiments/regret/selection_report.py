@@ -154,6 +154,37 @@ def markdown(result: Selection) -> str:
   return "\n".join(lines + _matrix(result) + _per_row(result))
 
 
+def in_short(result: Selection) -> str:
+  """Round 3 in a few sentences for the README and `docs/regret.md`'s outcome: how many
+  screening rows ran, how many label-free selectors stopped where, and the closest of them over
+  every row and over the label-free rows; "" before any round-3 table is committed."""
+  if not result.grids:
+    return ""
+  screening = [r for r in result.rows if r.screening]
+  run = sum(r.key in result.grids for r in screening)
+  candidates = [s for s in SELECTORS if not s.labelled and not s.reference]
+  stopped = [s for s in candidates if result.verdict[s.name].startswith("stops")]
+  going = [s for s in candidates if result.verdict[s.name] == "goes on"]
+
+  def closest(key: str) -> str:
+    mine = [c for c in result.summaries[key] if c["selector"] in {s.name for s in candidates}
+            and c["rows"]]
+    best = min(mine, key=lambda c: c["worst"])
+    return (f"`{best['selector']}` (worst {_fmt(best['worst'])} on {best['worst_row']}, "
+            f"within noise on {best['within_noise']} of the {best['rows']} rows run)")
+
+  grace = ("GRACE's stages do not run: no selector went on" if len(stopped) == len(candidates)
+           else "GRACE's stages: " + (", ".join(f"`{s.name}`" for s in going) + " went on"
+                                      if going else "after the screening"))
+  reached = [line for line in _goal_lines(result.summaries["all"])]
+  return (f"Round 3 (a τ picked from a trained grid by a score read without labels; "
+          f"{run} of its {len(screening)} screening rows run): {len(stopped)} of the "
+          f"{len(candidates)} label-free selectors stopped at screening, each more than {STOP:g} "
+          f"points behind the best fixed τ on some row; {grace}. The closest over the rows run: "
+          f"{closest('all')}; over the label-free rows alone: {closest('label_free')}. "
+          + " ".join(reached) + "\n")
+
+
 def csv_text(result: Selection) -> str:
   buffer = io.StringIO()
   buffer.write(",".join(CSV_COLUMNS) + "\n")

@@ -6,12 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.marks import widest
 from tfcl_jax import mappings
 from tfcl_jax.analysis import sigmoid
 
 GRID = np.linspace(-0.95, 0.95, 39)
-# Two candidates (Eq. 4's case), many; a batch in between in the heavy run.
-COUNTS = (2, pytest.param(16, marks=pytest.mark.heavy), 64)
+# Many candidates; two (Eq. 4's case) and a batch in between in the heavy run.
+COUNTS = widest(2, 16, 64, quick=(64,))
 
 
 @pytest.fixture(autouse=True)

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from benchmarks import device_bench, device_variants, loss_bench, timing
+from tests.helpers.marks import widest
 from tfcl_jax import losses, mappings
 
 
-@pytest.mark.parametrize("loss", ["ntxent", "clip", "cross"])
+@pytest.mark.parametrize("loss", widest("ntxent", "clip", "cross", quick=("cross",)))
 def test_dense_baselines_are_the_same_loss_as_info_nce(loss):
   z1 = jax.random.normal(jax.random.key(0), (48, 16))
   z2 = z1 + 0.5 * jax.random.normal(jax.random.key(1), (48, 16))

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+from tests.helpers.marks import widest
 from tfcl_jax import losses, mappings
 
 LEARNABLE = ("learnable", "learnable=0.07", "learnable=0.07:100", "learnable_free",
@@ -82,8 +83,9 @@ def test_the_refused_string_would_never_have_trained():
                              losses.info_nce(z1, z2, mapping="free"), rtol=1e-6)
 
 
-@pytest.mark.parametrize("spec", LEARNABLE + ("sigmoid/learnable_free=100/learn_b=0",
-                                              "clip:learnable=0.07:100"))
+@pytest.mark.parametrize("spec", widest(
+    *LEARNABLE, "sigmoid/learnable_free=100/learn_b=0", "clip:learnable=0.07:100",
+    quick=("learnable=0.07", "sigmoid/learnable_free=100/learn_b=0")))
 def test_a_loss_spec_needs_its_params_and_trains_them(spec):
   z1, z2 = _views()
   loss = losses.from_spec(spec)

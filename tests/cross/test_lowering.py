@@ -3,7 +3,8 @@ host (`tfcl_jax.training.lowering`), nothing is run: the Pallas path as compiled
 (Triton's on `cuda`, Mosaic's on `tpu`: their custom calls, not Pallas's interpreter), nothing
 in float64, no host callbacks or CPU-only calls; the kernels also with `jax_enable_x64` on.
 Sizes are those users run: N up to 2^17, D = 128 and 768, float32 and bfloat16. The experiments'
-whole steps are marked heavy (CI's second step runs them)."""
+whole steps and all but a quick few cases of each matrix are marked heavy (CI's second step runs
+them)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from experiments import registry
 from experiments.framework import cli
+from tests.helpers.marks import widest, widest_cases
 from tfcl_jax import losses, mappings
 from tfcl_jax.training import lowering, sharding
 
@@ -93,9 +95,17 @@ CASES = [(name, _MODE_NAMES[(k + shift) % len(MODES)], implementation, platform,
          for k, name in enumerate(MAPPINGS)
          for shift, platform in zip((0, 2), PLATFORMS, strict=True)
          for implementation in ("xla", "pallas")]
+# The default run's few: the kernels for each platform (x64 on and off, the paired two-tower
+# forward on GPUs), a bank, and the XLA path.
+QUICK_CASES = [("tau", "all", "pallas", "cuda", False),
+               ("free_n", "two-tower", "pallas", "cuda", True),
+               ("dynamic", "cross", "pallas", "tpu", False),
+               ("clip", "all", "pallas", "tpu", True),
+               ("free", "cross+bank", "xla", "tpu", False)]
 
 
-@pytest.mark.parametrize("name, mode, implementation, platform, x64", CASES,
+@pytest.mark.parametrize("name, mode, implementation, platform, x64",
+                         widest_cases(*CASES, quick=QUICK_CASES),
                          ids=["-".join(case[:4]) + ("-x64" if case[4] else "") for case in CASES])
 def test_info_nce_every_mapping_and_mode_lowers(name, mode, implementation, platform, x64):
   with jax.enable_x64(x64):
@@ -115,7 +125,8 @@ def _size_platform(index: int) -> str:
   return PLATFORMS[(index + index // 2) % 2]
 
 
-@pytest.mark.parametrize("n, d, dtype", SIZES,
+# The default run's one: the largest N.
+@pytest.mark.parametrize("n, d, dtype", widest_cases(*SIZES, quick=[(2**17, 128, jnp.float32)]),
                          ids=[f"{n}x{d}-{jnp.dtype(t).name}" for n, d, t in SIZES])
 def test_info_nce_every_size_lowers(n, d, dtype):
   index = SIZES.index((n, d, dtype))
@@ -150,7 +161,8 @@ SIGMOID_SPECS = ("sigmoid/free", "sigmoid/tau=0.5/learn_b=prior",
                  "sigmoid/learnable=0.1/learn_b=siglip", "sigmoid/dynamic=0.1:0.2")
 
 
-@pytest.mark.parametrize("n, d, dtype", SIZES,
+# The default run's two: each loss lowered for both platforms.
+@pytest.mark.parametrize("n, d, dtype", widest_cases(*SIZES, quick=SIZES[:2]),
                          ids=[f"{n}x{d}-{jnp.dtype(t).name}" for n, d, t in SIZES])
 def test_sigmoid_and_supervised_losses_lower(n, d, dtype):
   index = SIZES.index((n, d, dtype))
@@ -177,7 +189,7 @@ def test_sigmoid_and_supervised_losses_lower(n, d, dtype):
                           platform=supervised_platform))
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("platform", widest(*PLATFORMS, quick=("tpu",)))
 def test_sharded_losses_lower_on_eight_devices(platform):
   mesh = sharding.make_mesh(jax.devices()[:8])
   view = jax.ShapeDtypeStruct((4096, 256), jnp.float32,

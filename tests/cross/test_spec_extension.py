@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.helpers.marks import widest
 from tfcl_jax import losses, mappings, specs
 
 
@@ -110,7 +111,8 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", widest(*MODES, quick=("cross", "all", "symmetric", "all pallas",
+                                                       "cross gathered")))
 def test_every_engine_mode_takes_them(registered, mode):
   z1, z2 = _views()
   kwargs = dict(MODES[mode])

@@ -3,6 +3,7 @@ the runs, against hand-computed regrets on made-up round-3 tables; the stop rule
 grids of the plan against the committed tables of rounds 1-2."""
 
 import csv
+import dataclasses
 import math
 
 import numpy as np
@@ -177,3 +178,30 @@ def test_only_a_label_free_selector_can_reach_a_goal():
   assert selection_report._goal_lines(summary) == [
       "A label-free selector with a worst regret ≤ 1 on every row: `lidar`.",
       "A label-free selector with a worst regret ≤ 3 on every row: `lidar`."]
+
+
+def test_in_short_counts_the_stops_and_names_the_closest_selector():
+  plan = (TOY_ROW, selection.SelectionRow(rows.Row("b", "b", "toy", "acc", 4, ("b",)), "b", GRID,
+                                          False))
+  cells = [_cell("toy", s.name, 0.5) for s in selection.SELECTORS if not s.labelled]
+  cells += [_cell("b", s.name, 4.0) for s in selection.SELECTORS if not s.labelled]
+  next(c for c in cells if c["row"] == "b" and c["selector"] == "lidar")["regret"] = 3.25
+  verdicts = {s.name: selection.verdict(s, plan, cells, []) for s in selection.SELECTORS}
+  result = selection.Selection(
+      rows=plan, grids={"toy": None, "b": None}, full=cells, grace_5=[], verdict=verdicts,
+      summaries={"all": selection.summary(cells, plan),
+                 "label_free": selection.summary(cells, plan[:1])})
+  text = selection_report.in_short(result)
+  labelfree = sum(not s.labelled and not s.reference for s in selection.SELECTORS)
+  assert f"2 of its 2 screening rows run): {labelfree} of the {labelfree} label-free" in text
+  assert "GRACE's stages do not run" in text
+  assert "`lidar` (worst +3.25 on b, within noise on 0 of the 2 rows run)" in text
+  assert text.endswith("on every row: none.\n")
+  # One selector within 3 everywhere: it goes on, and the sentence says so.
+  for c in cells:
+    if c["selector"] == "lidar":
+      c["regret"] = 0.5
+  verdicts["lidar"] = selection.verdict(BY_NAME["lidar"], plan, cells, [])
+  assert verdicts["lidar"] == "goes on"
+  text = selection_report.in_short(dataclasses.replace(result, verdict=verdicts))
+  assert f"{labelfree - 1} of the {labelfree}" in text and "`lidar` went on" in text

@@ -18,6 +18,7 @@ from experiments.configs import retrieval_ml100k
 from experiments.framework import held_out, plan
 from experiments.retrieval import report
 from experiments.retrieval import train as experiment
+from tests.helpers.marks import widest_cases
 from tests.helpers.movielens_files import write_u_data
 from tfcl_jax import losses
 from tfcl_jax.data import interactions, movielens, movielens_features
@@ -207,12 +208,12 @@ def test_ids_only_tower_is_its_table_and_bags_average_their_tokens():
   np.testing.assert_allclose(bag.apply(variables, tokens), want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("text, symmetric", [
+@pytest.mark.parametrize("text, symmetric", widest_cases(
     ("free+logq", False),
     ("clip:tau=0.1", True),
     ("clip:free+logq", True),
     ("sigmoid/learnable=0.1/learn_b=siglip", False),
-])
+    quick=[("clip:free+logq", True), ("sigmoid/learnable=0.1/learn_b=siglip", False)]))
 def test_objective_feeds_the_library_loss(text, symmetric):
   """The towers' embeddings of the batch's users and items, gathered by the objective, scored
   by the loss itself (`Loss.__call__`) with the batch's padding and log q."""

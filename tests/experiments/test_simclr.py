@@ -118,6 +118,7 @@ def test_run_writes_results_and_resume_is_checked(tmp_path):
   assert len(open(os.path.join(workdir, "results.csv")).read().splitlines()) == 4
 
 
+@pytest.mark.heavy  # a second whole run of the experiment, on other data: CI's heavy step
 def test_mnist1d_signals_run_through_the_same_experiment(tmp_path):
   from experiments.configs import simclr_mnist1d  # noqa: PLC0415
 

@@ -169,7 +169,8 @@ COMMAND = ("python -m experiments.simclr --config=experiments/configs/supcon_dig
 
 @pytest.mark.parametrize("form,title", [
     ("supcon", "# SupCon (form supcon: Khosla et al.'s L_out) on digits"),
-    ("ntxent", "# SupCon (form ntxent: each positive pair against the negatives only)"),
+    pytest.param("ntxent", "# SupCon (form ntxent: each positive pair against the negatives only)",
+                 marks=pytest.mark.heavy),  # a second whole run: CI's heavy step
 ])
 def test_supcon_runs_write_a_table_that_regenerates(tmp_path, form, title):
   command = COMMAND.format(form=form)

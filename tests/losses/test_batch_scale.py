@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import batch_scaled_reference as ref
+from tests.helpers.marks import widest, widest_cases
 from tfcl_jax import losses, mappings
 
 N, D, K = 12, 6, 5
@@ -75,7 +76,10 @@ def _x64(tree):
   return jax.tree.map(cast, tree)
 
 
-@pytest.mark.parametrize("target, mode, extras", INFO_NCE_CASES)
+# The default run's two: the global scale in `all` with a mask and a bank, the per-anchor
+# scale in CLIP's loss with a bias per direction.
+@pytest.mark.parametrize("target, mode, extras", widest_cases(
+    *INFO_NCE_CASES, quick=[INFO_NCE_CASES[2], INFO_NCE_CASES[6]]))
 def test_info_nce_equals_the_dense_loss_at_the_solved_scale(target, mode, extras):
   batch = _batch()
   z1, z2 = batch[:2]
@@ -102,8 +106,9 @@ def test_info_nce_equals_the_dense_loss_at_the_solved_scale(target, mode, extras
   chex.assert_trees_all_close(grads, want_grads, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("target, negatives", [("calibrated", "all"), ("perplexity", "cross"),
-                                               ("perplexity", "all")])
+@pytest.mark.parametrize("target, negatives", widest_cases(
+    ("calibrated", "all"), ("perplexity", "cross"), ("perplexity", "all"),
+    quick=[("perplexity", "all")]))
 def test_sigmoid_loss_equals_the_dense_loss_at_the_solved_scale(target, negatives):
   """The scale of the softmax over each anchor's candidates; the bias stays outside it."""
   z1, z2 = _batch(1)[:2]
@@ -130,7 +135,7 @@ def test_sigmoid_loss_equals_the_dense_loss_at_the_solved_scale(target, negative
   chex.assert_trees_all_close(grads, want_grads, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("target", sorted(BUILD))
+@pytest.mark.parametrize("target", widest(*sorted(BUILD), quick=("accuracy",)))
 def test_supervised_both_forms_equal_the_dense_loss_at_the_solved_scale(target):
   z = jax.random.normal(jax.random.key(2), (N, D))
   labels = jnp.arange(N) % 4
@@ -257,8 +262,9 @@ def test_sharded_batch_scale_and_sigmoid_loss_equal_the_single_device_ones():
 PALLAS_N, PALLAS_D = 20, 8
 
 
-@pytest.mark.parametrize("target, kwargs", [("calibrated", {"symmetric": True}),
-                                            ("accuracy", {"negatives": "all", "masked": True})])
+@pytest.mark.parametrize("target, kwargs", [
+    ("calibrated", {"symmetric": True}),
+    pytest.param("accuracy", {"negatives": "all", "masked": True}, marks=pytest.mark.heavy)])
 def test_pallas_equals_xla_for_the_global_scales(target, kwargs):
   z1 = jax.random.normal(jax.random.key(6), (PALLAS_N, PALLAS_D))
   z2 = z1 + 0.8 * jax.random.normal(jax.random.key(7), (PALLAS_N, PALLAS_D))
@@ -276,12 +282,13 @@ def test_pallas_equals_xla_for_the_global_scales(target, kwargs):
                               rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec, mode, extras", [
+@pytest.mark.parametrize("spec, mode, extras", widest_cases(
     ("calibrated_free", "all", ("where",)),
     ("clip:perplexity_free+logq", "symmetric", ("bias",)),
     ("accuracy_free+logq", "cross", ("bias", "where")),
     ("sigmoid/calibrated_free/b=-2", "cross", ()),
-])
+    quick=[("accuracy_free+logq", "cross", ("bias", "where")),
+           ("sigmoid/calibrated_free/b=-2", "cross", ())]))
 def test_evaluate_reports_the_solved_scale_at_the_calls_loss(spec, mode, extras):
   """`Loss.evaluate`: the call's loss, and the scale the dense float64 solve gives."""
   batch = _batch(1)
@@ -320,7 +327,7 @@ def test_evaluate_and_the_supervised_form_report_none_for_other_mappings():
     losses.batch_scale(z1, z2, mapping=losses.from_spec("free").mapping)
 
 
-@pytest.mark.parametrize("form", ["supcon", "ntxent"])
+@pytest.mark.parametrize("form", widest("supcon", "ntxent", quick=("ntxent",)))
 def test_the_supervised_form_reports_the_dense_solve(form):
   z1, z2 = _batch(2)[:2]
   z = jnp.concatenate([z1, z2])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
+from tests.helpers.marks import widest_cases
 from tfcl_jax import losses, mappings
 
 # (negatives, symmetric, masked, extra negatives)
@@ -54,8 +55,9 @@ def dense_reference():
   return _loss_and_grads(losses.info_nce)(z1, z2, 1.5, where, bank)
 
 
-@pytest.mark.parametrize("strategy, block_size", [
-    ("all_gather", None), ("all_gather", 3), ("ring", None), ("ring", 3)])
+@pytest.mark.parametrize("strategy, block_size", widest_cases(
+    ("all_gather", None), ("all_gather", 3), ("ring", None), ("ring", 3),
+    quick=[("all_gather", 3), ("ring", None)]))
 def test_matches_single_device_dense_loss_and_gradients(strategy, block_size, dense_reference):
   z1, z2, where, bank = _views()
   mesh = _mesh()

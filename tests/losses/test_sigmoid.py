@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers import edge_views
+from tests.helpers.marks import widest
 from tfcl_jax import losses, mappings
 
 DTYPES = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
@@ -84,7 +86,7 @@ def _dense_reference(z1, z2, logits_of, bias, negatives):
   return jnp.mean(jnp.sum(terms, axis=1))
 
 
-@pytest.mark.parametrize("negatives", ["cross", "all"])
+@pytest.mark.parametrize("negatives", widest("cross", "all", quick=("all",)))
 def test_values_and_gradients_equal_dense_autodiff_for_every_mapping(negatives):
   z1, z2 = _pair(9, 5, seed=1)
   maps = {"free": lambda c, t: jnp.log1p(c) - jnp.log1p(-c), "tau=0.1": lambda c, t: c / 0.1,
@@ -134,19 +136,19 @@ def test_free_map_closed_form_and_relative_bias():
 def test_where_equals_valid_subset():
   z1, z2 = (x.astype(np.float32) for x in _pair(10, 4, seed=3))
   where = np.array([1, 1, 0, 1, 0, 1, 1, 1, 0, 1], bool)
+  loss = jax.jit(losses.sigmoid_loss, static_argnames="negatives")
   for negatives in ("cross", "all"):
     for bias in (0.0, -1.5):
-      masked = losses.sigmoid_loss(z1, z2, bias=bias, negatives=negatives, where=where)
-      subset = losses.sigmoid_loss(z1[where], z2[where], bias=bias, negatives=negatives)
+      masked = loss(z1, z2, bias=bias, negatives=negatives, where=where)
+      subset = loss(z1[where], z2[where], bias=bias, negatives=negatives)
       np.testing.assert_allclose(masked, subset, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", widest(*DTYPES, quick=(jnp.float32, jnp.bfloat16)),
+                         ids=[jnp.dtype(dtype).name for dtype in DTYPES])
 def test_finite_at_cos_plus_minus_one_and_zero_vectors(dtype):
   with jax.enable_x64(True):
-    base = jnp.asarray([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]], dtype)
-    z1 = jnp.stack([base, base, base.at[0].set(0.0)])
-    z2 = jnp.stack([base, -base, jnp.zeros_like(base)])
+    z1, z2 = edge_views.stacked(dtype)
 
     @jax.jit
     def run(z1, z2):

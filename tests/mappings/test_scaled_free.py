@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.marks import widest, widest_cases
 from tfcl_jax import analysis, losses, mappings
 
 COS = np.array([-0.999, -0.7, -0.2, 0.0, 0.1, 0.5, 0.9, 0.999])
@@ -145,7 +146,7 @@ def _pattern_loss_np(C, n, s):
 CS = np.linspace(0.0, 0.99, 12)
 
 
-@pytest.mark.parametrize("n", (2, 4, 16, 511))
+@pytest.mark.parametrize("n", widest(2, 4, 16, 511, quick=(2, 4, 16)))
 def test_n_aware_gradient_scale_matches_its_closed_form(n):
   """Eq. 13 with a scale: |dL/dC| = s (N-1) 4/(1-C^2) r^2s / (1 + (N-1) r^2s)."""
   s = _scale(n)
@@ -317,7 +318,8 @@ PALLAS_CASES = [(name, list(PALLAS_MODES)[k % 2]) for k, name in enumerate(PALLA
     ("free_n", "symmetric"), ("learnable_free", "all-masked")]
 
 
-@pytest.mark.parametrize("name, mode", PALLAS_CASES)
+@pytest.mark.parametrize("name, mode", widest_cases(*PALLAS_CASES, quick=[
+    ("free_n", "all-masked"), ("learnable_free", "symmetric")]))
 def test_pallas_equals_xla_values_and_gradients(name, mode):
   z1, z2, where = _pallas_views()
   kwargs = dict(PALLAS_MODES[mode])
@@ -434,7 +436,8 @@ def test_a_non_finite_t_is_caught_by_check_finite():
     losses.info_nce(z, z, mapping=m, check_finite=True)
 
 
-@pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16))
+@pytest.mark.parametrize("dtype", widest(jnp.float32, jnp.bfloat16, quick=(jnp.float32,)),
+                         ids=("float32", "bfloat16"))
 @pytest.mark.parametrize("name", ("free_n", "free_n_no_closed_form", "learnable_free_capped"))
 def test_finite_values_and_gradients_at_cos_plus_minus_one(name, dtype):
   m = PALLAS_MAPS[name]
@@ -456,7 +459,7 @@ def test_finite_values_and_gradients_at_cos_plus_minus_one(name, dtype):
     chex.assert_tree_all_finite(values_and_grads(z, other, m))
 
 
-@pytest.mark.parametrize("n", (2, 511))
+@pytest.mark.parametrize("n", widest(2, 511, quick=(2,)))
 def test_analysis_closed_forms_match_numpy_and_autodiff(n):
   with jax.enable_x64(True):
     for s in (1.0, _scale(n), 0.6):

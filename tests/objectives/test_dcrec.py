@@ -124,6 +124,7 @@ def test_conformity_weights_have_the_requested_mean_and_kl_matches_cal_kl_1():
                              expected, rtol=1e-5)
 
 
+@pytest.mark.heavy  # 30 training steps: CI's heavy step (tests/experiments/test_dcrec.py trains)
 def test_a_few_train_steps_lower_the_next_item_loss_and_scores_have_the_candidates_shape():
   # Each user walks the items in order (item i, then i + 1 mod 20): the next item is learnable.
   rng = np.random.default_rng(2)

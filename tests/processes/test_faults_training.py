@@ -24,6 +24,7 @@ import numpy as np
 import optax
 import pytest
 
+from tests.helpers.marks import widest
 from tfcl_jax.training import checkpoint, files, loop, outputs, preemption, sharding, state, step
 
 NUM_STEPS = 6
@@ -216,7 +217,8 @@ def unraisable_to_stderr(monkeypatch):
   monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
 
 
-@pytest.mark.parametrize("damage", [_truncate_metadata, _truncate_data])
+@pytest.mark.parametrize("damage", widest(_truncate_metadata, _truncate_data,
+                                          quick=(_truncate_data,)))
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
     tmp_path, reference, damage, capfd, unraisable_to_stderr):
   with pytest.raises(_Interrupted):

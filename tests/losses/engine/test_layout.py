@@ -62,19 +62,18 @@ def _half_and_reference(dtype, loss, reference, views=None):
   """`loss` on half-precision views and `reference` (float64) on the same rounded values."""
   z1, z2 = _views() if views is None else views
   a, b = jnp.asarray(z1, dtype), jnp.asarray(z2, dtype)
-  got = jax.value_and_grad(loss, argnums=(0, 1))(a, b)
+  got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(a, b)
   assert got[1][0].dtype == jnp.dtype(dtype)  # gradients come back in the inputs' dtype
   assert got[0].dtype == jnp.float32
   with jax.enable_x64(True):
-    want = jax.value_and_grad(reference, argnums=(0, 1))(a.astype(jnp.float64),
-                                                        b.astype(jnp.float64))
+    want = jax.jit(jax.value_and_grad(reference, argnums=(0, 1)))(a.astype(jnp.float64),
+                                                                  b.astype(jnp.float64))
   return _errors(got, want)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("mode", widest(*sorted(MODES), quick=("all",)))
-@pytest.mark.parametrize("name", widest(*sorted(FIXED),
-                                        quick=("free", "learnable", "dynamic=0.1:0.2")))
+@pytest.mark.parametrize("name", widest(*sorted(FIXED), quick=("free", "learnable")))
 def test_half_precision_loss_and_gradient_against_float64(dtype, mode, name):
   negatives, symmetric = MODES[mode]
   mapping = FIXED[name]
@@ -89,14 +88,15 @@ def test_half_precision_loss_and_gradient_against_float64(dtype, mode, name):
 
 @pytest.mark.parametrize("dtype", widest("bfloat16", "float16", quick=("bfloat16",)))
 @pytest.mark.parametrize("mode", widest("cross", "all", quick=("all",)))
-@pytest.mark.parametrize("name", sorted(BATCH_SCALED))
+@pytest.mark.parametrize("name", widest(*sorted(BATCH_SCALED), quick=("calibrated",)))
 def test_half_precision_batch_scaled_mappings_against_float64(dtype, mode, name):
   """The scale is solved on the half-precision batch's own cosines; the reference's on the same
   rounded inputs in float64 (`batch_scaled_reference`), each held constant."""
   mapping = BATCH_SCALED[name]
   negatives = "all" if mode == "all" else "cross"
 
-  z1, z2 = views = _views(noise=6.0)  # harder pairs: no scale at its cap, no zero loss
+  # Harder pairs: no scale at its cap, no zero loss; 192 anchors over three tiles a side.
+  z1, z2 = views = _views(n=96, noise=6.0)
   with jax.enable_x64(True):
     rounded = (jnp.asarray(z, dtype).astype(jnp.float64) for z in (z1, z2))
     scale = ref.solve(name, ref.dense(*rounded, mode=mode))
@@ -112,7 +112,7 @@ def test_half_precision_batch_scaled_mappings_against_float64(dtype, mode, name)
   assert grad_error < 2 * GRADIENT_TOLERANCE[dtype]  # and the scales move the gradient too
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", widest("bfloat16", "float16", quick=("float16",)))
 def test_sigmoid_and_supcon_in_half_precision_against_float64(dtype):
   z1, z2 = _views(seed=3)
   labels = np.arange(z1.shape[0]) % 7
@@ -145,16 +145,16 @@ def test_sigmoid_and_supcon_in_half_precision_against_float64(dtype):
 def test_rows_keep_their_direction_at_every_scale_the_dtype_holds(dtype):
   z1, z2 = _views(n=32, d=16)
   info = jnp.finfo(dtype)
-  base = losses.info_nce(jnp.asarray(z1, jnp.float32), jnp.asarray(z2, jnp.float32))
+  loss = jax.jit(lambda a, b: losses.info_nce(a, b, negatives="all"))
+  base = loss(jnp.asarray(z1, jnp.float32), jnp.asarray(z2, jnp.float32))
   smallest = max(float(info.tiny), losses.norm_floor(dtype)) * 64  # rows above the norm floor
   for scale in (smallest, 3e-3, 1.0, float(info.max) / 64):
     # Powers of two times each view: the same rows in every dtype, up to its rounding.
     factor = 2.0 ** np.round(np.log2(scale) - np.log2(np.abs(z1).max()))
     a = jnp.asarray(z1 * factor, dtype)
     b = jnp.asarray(z2 * factor, dtype)
-    got = losses.info_nce(a, b, negatives="all")
-    want = losses.info_nce(a.astype(jnp.float32) / factor, b.astype(jnp.float32) / factor,
-                           negatives="all")
+    got = loss(a, b)
+    want = loss(a.astype(jnp.float32) / factor, b.astype(jnp.float32) / factor)
     np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{dtype} at {scale:g}")
   assert np.isfinite(base)
 
@@ -164,9 +164,10 @@ def test_float16_rows_of_small_norm_are_not_shrunk_toward_zero():
   smallest normal number, `losses.norm_floor`); only rows made of subnormal entries shrink."""
   z1, z2 = _views(n=16, d=8, seed=7)
   small = 3e-3 / np.linalg.norm(z1, axis=1, keepdims=True)
-  got = losses.info_nce(jnp.asarray(z1 * small, jnp.float16), jnp.asarray(z2, jnp.float16))
-  want = losses.info_nce(jnp.asarray(z1 * small, jnp.float16).astype(jnp.float32),
-                         jnp.asarray(z2, jnp.float16).astype(jnp.float32))
+  loss = jax.jit(losses.info_nce)
+  got = loss(jnp.asarray(z1 * small, jnp.float16), jnp.asarray(z2, jnp.float16))
+  want = loss(jnp.asarray(z1 * small, jnp.float16).astype(jnp.float32),
+              jnp.asarray(z2, jnp.float16).astype(jnp.float32))
   np.testing.assert_allclose(got, want, rtol=1e-5)
   assert losses.norm_floor("float16") == float(jnp.finfo(jnp.float16).smallest_normal)
 
@@ -175,8 +176,8 @@ def test_zero_rows_have_cosine_zero_and_a_finite_gradient_in_every_dtype():
   z1, z2 = _views(n=8, d=4, seed=2)
   z1[3] = 0.0
   for dtype in ("bfloat16", "float16", "float32"):
-    value, grads = jax.value_and_grad(
-        lambda a, b: losses.info_nce(a, b, negatives="all"), argnums=(0, 1))(
+    value, grads = jax.jit(jax.value_and_grad(
+        lambda a, b: losses.info_nce(a, b, negatives="all"), argnums=(0, 1)))(
             jnp.asarray(z1, dtype), jnp.asarray(z2, dtype))
     assert np.isfinite(float(value))
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads), dtype

@@ -4,7 +4,9 @@ own dtype (bfloat16 or float16 operands accumulated in float32; float32 and floa
 in every loss family, mode and mapping, single-device and sharded; and the products'
 multiply-adds, counted from the program's shapes and loop trip counts, are what docs/losses.md
 states: per tile, one product forward and three backward, two backward on the diagonal tiles of
-`negatives="all"`, whose symmetric matrix is tiled once above the diagonal.
+`negatives="all"`, whose symmetric matrix is tiled once above the diagonal. The default run
+reads the programs for TPUs (and a quick few mappings and dtypes); those for GPUs and the rest
+are marked heavy.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def _arguments(count, dtype):
   return (_view(dtype), _view(dtype), _view(dtype, BANK))[:count]
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("platform", widest(*PLATFORMS, quick=("tpu",)))
 @pytest.mark.parametrize("mapping", widest(*sorted(MAPPINGS), quick=("free", "learnable")))
 @pytest.mark.parametrize("dtype", widest("bfloat16", "float16", quick=("bfloat16",)))
 def test_every_tile_product_takes_16_bit_operands_and_accumulates_in_float32(platform, mapping,
@@ -80,7 +82,7 @@ def test_every_tile_product_takes_16_bit_operands_and_accumulates_in_float32(pla
     assert set(found) == {((short, short), "f32")}, (name, dict(found))
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("platform", widest(*PLATFORMS, quick=("tpu",)))
 def test_float32_and_float64_inputs_keep_their_own_operands(platform):
   for name, (fn, count) in _losses(MAPPINGS["free"]).items():
     found = _tile_products(fn, *_arguments(count, jnp.float32), platform=platform)
@@ -92,8 +94,8 @@ def test_float32_and_float64_inputs_keep_their_own_operands(platform):
     assert set(found) == {(("f64", "f64"), "f64")}
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("platform", widest(*PLATFORMS, quick=("tpu",)))
+@pytest.mark.parametrize("dtype", widest("bfloat16", "float32", quick=("bfloat16",)))
 def test_the_products_multiply_adds_are_those_docs_losses_states(platform, dtype):
   """At N = 16384, D = 256: `b` the tile side (`losses.auto_block_size` for the platform),
   `"all"` (`M = 2N` rows, `T = M / b` tiles a side) `(2 T^2 + T) b^2 D = 8 N^2 D + 2 N b D`;
@@ -122,7 +124,7 @@ def test_the_products_multiply_adds_are_those_docs_losses_states(platform, dtype
   assert sum(found.values()) == expected["all"] + tiles * (tiles + 1) // 2 * block_all**2 * D
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("platform", widest(*PLATFORMS, quick=("tpu",)))
 @pytest.mark.parametrize("strategy", ["all_gather", "ring"])
 def test_the_sharded_forms_take_16_bit_operands(platform, strategy):
   mesh = Mesh(np.array(jax.devices()[:8]), ("data",))

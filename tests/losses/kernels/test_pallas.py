@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.marks import widest_cases
 from tfcl_jax import losses, mappings, schedules
 from tfcl_jax.losses._kernels import _kernel_tpu, _pallas, _triton_blocks, _triton_tiles
 
@@ -141,7 +142,10 @@ EVEN_CASES = _settings([("free", "all", 48), ("learnable", "all-masked", 64),
                        ("free", "symmetric", 16), ("tau", "all", 64), ("free", "cross", 64)])
 
 
-@pytest.mark.parametrize("name, mode, rows, variant, x64", EVEN_CASES, ids=_ids(EVEN_CASES))
+# The default run's two: `all`'s pairs of blocks, the one-directional loss's columns.
+@pytest.mark.parametrize("name, mode, rows, variant, x64",
+                         widest_cases(*EVEN_CASES, quick=[EVEN_CASES[0], EVEN_CASES[6]]),
+                         ids=_ids(EVEN_CASES))
 def test_pallas_equals_xla_on_even_numbers_of_blocks(name, mode, rows, variant, x64):
   with _setting(variant, x64):
     _pallas_equals_xla(name, mode, rows=rows)
@@ -154,7 +158,10 @@ TPU_CASES = _with_x64([(name, "all-masked", N) for name in ("free", "learnable_c
                       + [("dynamic", "cross-masked-bank", 150)])
 
 
-@pytest.mark.parametrize("name, mode, rows, x64", TPU_CASES, ids=_ids(TPU_CASES))
+# The default run's two: one block masked with a closed form, two blocks with a bank and x64.
+@pytest.mark.parametrize("name, mode, rows, x64",
+                         widest_cases(*TPU_CASES, quick=[TPU_CASES[0], TPU_CASES[5]]),
+                         ids=_ids(TPU_CASES))
 def test_tpu_kernels_equal_xla_values_and_gradients(name, mode, rows, x64, monkeypatch):
   monkeypatch.setattr(_pallas, "pallas_reduce",
                       functools.partial(_pallas.pallas_reduce, backend="mosaic_tpu"))
@@ -249,7 +256,8 @@ def test_zero_rows_in_bfloat16_have_finite_gradients_like_the_xla_engine():
 WIDE_CASES = _settings([("learnable", "all"), ("learnable", "symmetric"), ("free", "all")])
 
 
-@pytest.mark.parametrize("name, mode, variant, x64", WIDE_CASES, ids=_ids(WIDE_CASES))
+@pytest.mark.parametrize("name, mode, variant, x64",
+                         widest_cases(*WIDE_CASES, quick=WIDE_CASES[2:]), ids=_ids(WIDE_CASES))
 def test_wide_float32_embeddings_in_chunks_equal_the_xla_engine(name, mode, variant, x64):
   with _setting(variant, x64):
     _pallas_equals_xla(name, mode, dim=WIDE)
