@@ -27,7 +27,7 @@ import numpy as np
 from benchmarks import timing, torch_ntxent
 from tfcl_jax import losses, mappings
 from tfcl_jax.losses._engine import _blocks  # the benchmark sets the engine's unroll table
-from tfcl_jax.losses._kernels import _triton_tiles
+from tfcl_jax.losses._kernels import _triton_tiles  # the benchmark sets the kernels' launch tables
 
 # The loss of each benchmark: `info_nce`'s keywords.
 LOSSES = {"ntxent": dict(negatives="all"), "clip": dict(negatives="cross", symmetric=True),

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from benchmarks import sass
 from tfcl_jax import losses, mappings
-from tfcl_jax.losses._kernels import _triton_tiles
+from tfcl_jax.losses._kernels import _triton_tiles  # the benchmark sets the kernels' column side
 from tfcl_jax.training.lowering import lower
 
 # Largest shared memory one block may use (bytes), per compute capability.

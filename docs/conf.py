@@ -19,7 +19,6 @@ import importlib
 import inspect
 import os
 import pathlib
-import pkgutil
 import shutil
 import sys
 
@@ -32,6 +31,7 @@ ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
 
 import tfcl_jax  # noqa: E402
+from docs.api_names import home, public_modules, public_names, top_level  # noqa: E402
 
 logger = logging.getLogger("tfcl_jax.docs")
 
@@ -132,64 +132,6 @@ def _copy_notebooks() -> None:
 # The API checks.
 
 
-def public_modules() -> list[str]:
-  """`tfcl_jax` and every module under it with no path component starting with `_`."""
-  found = pkgutil.walk_packages(tfcl_jax.__path__, "tfcl_jax.")
-  return ["tfcl_jax"] + sorted(
-      info.name for info in found if not any(p.startswith("_") for p in info.name.split(".")))
-
-
-@functools.cache
-def _top_level(modname: str) -> dict[str, ast.stmt]:
-  """The statement that binds each module-level name (outside functions and classes)."""
-  module = importlib.import_module(modname)
-  source = inspect.getsource(module)
-  bound: dict[str, ast.stmt] = {}
-
-  def visit(statements):
-    for node in statements:
-      names = []
-      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        names = [node.name]
-      elif isinstance(node, ast.Assign):
-        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-      elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-        names = [node.target.id]
-      elif isinstance(node, (ast.Import, ast.ImportFrom)):
-        names = [(a.asname or a.name).split(".")[0] for a in node.names]
-      elif isinstance(node, (ast.If, ast.Try)):
-        visit(node.body + node.orelse + getattr(node, "finalbody", []) +
-              [s for h in getattr(node, "handlers", []) for s in h.body])
-      for name in names:
-        bound.setdefault(name, node)
-
-  visit(ast.parse(source).body)
-  return bound
-
-
-def public_names(modname: str) -> list[str]:
-  """A module's `__all__`, else the names it defines (not imports) without a leading `_`."""
-  module = importlib.import_module(modname)
-  if hasattr(module, "__all__"):
-    return list(module.__all__)
-  return [name for name, node in _top_level(modname).items()
-          if not name.startswith("_") and not isinstance(node, (ast.Import, ast.ImportFrom))]
-
-
-def home(modname: str, name: str) -> tuple[str, str]:
-  """Where `modname.name` is defined: follows `from X import name` to the module that binds it."""
-  node = _top_level(modname).get(name)
-  if isinstance(node, ast.ImportFrom) and node.level == 0:
-    alias = next(a for a in node.names if (a.asname or a.name) == name)
-    target = f"{node.module}.{alias.name}"
-    if inspect.ismodule(getattr(importlib.import_module(modname), name, None)):
-      return target, ""
-    return home(node.module, alias.name)
-  if node is None and inspect.ismodule(getattr(importlib.import_module(modname), name, None)):
-    return f"{modname}.{name}", ""
-  return modname, name
-
-
 @functools.cache
 def _attribute_docs(modname: str) -> dict[str, list[str]]:
   """Docstrings of a module's variables: `#:` comments before, or a string after, each one."""
@@ -203,7 +145,7 @@ def has_docstring(modname: str, name: str) -> bool:
     return bool((importlib.import_module(defmod).__doc__ or "").strip())
   if any(line.strip() for line in _attribute_docs(defmod).get(defname, [])):
     return True
-  node = _top_level(defmod).get(defname)
+  node = top_level(defmod).get(defname)
   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
     return bool(ast.get_docstring(node))
   value = getattr(importlib.import_module(defmod), defname)

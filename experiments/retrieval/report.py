@@ -121,7 +121,7 @@ def table(rows: list[dict], specs: list[str], *, config, command: str) -> str:
       # Any candidate count builds the loss (a `prior` bias needs one).
       loss = losses.from_spec(spec, num_candidates=2)
       lows, highs = of(spec, "scale_end"), of(spec, "scale_max")
-      if loss.batch_scaled:
+      if mappings.batch_scaled(loss.mapping):
         at_bound = sum(low <= mappings.S_MIN * (1 + 1e-4) or high >= mappings.S_MAX * (1 - 1e-4)
                        for low, high in zip(lows, highs, strict=True))
         bound = ""

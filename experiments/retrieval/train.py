@@ -276,7 +276,7 @@ def train_run(config, data: Data, run: plan.Run, *, workdir: str) -> dict:
       evals = trained.evaluations
       scale_end = _scale(trained.state.params["loss"], loss)
       per_epoch = evals.get("scale", np.full(config.epochs, np.nan))  # learnable mappings only
-      if loss.batch_scaled:  # the scales it solved, as logged: per epoch their mean
+      if mappings.batch_scaled(loss.mapping):  # the scales it solved, as logged: epoch means
         nonlocal scale_start
         per_epoch, scale_start, scale_end = _solved_scales(trained.metrics, steps_per_epoch,
                                                            config.epochs)

@@ -155,7 +155,7 @@ def test_the_gradient_kernel_of_eq11_with_a_scale_spills_on_no_gpu():
   # `learnable_free` (Eq. 11 times a learnt scale; a solved scale the same): no closed form, so
   # the tile takes the mapping's `jax.vjp`. Traced as `log1p(c) - log1p(-c)`, the gradient
   # kernels spilled 376-680 bytes on sm_90 at D = 128-256 (`cross`); the kernels trace Eq. 11
-  # in its kernel form (`mappings._scaled_free.kernel_form`: one log of the odds, the
+  # in its kernel form (`mappings.Mapping.kernel_form`: one log of the odds, the
   # derivative in closed form), and NT-Xent's spills none.
   rows = _default_float32("learnable_free=100", "all", 256)
   assert {row["kernel"] for row in rows} == {"info_nce_lse", "info_nce_lse_row_grad"}

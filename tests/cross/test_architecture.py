@@ -45,7 +45,7 @@ NAMES = sorted({m.group(1) for span in _spans() if (m := DOTTED.match(span))})
 def test_the_walkthrough_names_the_code_it_walks_through():
   # The steps that went stale before: the parser, the build and the objective's call.
   assert {"experiments.framework.plan.parse_losses", "experiments.framework.sweep.train_run",
-          "tfcl_jax.specs.ParsedSpec.build", "tfcl_jax.losses.Loss.with_scale"} <= set(NAMES)
+          "tfcl_jax.specs.ParsedSpec.build", "tfcl_jax.losses.Loss.evaluate"} <= set(NAMES)
   assert len(NAMES) >= 25
 
 
@@ -73,9 +73,9 @@ def test_every_named_file_exists():
     ("experiments.framework.sweep.train_run", "run.loss.build(num_candidates)"),
     ("experiments.framework.pretraining.Trainer.train", "sweep.train_run("),
     ("experiments.framework.pretraining.Trainer.train_step", "make_train_step("),
-    ("tfcl_jax.objectives.simclr.make_simclr_loss", "loss.with_scale("),
-    ("tfcl_jax.losses.InfoNCELoss.compute", "info_nce("),
-    ("tfcl_jax.losses.InfoNCELoss.compute", "self.bound_mapping("),
+    ("tfcl_jax.objectives.simclr.make_simclr_loss", "loss.evaluate("),
+    ("tfcl_jax.losses._loss.FamilyLoss.compute", "self.family.evaluate("),
+    ("tfcl_jax.losses._loss.FamilyLoss.compute", "self.bound_mapping("),
     ("tfcl_jax.losses._info_nce.info_nce", "tile_reduce"),
     ("tfcl_jax.losses._engine._tiles.LogSumExp.fast_form", "exp_form("),
 ])

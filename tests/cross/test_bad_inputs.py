@@ -61,7 +61,7 @@ def test_an_unbound_learnable_mapping_is_refused_with_the_fix(loss, spec):
   assert "m.bind(params=params['loss'])" in str(error.value)
   assert "m.bind(params=m.params)" in str(error.value)   # how to hold t fixed on purpose
   # Both fixes the message names run (the sharded losses run bound learnable mappings in
-  # tests/losses/test_sharded.py: compiling them here again would double their cost).
+  # tests/losses/test_family.py: compiling them here again would double their cost).
   if not loss.endswith("_on_mesh"):
     bound = m.bind(params=m.params)
     assert np.isfinite(jax.jit(lambda a, b: LOSSES[loss](a, b, bound))(z1, z2))

@@ -59,7 +59,7 @@ def test_a_learnable_spec_string_is_refused_with_the_fix(loss, spec):
   assert f"losses.from_spec({canonical!r})" in message
   # The fix the message names runs: the mapping built once, bound to its params (once per loss
   # and family of mapping: the loss's compiled program does not depend on the spec's numbers;
-  # the sharded losses run bound learnable mappings in tests/losses/test_sharded.py).
+  # the sharded losses run bound learnable mappings in tests/losses/test_family.py).
   if spec in ("learnable", "learnable_free") and not loss.endswith("_on_mesh"):
     built = mappings.from_spec(spec)
     assert np.isfinite(LOSSES[loss](z1, z2, built.bind(params=built.params)))

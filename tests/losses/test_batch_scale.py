@@ -289,18 +289,18 @@ def test_pallas_equals_xla_for_the_global_scales(target, kwargs):
     ("sigmoid/calibrated_free/b=-2", "cross", ()),
     quick=[("accuracy_free+logq", "cross", ("bias", "where")),
            ("sigmoid/calibrated_free/b=-2", "cross", ())]))
-def test_with_scale_reports_the_solved_scale_at_the_calls_loss(spec, mode, extras):
-  """`Loss.with_scale`: the call's loss, and the scale the dense float64 solve gives."""
+def test_evaluate_reports_the_solved_scale_at_the_calls_loss(spec, mode, extras):
+  """`Loss.evaluate`: the call's loss, and the scale the dense float64 solve gives."""
   batch = _batch(1)
   z1, z2 = batch[:2]
   kwargs = _kwargs(mode, extras, batch)
   loss = losses.from_spec(spec)
-  assert loss.batch_scaled
+  assert mappings.batch_scaled(loss.mapping)
   call = {k: v for k, v in kwargs.items() if k in ("negatives", "where")}
   bias = kwargs.get("candidate_bias")
   if loss.logq:  # the loss subtracts log q: the bias is -log q
     call["log_q"] = tuple(-b for b in bias) if isinstance(bias, tuple) else -bias
-  value, scale = jax.jit(lambda a, b: loss.with_scale(a, b, params=loss.params, **call))(z1, z2)
+  value, scale = jax.jit(lambda a, b: loss.evaluate(a, b, params=loss.params, **call))(z1, z2)
   # float32, jitted against eager: the summation order differs (2e-6 seen on another CPU)
   np.testing.assert_allclose(value, loss(z1, z2, params=loss.params, **call), rtol=1e-5)
   target = loss.mapping.spec.removesuffix("_free")
@@ -312,29 +312,30 @@ def test_with_scale_reports_the_solved_scale_at_the_calls_loss(spec, mode, extra
                                rtol=1e-3)
 
 
-def test_with_scale_and_its_supervised_form_report_none_for_other_mappings():
+def test_evaluate_and_the_supervised_form_report_none_for_other_mappings():
   z1, z2 = _batch()[:2]
   labels = jnp.arange(2 * N) % 3
   for spec in ("free", "tau=0.1", "learnable_free=100"):
     loss = losses.from_spec(spec)
-    value, scale = loss.with_scale(z1, z2, params=loss.params)
-    assert scale is None and not loss.batch_scaled
+    value, scale = loss.evaluate(z1, z2, params=loss.params)
+    assert scale is None and not mappings.batch_scaled(loss.mapping)
     np.testing.assert_allclose(value, loss(z1, z2, params=loss.params))
-    value, scale = loss.supervised_with_scale(jnp.concatenate([z1, z2]), labels, form="supcon",
-                                              params=loss.params)
+    value, scale = loss.supervised(jnp.concatenate([z1, z2]), labels, form="supcon",
+                                   params=loss.params)
     assert scale is None
-  with pytest.raises(ValueError, match="solves no scale"):
-    losses.from_spec("free").solve_scale(z1, z2)
+  with pytest.raises(ValueError, match="has none to solve"):
+    losses.batch_scale(z1, z2, mapping=losses.from_spec("free").mapping)
 
 
 @pytest.mark.parametrize("form", widest("supcon", "ntxent", quick=("ntxent",)))
-def test_supervised_with_scale_reports_the_dense_solve(form):
+def test_the_supervised_form_reports_the_dense_solve(form):
   z1, z2 = _batch(2)[:2]
   z = jnp.concatenate([z1, z2])
   labels = jnp.arange(2 * N) % 4
   loss = losses.from_spec("calibrated_free")
-  value, scale = loss.supervised_with_scale(z, labels, form=form, params={})
-  np.testing.assert_allclose(value, loss.supervised(z, labels, form=form, params={}),
+  value, scale = loss.supervised(z, labels, form=form, params={})
+  np.testing.assert_allclose(value, losses.supervised_info_nce(z, labels, form=form,
+                                                               mapping=loss.mapping),
                              rtol=1e-5)  # float32: the summation order may differ
   with jax.enable_x64(True):  # the batch loss is flat near its minimum here (s ~ 0.03): its
     z_64 = _x64(z)  # value at the solved scale is the minimum's, the scale itself within 5 %
@@ -349,7 +350,7 @@ def test_moment_sums_per_chunk_on_a_cpu_and_per_tile_elsewhere_equal_numpy():
   # `_row_sums` loops over `_ROWS`-row chunks on a CPU (cache) and takes the whole tile on an
   # accelerator (no loop of small launches); both forms against a NumPy transcription.
   from tfcl_jax.losses._engine import _moments
-  from tfcl_jax.mappings._batch_scaled import GRID_EXPONENTS
+  from tfcl_jax.losses._engine._moments import GRID_EXPONENTS
   from tfcl_jax.training import lowering
 
   rng = np.random.default_rng(0)

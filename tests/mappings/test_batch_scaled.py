@@ -116,7 +116,7 @@ def test_fixed_points_at_the_bounds():
 
 
 def test_accuracy_entropy_matches_its_definition():
-  from tfcl_jax.mappings._batch_scaled import accuracy_entropy  # noqa: PLC0415
+  from tfcl_jax.losses._engine._solves import accuracy_entropy  # noqa: PLC0415
 
   for a, n in ((0.3, 16.0), (1 / 16, 16.0), (0.0, 16.0), (0.999, 5.0), (1.0, 5.0)):
     np.testing.assert_allclose(accuracy_entropy(jnp.float32(a), jnp.float32(n)),

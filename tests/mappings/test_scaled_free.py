@@ -338,32 +338,28 @@ def test_pallas_equals_xla_values_and_gradients(name, mode):
 
 def test_the_kernel_form_of_eq11_matches_numpy_and_stays_out_of_the_xla_path():
   # The fused kernels trace Eq. 11 as log((1 + c) / (1 - c)) with its derivative in closed form
-  # (`kernel_form`); against float64 NumPy: 2 artanh(c) and 2 / (1 - c^2), and 0 beyond free's
-  # clamp from its bounds outwards.
-  from tfcl_jax.mappings import _scaled_free  # noqa: PLC0415
-
+  # (`Mapping.kernel_form`); against float64 NumPy: 2 artanh(c) and 2 / (1 - c^2), and 0 beyond
+  # free's clamp from its bounds outwards.
   margin = 8 * float(jnp.finfo(jnp.float32).epsneg)
   cos = np.concatenate([COS, [-1.0, 1.0, -1.0 + 2 * margin, 1.0 - 2 * margin, 1e-4, -3e-6]])
   cos = cos.astype(np.float32).astype(np.float64)  # the inputs as the kernels hold them
   mapping = mappings.learnable_free().bind(params={"t": jnp.float32(math.log(3.0))})
+  kernel_form = mapping.kernel_form()
 
   def logits(c):
-    return mapping(c)
+    return kernel_form(c)
 
-  with _scaled_free.kernel_form():
-    value = np.asarray(jax.jit(logits)(jnp.asarray(cos, jnp.float32)), np.float64)
-    slope = np.asarray(jax.jit(jax.vmap(jax.grad(logits)))(jnp.asarray(cos, jnp.float32)),
-                       np.float64)
+  value = np.asarray(jax.jit(logits)(jnp.asarray(cos, jnp.float32)), np.float64)
+  slope = np.asarray(jax.jit(jax.vmap(jax.grad(logits)))(jnp.asarray(cos, jnp.float32)),
+                     np.float64)
   clamped = np.clip(cos, -1.0 + margin, 1.0 - margin)
   np.testing.assert_allclose(value, _scaled_free_np(clamped, 3.0), rtol=2e-6, atol=1e-6)
   inside = np.abs(cos) < 1.0 - margin
   np.testing.assert_allclose(slope[inside], 3.0 * 2.0 / (1.0 - cos[inside] ** 2), rtol=2e-6)
   np.testing.assert_array_equal(slope[~inside], 0.0)
-  # The kernels trace the custom derivative; the XLA path (outside the context) keeps log1p.
-  # (`make_jaxpr` caches traces by function: each trace takes a function of its own.)
+  # The kernels trace the custom derivative; the XLA path (the mapping itself) keeps log1p.
   c = jnp.zeros((4,), jnp.float32)
-  with _scaled_free.kernel_form():
-    kernel = str(jax.make_jaxpr(lambda c: mapping(c))(c))
+  kernel = str(jax.make_jaxpr(lambda c: kernel_form(c))(c))
   xla = str(jax.make_jaxpr(lambda c: mapping(c))(c))
   assert "custom_jvp_call" in kernel and "log1p" not in kernel
   assert "log1p" in xla and "custom_jvp_call" not in xla

@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import mappings
-from tfcl_jax.mappings._batch_scaled import BatchScaled
 
 
 def paper_pattern(C: jax.Array, n: int) -> jax.Array:
@@ -70,7 +69,7 @@ def as_given(mapping: mappings.MappingLike) -> mappings.Mapping:
     (True, 0.5)
   """
   mapping = mappings.as_mapping(mapping)
-  if isinstance(mapping.fn, BatchScaled) and mapping.fn.scale is None:
+  if mappings.batch_scaled(mapping):
     raise ValueError(
         f"mapping {mapping.spec!r} has a scale that a loss solves from its batch, and the "
         f"pattern [C, -C, ..., -C] is no such batch: bind the scale to analyse, "

@@ -24,17 +24,14 @@ from tfcl_jax.losses._engine._arguments import check_block_size
 from tfcl_jax.losses._engine._blocks import auto_block_size, balanced_tile
 from tfcl_jax.losses._engine._devices import STRATEGIES
 from tfcl_jax.losses._engine._layout import l2_normalize, norm_floor
-from tfcl_jax.losses._info_nce import InfoNCELoss, info_nce
-from tfcl_jax.losses._sharded import (
-    info_nce_on_mesh,
-    sharded_info_nce,
-    sharded_sigmoid_loss,
-    sigmoid_loss_on_mesh,
-)
+from tfcl_jax.losses._family import Evaluation
+from tfcl_jax.losses._info_nce import InfoNCELoss, info_nce, info_nce_on_mesh, sharded_info_nce
 from tfcl_jax.losses._sigmoid import (
     SigmoidLoss,
+    sharded_sigmoid_loss,
     sigmoid_bias_init,
     sigmoid_loss,
+    sigmoid_loss_on_mesh,
 )
 from tfcl_jax.losses._supervised import supervised_info_nce
 from tfcl_jax.losses.spec import (
@@ -50,6 +47,7 @@ from tfcl_jax.losses.spec import (
 __all__ = [
     "SPECS",
     "DotProductLoss",
+    "Evaluation",
     "InfoNCELoss",
     "LogQ",
     "Loss",

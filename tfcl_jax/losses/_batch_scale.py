@@ -6,17 +6,13 @@ from __future__ import annotations
 import jax
 
 from tfcl_jax import mappings
-from tfcl_jax.losses._engine import _calibration
-from tfcl_jax.losses._engine._devices import device_reduce
-from tfcl_jax.losses._engine._tiled import tile_reduce
-from tfcl_jax.losses._info_nce import setup
-from tfcl_jax.losses._sharded import local_setup
-from tfcl_jax.mappings._batch_scaled import BatchScaled
+from tfcl_jax.losses._engine import _batch, _calibration
+from tfcl_jax.losses._engine._devices import ONE_DEVICE, Sharded
 
 
-def _batch_scaled(mapping) -> BatchScaled:
+def _batch_scaled(mapping) -> mappings.BatchScaled:
   fn = getattr(mapping, "fn", None)
-  if not isinstance(fn, BatchScaled):
+  if not isinstance(fn, mappings.BatchScaled):
     spec = getattr(mapping, "spec", mapping)
     raise ValueError(f"mapping must be a batch-scaled mapping (mappings.calibrated_free(), "
                      f"perplexity_free() or accuracy_free()), whose scale a loss solves from its "
@@ -86,22 +82,17 @@ def batch_scale(
     ValueError: `mapping` is not batch-scaled; any argument `info_nce` refuses.
   """
   fn = _batch_scaled(mapping)
-  if axis_name is None:
-    batch = setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
-                  reduction="mean", where=where, block_size=block_size,
-                  extra_negatives=extra_negatives, extra_where=extra_where,
-                  implementation="xla", candidate_bias=candidate_bias, check_finite=False)
-    reduce_fn, total = tile_reduce, _calibration.sum_over_anchors
-  else:
+  devices = ONE_DEVICE
+  if axis_name is not None:
     if candidate_bias is not None:
       raise ValueError("candidate_bias is for the single-device loss (axis_name=None), as in "
                        "info_nce.")
-    batch = local_setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
-                        axis_name=axis_name, strategy=strategy, block_size=block_size,
-                        where=where, reduction="mean", extra_negatives=extra_negatives,
-                        extra_where=extra_where)
-    reduce_fn, total = device_reduce(axis_name, strategy), _calibration.total_across(axis_name)
-  return _calibration.solve_batch(fn, batch, reduce_fn=reduce_fn, total=total)
+    devices = Sharded(axis_name, strategy)
+  batch = _batch.setup(z1, z2, devices=devices, family="info_nce", mapping=mapping,
+                       negatives=negatives, symmetric=symmetric, reduction="mean", where=where,
+                       block_size=block_size, extra_negatives=extra_negatives,
+                       extra_where=extra_where, candidate_bias=candidate_bias)
+  return _calibration.solve_batch(fn, batch, devices=devices)
 
 
 def supervised_batch_scale(z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike, *,

@@ -67,6 +67,9 @@ def dot_product_softmax(
   return _layout.reduce(per_row, mask, reduction, masked=valid is not None)
 
 
+@SPECS.register("dot[+logq]",
+                help="raw dot products, no normalisation and no mapping; +logq: the logQ "
+                     "correction")
 @dataclasses.dataclass(frozen=True)
 class DotProductLoss(Loss):
   """The softmax over raw dot products (`dot_product_softmax`) as a `Loss`: no mapping, no
@@ -90,8 +93,3 @@ class DotProductLoss(Loss):
                        f"negatives must be 'cross', got {negatives!r}.")
     return dot_product_softmax(z1, z2, candidate_bias=None if log_q is None
                                else -jnp.asarray(log_q), **kwargs)
-
-
-SPECS.register("dot[+logq]", DotProductLoss,
-               help="raw dot products, no normalisation and no mapping; +logq: the logQ "
-                    "correction")

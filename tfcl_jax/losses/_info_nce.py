@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 
-from tfcl_jax import _checks, mappings
-from tfcl_jax.losses._engine import _arguments, _calibration, _layout
+from tfcl_jax import mappings
+from tfcl_jax.losses._engine import _arguments, _batch, _calibration, _layout
+from tfcl_jax.losses._engine._devices import Devices
 from tfcl_jax.losses._engine._tiled import tile_reduce
-from tfcl_jax.losses._engine._tiles import Side
+from tfcl_jax.losses._family import Evaluation, family
 from tfcl_jax.losses._kernels import _pallas
-from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
+from tfcl_jax.losses._loss import SPECS, FamilyLoss
 from tfcl_jax.losses._supervised import supervised_info_nce
-from tfcl_jax.mappings._batch_scaled import BatchScaled
-
-IMPLEMENTATIONS = ("xla", "pallas")
 
 
 def log_add(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -67,40 +63,16 @@ def row_losses(layout: _layout.Layout, lse: jax.Array, mapping, positive_bias=No
   return jax.nn.softplus(lse - positive)
 
 
-def check_candidate_bias(candidate_bias, n: int, *, negatives: str, symmetric: bool,
-                         extra_negatives, implementation: str
-                         ) -> tuple[jax.Array, jax.Array | None] | None:
-  """Checks `candidate_bias`: None; `[N]` floats, the bias of `z2`'s rows as candidates of the
-  one-directional `cross` loss; or, for CLIP's symmetric loss, a pair `(z2's, z1's)`, each
-  direction's candidates. Returns `(bias of z2's rows, bias of z1's rows or None)`, constants.
-  """
-  if candidate_bias is None:
-    return None
-  if negatives != "cross":
-    raise ValueError("candidate_bias corrects the candidates of a two-tower loss: it needs "
-                     "negatives='cross'.")
-  if extra_negatives is not None:
-    raise ValueError("candidate_bias is not defined for extra_negatives (they carry no bias).")
-  if implementation != "xla":
-    raise ValueError("candidate_bias needs implementation='xla'.")
-  if symmetric:
-    if not isinstance(candidate_bias, (tuple, list)) or len(candidate_bias) != 2:
-      raise ValueError("with symmetric=True, candidate_bias is a pair (bias of z2's rows as the "
-                       "candidates of z1 -> z2, bias of z1's rows as the candidates of z2 -> z1), "
-                       f"e.g. (-log q_items, -log q_users); got {type(candidate_bias).__name__}.")
-    columns = _arguments.check_bias_row(candidate_bias[0], n, rows="z2")
-    rows = _arguments.check_bias_row(candidate_bias[1], n, rows="z1")
-    return jax.lax.stop_gradient(columns), jax.lax.stop_gradient(rows)
-  if isinstance(candidate_bias, (tuple, list)):
-    raise ValueError("a pair of candidate biases is for symmetric=True (CLIP's loss); the "
-                     "one-directional loss takes the [N] bias of z2's rows.")
-  return jax.lax.stop_gradient(_arguments.check_bias_row(candidate_bias, n, rows="z2")), None
-
-
+@family(strategy="all_gather", one_device=("implementation", "candidate_bias", "check_finite"),
+        example="symmetric=True",
+        note="With `symmetric=True` each device's tiles also give every column its partial "
+             "logsumexp: combined over devices by a `psum` (gathered), or sent round with its "
+             "block (the ring).")
 def info_nce(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
+    devices: Devices,
     mapping: mappings.MappingLike | None = None,
     negatives: str = "cross",
     symmetric: bool = False,
@@ -112,7 +84,7 @@ def info_nce(
     implementation: str = "xla",
     candidate_bias: jax.typing.ArrayLike | None = None,
     check_finite: bool | str = False,
-) -> jax.Array:
+) -> Evaluation:
   r"""InfoNCE of two views with a pluggable similarity-to-logit mapping (Eq. 1, 11).
 
   For anchor `i` with positive `i+` and candidate set `K_i`,
@@ -235,86 +207,40 @@ def info_nce(
     arXiv 2501.17683, Eq. 1, 11 and 12.
   """
   _arguments.refuse_forward_mode(z1, z2, mapping, extra_negatives, candidate_bias,
-                                 loss="info_nce")
-  batch = setup(z1, z2, mapping=mapping, negatives=negatives, symmetric=symmetric,
-                reduction=reduction, where=where, block_size=block_size,
-                extra_negatives=extra_negatives, extra_where=extra_where,
-                implementation=implementation, candidate_bias=candidate_bias,
-                check_finite=check_finite)
-  mapping, rows = _calibration.for_loss(batch.mapping, batch.layout, bank=batch.bank,
-                                        positive_bias=batch.bias, block_size=batch.block_size)
-  lse_fn = tile_reduce
+                                 loss=devices.name("info_nce"))
+  batch = _batch.setup(z1, z2, devices=devices, family="info_nce", mapping=mapping,
+                       negatives=negatives, symmetric=symmetric, reduction=reduction, where=where,
+                       block_size=block_size, extra_negatives=extra_negatives,
+                       extra_where=extra_where, implementation=implementation,
+                       candidate_bias=candidate_bias, check_finite=check_finite)
+  mapping, rows, scale = _calibration.for_loss(
+      batch.mapping, batch.layout, bank=batch.bank, positive_bias=batch.bias,
+      block_size=batch.block_size, devices=devices)
+  lse_fn, bank_fn = devices.reduce_fn, tile_reduce
   if implementation == "pallas":
     if not _pallas.supports(mapping):
       raise ValueError("implementation='pallas' needs a tfcl_jax.mappings.Mapping whose params "
                        f"are scalars, got {mapping!r}; use implementation='xla'.")
-    lse_fn = _pallas.pallas_reduce
+    lse_fn = bank_fn = _pallas.pallas_reduce
   lse = negatives_lse(rows, mapping=mapping, block_size=batch.block_size, bank=batch.bank,
-                      lse_fn=lse_fn, bank_fn=lse_fn)
+                      lse_fn=lse_fn, bank_fn=bank_fn)
   per_row = row_losses(rows, lse, mapping, positive_bias=batch.bias)
-  return _layout.reduce(per_row, _layout.anchor_valid(rows), reduction, masked=where is not None)
+  return Evaluation(devices.reduce(per_row, _layout.anchor_valid(rows), reduction=reduction,
+                                   masked=where is not None), scale)
 
 
-class Batch(NamedTuple):
-  """A checked InfoNCE batch: the inputs, the loss's mapping, the layout of its similarity
-  matrix, the bank's side (or None), each anchor's positive candidate's bias (or None) and the tile
-  side."""
-
-  z1: jax.Array
-  z2: jax.Array
-  mapping: mappings.Mapping
-  layout: _layout.Layout
-  bank: Side | None
-  bias: jax.Array | None
-  block_size: int | None
+sharded_info_nce = info_nce.family.sharded
+info_nce_on_mesh = info_nce.family.on_mesh
 
 
-def setup(z1, z2, *, mapping, negatives: str, symmetric: bool, reduction: str, where,
-          block_size, extra_negatives, extra_where, implementation: str, candidate_bias,
-          check_finite) -> Batch:
-  """`info_nce`'s arguments checked (each error names its argument) and laid out: `Batch`."""
-  z1, z2 = _arguments.check_pair(z1, z2)
-  if _arguments.check_finite_mode(check_finite):
-    _arguments.check_finite(z1, name="z1", mode=check_finite)
-    _arguments.check_finite(z2, name="z2", mode=check_finite)
-  _arguments.check_mode(negatives, symmetric, reduction)
-  valid = _arguments.check_where(where, z1.shape[0])
-  block_size = _arguments.check_block_size(block_size)
-  bank, bank_where = _arguments.check_extra(extra_negatives, extra_where, z1.shape[1])
-  if check_finite and bank is not None:
-    _arguments.check_finite(bank, name="extra_negatives", mode=check_finite, where=bank_where)
-  mapping = _arguments.loss_mapping(
-      mapping, num_candidates=_layout.candidates_per_anchor(z1.shape[0], negatives, bank),
-      inputs=(z1, z2))
-  if check_finite:
-    _arguments.check_parameters(mapping, mode=check_finite)
-
-  _checks.one_of(implementation, IMPLEMENTATIONS, name="implementation")
-  bias = check_candidate_bias(candidate_bias, z1.shape[0], negatives=negatives,
-                              symmetric=symmetric, extra_negatives=bank,
-                              implementation=implementation)
-  if check_finite and bias is not None:
-    names = ("candidate_bias[0]", "candidate_bias[1]") if symmetric else ("candidate_bias",)
-    for name, side_bias in zip(names, bias, strict=False):
-      _arguments.check_finite(side_bias, name=name, mode=check_finite)
-  rows = _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid)
-  dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
-  positive_bias = None
-  if bias is not None:
-    assert rows.columns is not None  # negatives="cross": z2's rows are the candidates
-    column_bias, row_bias = (None if b is None else b.astype(dtype) for b in bias)
-    rows = rows._replace(columns=rows.columns._replace(bias=column_bias))
-    positive_bias = column_bias  # anchor z1[i]'s positive is the candidate z2[i]
-    if row_bias is not None:  # and z2[j]'s is z1[j], a candidate of the direction z2 -> z1
-      rows = rows._replace(rows=rows.rows._replace(bias=row_bias))
-      assert column_bias is not None  # check_candidate_bias: a pair has z2's bias first
-      positive_bias = jnp.concatenate([column_bias, row_bias])
-  bank = None if bank is None else _layout.bank_side(bank, bank_where, rows.rows.vectors.dtype)
-  return Batch(z1, z2, mapping, rows, bank, positive_bias, block_size)
-
-
+@SPECS.register("clip:<mapping>[+logq]", fixed={"symmetric": True},
+                help="CLIP's symmetric InfoNCE, scoring both directions, e.g. "
+                     "clip:learnable=0.07:100; +logq: each direction's candidates corrected")
+@SPECS.register("<mapping>[+logq]",
+                help="InfoNCE under the mapping (free, tau=0.5, learnable=0.07); +logq: each "
+                     "candidate's logit minus log q, its log sampling probability (logQ)")
 @dataclasses.dataclass(frozen=True)
-class InfoNCELoss(Loss):
+class InfoNCELoss(FamilyLoss):
   """InfoNCE under a mapping (Eq. 1; Eq. 11-12 under `free`): `info_nce` as a `Loss`.
 
   CLIP's symmetric loss is this family with `symmetric=True` (`clip:<mapping>`), not a family of
@@ -339,9 +265,7 @@ class InfoNCELoss(Loss):
   symmetric: bool = False
   logq: bool = False
   softmax = True
-
-  def __post_init__(self):
-    check_mapping(self.mapping, "InfoNCELoss")
+  family = info_nce.family
 
   @property
   def supervised_form(self) -> bool:
@@ -363,38 +287,13 @@ class InfoNCELoss(Loss):
       return {"candidate_bias": tuple(-jnp.asarray(q) for q in log_q)}
     return {"candidate_bias": -jnp.asarray(log_q)}
 
-  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
-    return info_nce(z1, z2, mapping=self.bound_mapping(params, step), symmetric=self.symmetric,
-                    **kwargs, **self._candidate_bias(log_q))
+  def options(self, params, log_q) -> dict:
+    return {"symmetric": self.symmetric, **self._candidate_bias(log_q)}
 
-  def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
-    """`losses.batch_scale` with the call's arguments (`info_nce`'s that set the scale)."""
-    if not self.batch_scaled:
-      return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
-    options = {"negatives": "cross", "where": None, "block_size": None, "extra_negatives": None,
-               "extra_where": None, "candidate_bias": None}
-    options |= {k: v for k, v in kwargs.items() if k in options}
-    options |= self._candidate_bias(log_q)
-    batch = setup(z1, z2, mapping=self.mapping, symmetric=self.symmetric, reduction="mean",
-                  implementation="xla", check_finite=False, **options)
-    return _calibration.solve_batch(cast(BatchScaled, batch.mapping.fn), batch)
-
-  def supervised_scale(self, z, labels) -> jax.Array:
-    if not (self.batch_scaled and self.supervised_form):
-      return super().supervised_scale(z, labels)
-    assert self.mapping is not None  # batch_scaled
-    return _calibration.supervised_scale(cast(BatchScaled, self.mapping.fn), z, labels)
-
-  def supervised(self, z, labels, *, form, params, step=None) -> jax.Array:
-    """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`."""
+  def supervised(self, z, labels, *, form, params, step=None) -> Evaluation:
+    """`supervised_info_nce(z, labels, form=form)` under the loss's mapping at `params`, with
+    the scale it solved."""
     if not self.supervised_form:
       return super().supervised(z, labels, form=form, params=params, step=step)
-    return supervised_info_nce(z, labels, form=form, mapping=self.bound_mapping(params, step))
-
-
-SPECS.register("<mapping>[+logq]", InfoNCELoss,
-               help="InfoNCE under the mapping (free, tau=0.5, learnable=0.07); +logq: each "
-                    "candidate's logit minus log q, its log sampling probability (logQ)")
-SPECS.register("clip:<mapping>[+logq]", functools.partial(InfoNCELoss, symmetric=True),
-               help="CLIP's symmetric InfoNCE, scoring both directions, e.g. "
-                    "clip:learnable=0.07:100; +logq: each direction's candidates corrected")
+    return supervised_info_nce.evaluate(z, labels, form=form,
+                                        mapping=self.bound_mapping(params, step))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import abc
-import dataclasses
 from typing import Any, ClassVar
 
 import jax
 
 from tfcl_jax import mappings, specs
-from tfcl_jax.mappings._batch_scaled import BatchScaled
+from tfcl_jax.losses._family import Evaluation, Family
 
 #: The forms of a loss spec (a `tfcl_jax.specs.Registry`), each registered by the module of its
 #: family; `<mapping>` is a mapping spec (`tfcl_jax.mappings.SPECS`), the builder's `mapping`.
@@ -27,8 +26,10 @@ class Loss(abc.ABC):
 
   One subclass per family (`InfoNCELoss`, `SigmoidLoss`, `DotProductLoss`), a frozen dataclass
   that owns its fields and their checks, its call (`compute`) and its spec forms, which it
-  registers in `SPECS` beside itself. Calling a loss evaluates it: the checks every family shares
-  (`params`, `log_q`) run here, then the family's `compute`.
+  registers in `SPECS` beside itself; a family declared on the engine (`_family.family`) derives
+  its call from that declaration (`FamilyLoss`). Calling a loss evaluates it: the checks every
+  family shares (`params`, `log_q`) run here, then `compute`. `evaluate` returns what the loss
+  solved on the batch with its value (`Evaluation`: a batch-scaled mapping's scale).
 
   Examples:
     >>> import jax
@@ -76,7 +77,8 @@ class Loss(abc.ABC):
   def __call__(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
                params: dict | None = None, step: jax.typing.ArrayLike | None = None,
                log_q: LogQ | None = None, **kwargs) -> jax.Array:
-    """The loss of `z1` against `z2` with trainable values `params` (default `self.params`).
+    """The loss of `z1` against `z2` with trainable values `params` (default `self.params`): the
+    value of `evaluate`.
 
     Args:
       z1, z2: `[N, D]` float embeddings; row `i` of `z2` is the positive of `z1[i]`.
@@ -98,6 +100,25 @@ class Loss(abc.ABC):
       ValueError: `log_q` missing for a `+logq` loss or given to another; `params` missing for
         a loss with trainable params.
     """
+    return self.evaluate(z1, z2, params=params, step=step, log_q=log_q, **kwargs).value
+
+  def evaluate(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
+               params: dict | None = None, step: jax.typing.ArrayLike | None = None,
+               log_q: LogQ | None = None, **kwargs) -> Evaluation:
+    """`Evaluation(loss, scale)`: the loss as `__call__` gives it (the same arguments and
+    checks), and the scale its batch-scaled mapping solved on this batch (`[M]`, one per
+    anchor, for `perplexity_free`; None for every other mapping), solved once inside the loss.
+    What an objective calls: `evaluation.metrics` is what its train step logs.
+
+    Examples:
+      >>> import jax
+      >>> from tfcl_jax import losses
+      >>> loss = losses.from_spec("calibrated_free")
+      >>> z = jax.random.normal(jax.random.key(0), (8, 4))
+      >>> value, scale = loss.evaluate(z, z + 0.1)
+      >>> bool(jax.numpy.allclose(value, loss(z, z + 0.1))), bool(0.01 <= scale <= 100)
+      (True, True)
+    """
     if self.logq and log_q is None:
       raise ValueError(f"loss {self.spec!r} needs log_q, the candidates' log sampling "
                        "probabilities.")
@@ -109,86 +130,22 @@ class Loss(abc.ABC):
           f"loss {self.spec!r} has trainable params {sorted(self.params)}: pass params=..., "
           "e.g. the train state's params['loss'] (loss.params holds their initial values, "
           "params=loss.params evaluates at them).")
-    return self.compute(z1, z2, params=dict(self.params if params is None else params),
-                        step=step, log_q=log_q, **kwargs)
-
-  @property
-  def batch_scaled(self) -> bool:
-    """Whether the loss solves its mapping's scale from each batch (`calibrated_free`,
-    `perplexity_free`, `accuracy_free`, unbound): `with_scale` then reports it."""
-    return (self.mapping is not None and isinstance(self.mapping.fn, BatchScaled)
-            and self.mapping.fn.scale is None)
-
-  def with_scale(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
-                 params: dict | None = None, step: jax.typing.ArrayLike | None = None,
-                 log_q: LogQ | None = None, **kwargs
-                 ) -> tuple[jax.Array, jax.Array | None]:
-    """`(loss, scale)`: the loss as `__call__` gives it, and the scale its batch-scaled mapping
-    solved on this batch (`[M]`, one per anchor, for `perplexity_free`; None unless
-    `batch_scaled`). The scale is solved once (`solve_scale`) and the loss evaluated at it, so
-    the value is the call's and reporting the scale costs nothing.
-
-    Examples:
-      >>> import jax
-      >>> from tfcl_jax import losses
-      >>> loss = losses.from_spec("calibrated_free")
-      >>> z = jax.random.normal(jax.random.key(0), (8, 4))
-      >>> value, scale = loss.with_scale(z, z + 0.1)
-      >>> bool(jax.numpy.allclose(value, loss(z, z + 0.1))), bool(0.01 <= scale <= 100)
-      (True, True)
-    """
-    if not self.batch_scaled:
-      return self(z1, z2, params=params, step=step, log_q=log_q, **kwargs), None
-    scale = self.solve_scale(z1, z2, log_q=log_q, **kwargs)
-    return self.at_scale(scale)(z1, z2, params=params, step=step, log_q=log_q, **kwargs), scale
-
-  def supervised_with_scale(self, z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike, *,
-                            form: str, params: dict[str, Any],
-                            step: jax.typing.ArrayLike | None = None
-                            ) -> tuple[jax.Array, jax.Array | None]:
-    """`(supervised loss, scale)`, as `with_scale` for `supervised`."""
-    if not self.batch_scaled:
-      return self.supervised(z, labels, form=form, params=params, step=step), None
-    scale = self.supervised_scale(z, labels)
-    return self.at_scale(scale).supervised(z, labels, form=form, params=params, step=step), scale
-
-  def solve_scale(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
-                  log_q: LogQ | None = None, **kwargs) -> jax.Array:
-    """The scale the loss's batch-scaled mapping takes on this batch, as the call solves it
-    (the call's keyword arguments; those that do not change the scale are ignored).
-
-    Raises:
-      ValueError: the loss is not `batch_scaled`.
-    """
-    del z1, z2, log_q, kwargs
-    raise ValueError(f"loss {self.spec!r} solves no scale from its batch.")
-
-  def supervised_scale(self, z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike
-                       ) -> jax.Array:
-    """The scale `supervised` solves on `z`, `labels` for a batch-scaled mapping.
-
-    Raises:
-      ValueError: the loss is not `batch_scaled`, or has no supervised form.
-    """
-    del z, labels
-    raise ValueError(f"loss {self.spec!r} solves no scale for a supervised batch.")
-
-  def at_scale(self, scale: jax.typing.ArrayLike) -> Loss:
-    """This loss with its batch-scaled mapping's scale fixed at `scale` (`Mapping.bind`)."""
-    if not self.batch_scaled:
-      raise ValueError(f"loss {self.spec!r} solves no scale from its batch.")
-    assert self.mapping is not None  # batch_scaled
-    return dataclasses.replace(self, mapping=self.mapping.bind(scale=scale))  # pyright: ignore[reportArgumentType]
+    computed = self.compute(z1, z2, params=dict(self.params if params is None else params),
+                            step=step, log_q=log_q, **kwargs)
+    return computed if isinstance(computed, Evaluation) else Evaluation(computed)
 
   @abc.abstractmethod
   def compute(self, z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike, *,
               params: dict[str, Any], step: jax.typing.ArrayLike | None,
-              log_q: LogQ | None, **kwargs) -> jax.Array:
-    """The family's loss: `__call__` after its shared checks, `params` always given."""
+              log_q: LogQ | None, **kwargs) -> Evaluation | jax.Array:
+    """The family's loss: `evaluate` after its shared checks, `params` always given; its
+    `Evaluation`, or the loss alone (nothing solved)."""
 
   def supervised(self, z: jax.typing.ArrayLike, labels: jax.typing.ArrayLike, *, form: str,
-                 params: dict[str, Any], step: jax.typing.ArrayLike | None = None) -> jax.Array:
-    """The supervised contrastive form of the loss (SupCon), where `supervised_form`.
+                 params: dict[str, Any], step: jax.typing.ArrayLike | None = None
+                 ) -> Evaluation:
+    """The supervised contrastive form of the loss (SupCon), where `supervised_form`: its
+    value and its scale, as `evaluate`.
 
     Raises:
       ValueError: the loss has no such form.
@@ -201,6 +158,28 @@ class Loss(abc.ABC):
     if self.mapping is None:
       raise ValueError(f"loss {self.spec!r} has no mapping.")
     return self.mapping.bind(params={k: params[k] for k in self.mapping.params}, step=step)
+
+
+class FamilyLoss(Loss):
+  """A `Loss` whose call its family's declaration derives (`_family.family`): the family's
+  function under the bound mapping, with the keywords the loss's own fields set (`options`)."""
+
+  #: The family whose function the loss evaluates (`Family.evaluate`).
+  family: ClassVar[Family]
+
+  def __post_init__(self):
+    check_mapping(self.mapping, type(self).__name__)  # the family's function takes a `Mapping`
+
+  def options(self, params: dict[str, Any], log_q: LogQ | None) -> dict[str, Any]:
+    """The keywords of the family's function that the loss's own fields, `params` and `log_q`
+    set (InfoNCE's `symmetric` and `candidate_bias`, the sigmoid loss's `bias`); none here."""
+    del params, log_q
+    return {}
+
+  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> Evaluation:
+    """The family's function under the bound mapping, with `options` and the call's keywords."""
+    return self.family.evaluate(z1, z2, mapping=self.bound_mapping(params, step),
+                                **self.options(params, log_q), **kwargs)
 
 
 def check_mapping(mapping, family: str) -> None:

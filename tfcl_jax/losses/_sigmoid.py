@@ -3,10 +3,8 @@ r"""The sigmoid contrastive loss (SigLIP) under any similarity-to-logit mapping.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
-from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -14,12 +12,10 @@ import numpy as np
 
 from tfcl_jax import _checks, mappings, specs
 from tfcl_jax.losses._engine import _arguments, _calibration, _layout
+from tfcl_jax.losses._engine._devices import Devices
 from tfcl_jax.losses._engine._sums import SigmoidSum
-from tfcl_jax.losses._engine._tiled import tile_reduce
-from tfcl_jax.losses._info_nce import setup as info_nce_setup
-from tfcl_jax.losses._loss import SPECS, Loss, check_mapping
-from tfcl_jax.mappings._base import finite_check
-from tfcl_jax.mappings._batch_scaled import BatchScaled
+from tfcl_jax.losses._family import Evaluation, family
+from tfcl_jax.losses._loss import SPECS, FamilyLoss
 
 BIAS_INITS = ("siglip", "prior")
 
@@ -92,7 +88,7 @@ class _Biased(mappings.MappingFunction):
       bias = jnp.asarray(bias)
       check = mappings.ParameterCheck(self.key, bias, jnp.abs(bias) <= 1.0, "in [-1, 1]")
     else:
-      check = finite_check(self.key, bias)
+      check = mappings.finite_check(self.key, bias)
     return (*self.inner.parameter_checks(inner, step), check)
 
 
@@ -109,24 +105,27 @@ def _biased(mapping: mappings.Mapping, bias, relative_bias) -> mappings.Mapping:
                           mapping.scheduled, mapping.step, bound=True)  # checked by the loss
 
 
-def with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative_bias, *,
-              calibrate) -> tuple[mappings.Mapping, _layout.Layout]:
+def _with_bias(mapping: mappings.Mapping, layout: _layout.Layout, bias, relative_bias, *,
+               block_size, devices: Devices
+               ) -> tuple[mappings.Mapping, _layout.Layout, jax.Array | None]:
   """The tiles' mapping and layout: a batch-scaled mapping's scale solved on the loss's batch
-  (`calibrate(mapping, layout)`, `_calibration.for_loss`), then the bias folded in."""
-  mapping, layout = calibrate(mapping, layout)
+  (`_calibration.for_loss`, the scale returned), then the bias folded in."""
+  mapping, layout, scale = _calibration.for_loss(mapping, layout, block_size=block_size,
+                                                 devices=devices)
   if relative_bias is not None and layout.rows.scale is not None:
     raise ValueError("relative_bias r gives the logits f(c) - f(r) of one mapping f, but "
                      "perplexity_free scales every anchor by its own s_i; pass bias= (kept "
                      "outside the scale: s_i 2 artanh(c) + b), or a mapping with one scale.")
-  return _biased(mapping, bias, relative_bias), layout
+  return _biased(mapping, bias, relative_bias), layout, scale
 
 
-def setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices=None):
-  """Checks the inputs; `devices`: the axis size of a sharded loss (its `z1` a local share).
-  Returns the inputs, the mapping (the bias not yet folded in: `with_bias`) and the bias."""
-  z1, z2 = _arguments.check_pair(z1, z2, local=devices is not None)
+def _setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices: Devices,
+           size: int):
+  """Checks the inputs (`z1, z2` a device's share of the batch of `size` devices). Returns the
+  inputs, the mapping (the bias not yet folded in: `_with_bias`) and the bias."""
+  z1, z2 = _arguments.check_pair(z1, z2, local=devices.local)
   _arguments.check_mode(negatives, False, reduction)
-  batch = z1.shape[0] * (devices or 1)
+  batch = z1.shape[0] * size
   mapping = _arguments.loss_mapping(
       mapping, num_candidates=_layout.candidates_per_anchor(batch, negatives),
       inputs=(z1, z2))
@@ -145,10 +144,14 @@ def setup(z1, z2, mapping, bias, relative_bias, negatives, reduction, *, devices
   return z1, z2, mapping, bias, relative_bias
 
 
+@family(strategy="ring", one_device=("check_finite",), example="bias=-1.0",
+        note="The ring is SigLIP's chunked form (open_clip's neighbour exchange): every device "
+             "scores its rows against each block of candidates as it passes.")
 def sigmoid_loss(
     z1: jax.typing.ArrayLike,
     z2: jax.typing.ArrayLike,
     *,
+    devices: Devices,
     mapping: mappings.MappingLike | None = None,
     bias: float | jax.typing.ArrayLike = 0.0,
     relative_bias: float | jax.typing.ArrayLike | None = None,
@@ -157,7 +160,7 @@ def sigmoid_loss(
     where: jax.typing.ArrayLike | None = None,
     block_size: int | None = None,
     check_finite: bool | str = False,
-) -> jax.Array:
+) -> Evaluation:
   r"""The sigmoid contrastive loss (SigLIP) with a pluggable similarity-to-logit mapping.
 
   Every scored pair is an independent binary term:
@@ -235,63 +238,29 @@ def sigmoid_loss(
     Zhai et al., Sigmoid Loss for Language Image Pre-Training, ICCV 2023; Bangachev et al.,
     arXiv 2509.18552; Kim & Kim, arXiv 2501.17683, Eq. 11.
   """
-  _arguments.refuse_forward_mode(z1, z2, mapping, bias, relative_bias, loss="sigmoid_loss")
-  z1, z2, mapping, bias, relative_bias = setup(z1, z2, mapping, bias, relative_bias, negatives,
-                                               reduction)
+  _arguments.refuse_forward_mode(z1, z2, mapping, bias, relative_bias,
+                                 loss=devices.name("sigmoid_loss"))
+  size = devices.size("sigmoid_loss")
+  z1, z2, mapping, bias, relative_bias = _setup(z1, z2, mapping, bias, relative_bias, negatives,
+                                                reduction, devices=devices, size=size)
   if _arguments.check_finite_mode(check_finite):
     _arguments.check_finite(z1, name="z1", mode=check_finite)
     _arguments.check_finite(z2, name="z2", mode=check_finite)
     _arguments.check_parameters(_biased(mapping, bias, relative_bias), mode=check_finite)
+  devices.check()
   valid = _arguments.check_where(where, z1.shape[0])
   block_size = _arguments.check_block_size(block_size)
-  rows = _layout.layout(z1, z2, negatives=negatives, symmetric=False, valid=valid)
-  mapping, rows = with_bias(mapping, rows, bias, relative_bias, calibrate=functools.partial(
-      _calibration.for_loss, block_size=block_size))
-  per_row, _ = tile_reduce(rows.rows, rows.columns, mapping=mapping, kind=rows.kind,
-                           block_size=block_size, tile_reduction=SigmoidSum())
-  return _layout.reduce(per_row, rows.rows.valid, reduction, masked=where is not None)
+  rows = devices.layout(z1, z2, negatives=negatives, symmetric=False, valid=valid, size=size)
+  mapping, rows, scale = _with_bias(mapping, rows, bias, relative_bias, block_size=block_size,
+                                    devices=devices)
+  per_row, _ = devices.reduce_fn(rows.rows, rows.columns, mapping=mapping, kind=rows.kind,
+                                 block_size=block_size, tile_reduction=SigmoidSum())
+  return Evaluation(devices.reduce(per_row, rows.rows.valid, reduction=reduction,
+                                   masked=where is not None), scale)
 
 
-@dataclasses.dataclass(frozen=True)
-class SigmoidLoss(Loss):
-  """SigLIP's sigmoid loss under a mapping, with its bias: `sigmoid_loss` as a `Loss`.
-
-  Attributes:
-    spec, mapping: as `Loss`'s.
-    bias: the fixed bias, or the learnable bias's initial value.
-    learn_bias: whether `bias` is a trainable parameter (the `"bias"` entry of `params`).
-  """
-
-  spec: str
-  mapping: mappings.Mapping
-  bias: float = 0.0
-  learn_bias: bool = False
-  softmax = False
-
-  def __post_init__(self):
-    check_mapping(self.mapping, "SigmoidLoss")
-
-  @property
-  def params(self) -> dict:
-    return {**super().params, **({"bias": jnp.asarray(self.bias, jnp.float32)}
-                                 if self.learn_bias else {})}
-
-  def compute(self, z1, z2, *, params, step, log_q, **kwargs) -> jax.Array:
-    del log_q  # a sigmoid loss takes none (`Loss.__call__`)
-    bias = params.pop("bias", self.bias)
-    return sigmoid_loss(z1, z2, mapping=self.bound_mapping(params, step), bias=bias, **kwargs)
-
-  def solve_scale(self, z1, z2, *, log_q=None, **kwargs) -> jax.Array:
-    """`losses.batch_scale` over the sigmoid loss's pairs: each anchor's candidates as its softmax
-    would have them (the call's `negatives`, `where`, `block_size`)."""
-    if not self.batch_scaled:
-      return super().solve_scale(z1, z2, log_q=log_q, **kwargs)
-    options = {"negatives": "cross", "where": None, "block_size": None}
-    options |= {k: v for k, v in kwargs.items() if k in options}
-    batch = info_nce_setup(z1, z2, mapping=self.mapping, symmetric=False, reduction="mean",
-                           extra_negatives=None, extra_where=None, implementation="xla",
-                           candidate_bias=None, check_finite=False, **options)
-    return _calibration.solve_batch(cast(BatchScaled, batch.mapping.fn), batch)
+sharded_sigmoid_loss = sigmoid_loss.family.sharded
+sigmoid_loss_on_mesh = sigmoid_loss.family.on_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,8 +301,33 @@ class _BiasArg(specs.Arg):
     return "INIT is a number, siglip or prior"
 
 
-SPECS.register("sigmoid/<mapping>[/b=INIT]", SigmoidLoss, INIT=_BiasArg(),
-               help="sigmoid loss, scoring both directions, with the fixed bias INIT (default 0): "
-                    "a number, siglip (-10) or prior")
-SPECS.register("sigmoid/<mapping>/learn_b=INIT", functools.partial(SigmoidLoss, learn_bias=True),
-               INIT=_BiasArg(), help="the same with a learnable bias starting at INIT")
+@SPECS.register("sigmoid/<mapping>/learn_b=INIT", fixed={"learn_bias": True}, INIT=_BiasArg(),
+                help="the same with a learnable bias starting at INIT")
+@SPECS.register("sigmoid/<mapping>[/b=INIT]", INIT=_BiasArg(),
+                help="sigmoid loss, scoring both directions, with the fixed bias INIT (default 0): "
+                     "a number, siglip (-10) or prior")
+@dataclasses.dataclass(frozen=True)
+class SigmoidLoss(FamilyLoss):
+  """SigLIP's sigmoid loss under a mapping, with its bias: `sigmoid_loss` as a `Loss`.
+
+  Attributes:
+    spec, mapping: as `Loss`'s.
+    bias: the fixed bias, or the learnable bias's initial value.
+    learn_bias: whether `bias` is a trainable parameter (the `"bias"` entry of `params`).
+  """
+
+  spec: str
+  mapping: mappings.Mapping
+  bias: float = 0.0
+  learn_bias: bool = False
+  softmax = False
+  family = sigmoid_loss.family
+
+  @property
+  def params(self) -> dict:
+    return {**super().params, **({"bias": jnp.asarray(self.bias, jnp.float32)}
+                                 if self.learn_bias else {})}
+
+  def options(self, params, log_q) -> dict:
+    del log_q  # a sigmoid loss takes none (`Loss.evaluate`)
+    return {"bias": params.get("bias", self.bias)}

@@ -18,6 +18,7 @@ from tfcl_jax.losses._engine import _arguments, _calibration, _layout
 from tfcl_jax.losses._engine._sums import PositiveSum
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import LogSumExp, Side
+from tfcl_jax.losses._family import Evaluation, reported
 
 FORMS = ("ntxent", "supcon")
 
@@ -61,6 +62,7 @@ def _supcon(u: jax.Array, labels: jax.Array, mapping, block_size, scale=None) ->
   return jnp.sum(per_anchor) / jnp.maximum(jnp.sum(has_positive), 1)
 
 
+@reported
 def supervised_info_nce(
     z: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -69,7 +71,7 @@ def supervised_info_nce(
     form: str = "ntxent",
     block_size: int | None = None,
     check_finite: bool | str = False,
-) -> jax.Array:
+) -> Evaluation:
   r"""Supervised contrastive loss: positives share a label; `form` picks how they are scored.
 
   With `P(i) = {p != i: y_p = y_i}` and `A(i) = {a != i}`:
@@ -166,9 +168,11 @@ def supervised_info_nce(
           "positives against every other row.")
 
   rows = _layout.operand_rows(z, _layout.operand_dtype(z.dtype))  # raw 16-bit rows, or unit
-  mapping, scale = _calibration.supervised_for_loss(mapping, rows, labels, block_size=block_size)
+  mapping, scale, solved = _calibration.supervised_for_loss(mapping, rows, labels,
+                                                            block_size=block_size)
   if form == "ntxent":
-    return _ntxent(_layout.unit(rows), labels, mapping)
+    return Evaluation(_ntxent(_layout.unit(rows), labels, mapping), solved)
   if scale is not None:  # per anchor: the free mapping, each row scaled as an anchor
-    return _supcon(rows, labels, mappings.temperature_free(), block_size, scale)
-  return _supcon(rows, labels, mapping, block_size)
+    return Evaluation(_supcon(rows, labels, mappings.temperature_free(), block_size, scale),
+                      solved)
+  return Evaluation(_supcon(rows, labels, mapping, block_size), solved)

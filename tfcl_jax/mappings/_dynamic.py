@@ -9,13 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from tfcl_jax import _checks, specs
-from tfcl_jax.mappings._base import (
-    FIXED_SHIFT_RANGE,
-    ExpForm,
-    Mapping,
-    MappingFunction,
-    format_number,
-)
+from tfcl_jax.mappings._base import Mapping, format_number
+from tfcl_jax.mappings._function import FIXED_SHIFT_RANGE, ExpForm, MappingFunction
 from tfcl_jax.mappings._registry import SPECS
 
 
@@ -95,6 +90,9 @@ def check_range(tau_min: float, tau_max: float) -> None:
     raise ValueError(f"tau_max must be >= tau_min, got tau_min={tau_min}, tau_max={tau_max}.")
 
 
+@SPECS.register("dynamic=TMIN:TMAX", check=check_range,
+                TMIN=specs.Positive("tau_min"), TMAX=specs.Positive("tau_max"),
+                help="DySTreSS per-pair temperature between TMIN and TMAX, e.g. dynamic=0.1:0.2")
 def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
   r"""DySTreSS dynamic temperature: `s / stop_gradient(tau(s))`.
 
@@ -126,8 +124,3 @@ def dynamic_temperature(tau_min: float, tau_max: float) -> Mapping:
   check_range(tau_min, tau_max)
   return Mapping(f"dynamic={format_number(tau_min)}:{format_number(tau_max)}",
                  _Dynamic(float(tau_min), float(tau_max)))
-
-
-SPECS.register("dynamic=TMIN:TMAX", dynamic_temperature, check=check_range,
-               TMIN=specs.Positive("tau_min"), TMAX=specs.Positive("tau_max"),
-               help="DySTreSS per-pair temperature between TMIN and TMAX, e.g. dynamic=0.1:0.2")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfcl_jax.mappings._base import ExpForm, LogSigmoidForm, Mapping, MappingFunction
+from tfcl_jax.mappings._base import Mapping
+from tfcl_jax.mappings._function import ExpForm, LogSigmoidForm, MappingFunction
 from tfcl_jax.mappings._registry import SPECS
 
 # How many units in the last place below 1 the temperature-free mapping saturates.
@@ -45,6 +47,51 @@ def _clip_slope(cos, low, high):
                    jnp.where((cos == low) | (cos == high), 0.5, 0.0))
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _odds_logit(cos, margin):
+  """Eq. 11 as the fused kernels compute it, free's clamp included: `log((1 + c) / (1 - c))` of
+  `c` clamped to `[-1 + margin, 1 - margin]`, one `log` and one division where
+  `log1p(c) - log1p(-c)` takes two `log1p`s, with its derivative in closed form,
+  `2 / ((1 - c)(1 + c))` inside the clamp and 0 outside, where autodiff would keep both
+  `log1p`s' derivatives and the clamp's alive. In a float32 gradient kernel's tile that is the
+  difference between 376-680 bytes spilled a thread and at most 16 (sm_80 and sm_90,
+  D = 128-768; docs/losses.md). Inside the clamp its value differs from the `log1p` form by the
+  ratio's rounding, a few float32 ulps of 1 (at most 2e-7 absolute)."""
+  cos = jnp.clip(cos, -1.0 + margin, 1.0 - margin)
+  return jnp.log((1.0 + cos) / (1.0 - cos))
+
+
+@_odds_logit.defjvp
+def _odds_logit_jvp(margin, primals, tangents):
+  (cos,), (tangent,) = primals, tangents
+  inside = jnp.abs(cos) < 1.0 - margin
+  slope = jnp.where(inside, 2.0 / ((1.0 - cos) * (1.0 + cos)), 0.0)
+  return _odds_logit(cos, margin), tangent * slope
+
+
+def _free_logit(cos, *, kernel: bool = False):
+  """Eq. 11 as the free mappings compute it: `log1p(c) - log1p(-c)` after the 8-ulp clamp; in
+  the fused kernels' form (`kernel`, `MappingFunction.kernel_form`), `_odds_logit`, the same
+  clamp inside. The XLA path never takes the kernels' form, so its numerics (and every
+  committed run) stay those of `log1p`."""
+  margin = _free_margin(cos.dtype)
+  if kernel:
+    return _odds_logit(cos, margin)
+  cos = jnp.clip(cos, -1.0 + margin, 1.0 - margin)
+  return jnp.log1p(cos) - jnp.log1p(-cos)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _InKernel(MappingFunction):
+  """A free mapping as the fused kernels trace it (`MappingFunction.kernel_form`): its call with
+  `kernel=True`, Eq. 11 as `_odds_logit`."""
+
+  inner: MappingFunction
+
+  def __call__(self, cos, params, step):
+    return self.inner(cos, params, step, kernel=True)  # pyright: ignore[reportCallIssue]
+
+
 def _weight_grad_of(low, high):
   def weight_grad(cos):
     # d/dc (1 + c)/(1 - c) = 2 / (1 - c)^2, times the clamp's slope.
@@ -56,12 +103,14 @@ def _weight_grad_of(low, high):
 
 @dataclasses.dataclass(frozen=True)
 class _Free(MappingFunction):
-  """Eq. 11, `log1p(c) - log1p(-c)` after an 8-ulp clamp; `exp` of it is `(1 + c) / (1 - c)`."""
+  """Eq. 11, `log1p(c) - log1p(-c)` after an 8-ulp clamp; `exp` of it is `(1 + c) / (1 - c)`;
+  `kernel`: in the fused kernels' form (`_free_logit`, `_InKernel`)."""
 
-  def __call__(self, cos, params, step):
-    margin = _free_margin(cos.dtype)
-    cos = jnp.clip(cos, -1.0 + margin, 1.0 - margin)
-    return jnp.log1p(cos) - jnp.log1p(-cos)
+  def __call__(self, cos, params, step, kernel: bool = False):
+    return _free_logit(cos, kernel=kernel)
+
+  def kernel_form(self) -> MappingFunction:
+    return _InKernel(self)
 
   def exp_form(self, dtype) -> ExpForm:
     low, high = -1.0 + _free_margin(dtype), 1.0 - _free_margin(dtype)
@@ -86,6 +135,7 @@ class _Free(MappingFunction):
     return LogSigmoidForm(term, term_grad)
 
 
+@SPECS.register("free", help="temperature-free 2 artanh(cos) (Eq. 11)")
 def temperature_free() -> Mapping:
   r"""The temperature-free scaled log-odds mapping (Eq. 11).
 
@@ -121,6 +171,3 @@ def temperature_free() -> Mapping:
     arXiv 2501.17683, Eq. 11.
   """
   return Mapping("free", _Free())
-
-
-SPECS.register("free", temperature_free, help="temperature-free 2 artanh(cos) (Eq. 11)")

@@ -3,10 +3,7 @@ r"""Free mappings with a scale, `s 2 artanh(c)` (Eq. 11 at `s = 1`): the scale l
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-import functools
 import math
 
 import jax
@@ -14,15 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, specs
-from tfcl_jax.mappings._base import (
-  ExpForm,
-  LearntScale,
-  LogSigmoidForm,
-  Mapping,
-  MappingFunction,
-  format_number,
+from tfcl_jax.mappings._base import Mapping, format_number
+from tfcl_jax.mappings._free import (
+  _clip_slope,
+  _Free,
+  _free_logit,
+  _free_margin,
+  _InKernel,
+  max_free_logit,
 )
-from tfcl_jax.mappings._free import _clip_slope, _Free, _free_margin, max_free_logit
+from tfcl_jax.mappings._function import ExpForm, LearntScale, LogSigmoidForm, MappingFunction
 from tfcl_jax.mappings._registry import SPECS
 
 # The range of log w, w = exp(s f(c) - shift), that a fixed shift must keep the weights in, per
@@ -32,63 +30,18 @@ from tfcl_jax.mappings._registry import SPECS
 _LOG_WEIGHT_RANGE = {4: (-80.0, 60.0), 8: (-700.0, 600.0)}
 
 
-_KERNEL_FORM = contextvars.ContextVar("tfcl_jax_free_logit_kernel_form", default=False)
-
-
-@contextlib.contextmanager
-def kernel_form():
-  """Within it, `_free_logit` traces as the fused kernels compute Eq. 11 (`_odds_logit`).
-
-  The Pallas kernels trace a mapping once, inside this context; the XLA path never enters it,
-  so its numerics (and every committed run) stay those of `log1p(c) - log1p(-c)`.
-  """
-  token = _KERNEL_FORM.set(True)
-  try:
-    yield
-  finally:
-    _KERNEL_FORM.reset(token)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _odds_logit(cos, margin):
-  """Eq. 11 as the fused kernels compute it, free's clamp included: `log((1 + c) / (1 - c))` of
-  `c` clamped to `[-1 + margin, 1 - margin]`, one `log` and one division where
-  `log1p(c) - log1p(-c)` takes two `log1p`s, with its derivative in closed form,
-  `2 / ((1 - c)(1 + c))` inside the clamp and 0 outside, where autodiff would keep both
-  `log1p`s' derivatives and the clamp's alive. In a float32 gradient kernel's tile that is the
-  difference between 376-680 bytes spilled a thread and at most 16 (sm_80 and sm_90,
-  D = 128-768; docs/losses.md). Inside the clamp its value differs from the `log1p` form by the
-  ratio's rounding, a few float32 ulps of 1 (at most 2e-7 absolute)."""
-  cos = jnp.clip(cos, -1.0 + margin, 1.0 - margin)
-  return jnp.log((1.0 + cos) / (1.0 - cos))
-
-
-@_odds_logit.defjvp
-def _odds_logit_jvp(margin, primals, tangents):
-  (cos,), (tangent,) = primals, tangents
-  inside = jnp.abs(cos) < 1.0 - margin
-  slope = jnp.where(inside, 2.0 / ((1.0 - cos) * (1.0 + cos)), 0.0)
-  return _odds_logit(cos, margin), tangent * slope
-
-
-def _free_logit(cos):
-  """Eq. 11 as `temperature_free` computes it: `log1p(c) - log1p(-c)` after the 8-ulp clamp
-  (in `kernel_form`, `_odds_logit`, the same clamp inside)."""
-  margin = _free_margin(cos.dtype)
-  if _KERNEL_FORM.get():
-    return _odds_logit(cos, margin)
-  cos = jnp.clip(cos, -1.0 + margin, 1.0 - margin)
-  return jnp.log1p(cos) - jnp.log1p(-cos)
-
-
 @dataclasses.dataclass(frozen=True)
 class _ScaledFree(MappingFunction):
-  """`scale * 2 artanh(c)` with a concrete `scale`; `exp` of it is `((1 + c)/(1 - c))^scale`."""
+  """`scale * 2 artanh(c)` with a concrete `scale`; `exp` of it is `((1 + c)/(1 - c))^scale`.
+  `kernel`: Eq. 11 in the fused kernels' form (`_free._free_logit`, `_free._InKernel`)."""
 
   scale: float
 
-  def __call__(self, cos, params, step):
-    return jnp.asarray(self.scale, cos.dtype) * _free_logit(cos)
+  def __call__(self, cos, params, step, kernel: bool = False):
+    return jnp.asarray(self.scale, cos.dtype) * _free_logit(cos, kernel=kernel)
+
+  def kernel_form(self) -> MappingFunction:
+    return _InKernel(self)
 
   def logit_scale(self, params) -> jax.Array:
     return jnp.asarray(self.scale)
@@ -162,6 +115,10 @@ def free_scale(num_candidates: int) -> float:
   return 1.0 + math.log(n - 1) / math.log(9.0)
 
 
+@SPECS.register("free_n[=N]",
+                N=specs.Count("num_candidates", minimum=2, default=specs.CANDIDATES),
+                help="N-aware free (1 + log(N - 1)/log 9) 2 artanh(cos), N >= 2 candidates; "
+                     "N left out: the loss's candidates per anchor (in a loss only)")
 def n_aware_free(*, num_candidates: int) -> Mapping:
   r"""The N-aware free mapping, `s(N) 2 artanh(c)`, `s(N) = 1 + log(N - 1) / log 9` (`free_scale`).
 
@@ -208,20 +165,20 @@ def n_aware_free(*, num_candidates: int) -> Mapping:
   return Mapping(f"free_n={int(num_candidates)}", _ScaledFree(scale))
 
 
-SPECS.register("free_n[=N]", n_aware_free,
-               N=specs.Count("num_candidates", minimum=2, default=specs.CANDIDATES),
-               help="N-aware free (1 + log(N - 1)/log 9) 2 artanh(cos), N >= 2 candidates; "
-                    "N left out: the loss's candidates per anchor (in a loss only)")
-
-
 @dataclasses.dataclass(frozen=True)
 class _LearnableFree(LearntScale):
-  """`min(exp(t), max_scale) * 2 artanh(c)`, `t` in `params`."""
+  """`min(exp(t), max_scale) * 2 artanh(c)`, `t` in `params`; `kernel` as `_ScaledFree`'s."""
 
-  def __call__(self, cos, params, step):
-    return self.scale(params, cos.dtype) * _free_logit(cos)
+  def __call__(self, cos, params, step, kernel: bool = False):
+    return self.scale(params, cos.dtype) * _free_logit(cos, kernel=kernel)
+
+  def kernel_form(self) -> MappingFunction:
+    return _InKernel(self)
 
 
+@SPECS.register("learnable_free[=MAX]", MAX=specs.Positive("max_scale"),
+                help="free with a learnable scale exp(t) 2 artanh(cos), t = 0 at the start, "
+                     "the scale capped at MAX")
 def learnable_free(*, max_scale: float | None = None) -> Mapping:
   r"""Free with a learnable scale: `exp(t) 2 artanh(c)`, `t = 0` at the start (Eq. 11).
 
@@ -262,8 +219,3 @@ def learnable_free(*, max_scale: float | None = None) -> Mapping:
     max_scale = float(np.asarray(max_scale))
     spec = f"{spec}={format_number(max_scale)}"
   return Mapping(spec, _LearnableFree(max_scale), params={"t": jnp.zeros((), float)})
-
-
-SPECS.register("learnable_free[=MAX]", learnable_free, MAX=specs.Positive("max_scale"),
-               help="free with a learnable scale exp(t) 2 artanh(cos), t = 0 at the start, "
-                    "the scale capped at MAX")

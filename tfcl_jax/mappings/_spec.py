@@ -11,8 +11,9 @@ import importlib
 import inspect
 
 from tfcl_jax import _checks, specs
-from tfcl_jax.mappings._base import Mapping, MappingLike, _Plain
+from tfcl_jax.mappings._base import Mapping, MappingLike
 from tfcl_jax.mappings._free import temperature_free
+from tfcl_jax.mappings._function import _Plain
 from tfcl_jax.mappings._registry import SPECS
 
 

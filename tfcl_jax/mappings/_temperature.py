@@ -10,17 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax import _checks, schedules, specs
-from tfcl_jax.mappings._base import (
+from tfcl_jax.mappings._base import Mapping, format_number
+from tfcl_jax.mappings._batch_scaled import BatchScaled
+from tfcl_jax.mappings._function import (
   FIXED_SHIFT_RANGE,
   ExpForm,
   LearntScale,
-  Mapping,
   MappingFunction,
   ParameterCheck,
-  format_number,
   positive_check,
 )
-from tfcl_jax.mappings._batch_scaled import BatchScaled
 from tfcl_jax.mappings._registry import SPECS
 
 
@@ -60,6 +59,8 @@ class _TracedTemperature(MappingFunction):
     return (positive_check("tau", self.tau),)
 
 
+@SPECS.register("tau=T", T=specs.Positive("tau"),
+                help="fixed temperature T > 0: cos / T (Eq. 1), e.g. tau=0.25")
 def temperature(tau: jax.typing.ArrayLike) -> Mapping:
   r"""Division by temperature, `cos / tau` (Eq. 1; SimCLR's NT-Xent).
 
@@ -107,6 +108,10 @@ class _Learnable(LearntScale):
     return self.scale(params, cos.dtype) * cos
 
 
+@SPECS.register("learnable[=T0[:MAX]]",
+                T0=specs.Positive("tau", default=0.07), MAX=specs.Positive("max_scale"),
+                help="learnable exp(t) cos (Eq. 8) from temperature T0 (default 0.07), the scale "
+                     "capped at MAX (CLIP: learnable=0.07:100)")
 def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
                           t: jax.typing.ArrayLike | None = None,
                           max_scale: float | None = None) -> Mapping:
@@ -173,14 +178,6 @@ def learnable_temperature(*, tau: jax.typing.ArrayLike | None = None,
   return Mapping(spec, _Learnable(max_scale),
                  params={"t": jnp.asarray(t, float) if concrete else t},
                  bound=given_t and not concrete)
-
-
-SPECS.register("tau=T", temperature, T=specs.Positive("tau"),
-               help="fixed temperature T > 0: cos / T (Eq. 1), e.g. tau=0.25")
-SPECS.register("learnable[=T0[:MAX]]", learnable_temperature,
-               T0=specs.Positive("tau", default=0.07), MAX=specs.Positive("max_scale"),
-               help="learnable exp(t) cos (Eq. 8) from temperature T0 (default 0.07), the scale "
-                    "capped at MAX (CLIP: learnable=0.07:100)")
 
 
 def logit_scale(mapping: Mapping, *, params: dict | None = None) -> jax.Array | None:
@@ -286,20 +283,18 @@ def annealed_temperature(schedule: schedules.Schedule, *, spec: str = "anneal") 
   return Mapping(spec, _Annealed(schedule), scheduled=True)
 
 
+@SPECS.register("anneal=log:T0", named=True, T0=specs.Positive("tau0"),
+                help="cos / tau(step), tau = T0 / log(step + 2)")
 def _log_annealed(*, tau0: float, spec: str) -> Mapping:
   return annealed_temperature(schedules.logarithmic(tau0=tau0), spec=spec)
 
 
+@SPECS.register("anneal=KIND:T0:T1:S", named=True,
+                KIND=specs.Choice("kind", ("linear", "exp", "cosine")),
+                T0=specs.Positive("tau_start"), T1=specs.Positive("tau_end"),
+                S=specs.Count("steps"),
+                help="cos / tau(step), tau from T0 to T1 over S steps, KIND linear, exp or cosine")
 def _interpolated(*, kind: str, tau_start: float, tau_end: float, steps: int,
                   spec: str) -> Mapping:
   schedule = schedules.SCHEDULES[kind](tau_start=tau_start, tau_end=tau_end, steps=steps)
   return annealed_temperature(schedule, spec=spec)
-
-
-SPECS.register("anneal=log:T0", _log_annealed, named=True, T0=specs.Positive("tau0"),
-               help="cos / tau(step), tau = T0 / log(step + 2)")
-SPECS.register("anneal=KIND:T0:T1:S", _interpolated, named=True,
-               KIND=specs.Choice("kind", ("linear", "exp", "cosine")),
-               T0=specs.Positive("tau_start"), T1=specs.Positive("tau_end"),
-               S=specs.Count("steps"),
-               help="cos / tau(step), tau from T0 to T1 over S steps, KIND linear, exp or cosine")

@@ -34,7 +34,6 @@ import numpy as np
 from tfcl_jax import losses, mappings
 from tfcl_jax.data import item_graphs, sequences
 from tfcl_jax.models import dcrec
-from tfcl_jax.objectives import views
 
 MAX_NEIGHBOURS = 10  #: the reference samples at most 10 civil and 10 foreign neighbours
 
@@ -181,14 +180,16 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.Loss | mappings.Mapping,
     weights = jnp.where(lengths == 1, 0.5, weights)
     kl = kl_weight * weight_kl(keys[5], weights, weight_mean=weight_mean)
     anchor, co = transition_out[last_items], co_out[last_items]
-    def contrast(z1: jax.Array, z2: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-      return loss.with_scale(z1, z2, params=params["loss"], step=step, negatives="cross",
-                             reduction="none")
+    def contrast(z1: jax.Array, z2: jax.Array) -> losses.Evaluation:
+      return loss.evaluate(z1, z2, params=params["loss"], step=step, negatives="cross",
+                           reduction="none")
 
-    (to_anchor, scale1), (to_co, scale2) = contrast(second, anchor), contrast(anchor, co)
+    evaluations = contrast(second, anchor), contrast(anchor, co)
+    to_anchor, to_co = (evaluation.value for evaluation in evaluations)
     cl = cl_weight * jnp.mean(weights * to_anchor + (jnp.max(weights) - weights) * to_co)
-    scales = None if scale1 is None or scale2 is None else jnp.stack(
-        [jnp.mean(scale1), jnp.mean(scale2)])
+    # The two contrasts' metrics, averaged (`loss/scale`: the mean of their mean scales).
+    contrast_metrics = jax.tree.map(lambda *values: jnp.mean(jnp.stack(values)),
+                                    *(evaluation.metrics for evaluation in evaluations))
     # Flax types apply's result as either the output or (output, mutated variables).
     fused = cast(jax.Array, model.apply({"params": model_params}, sequence, anchor, co,
                                         method="fuse"))
@@ -197,7 +198,7 @@ def make_dcrec_loss(model: dcrec.DCRec, loss: losses.Loss | mappings.Mapping,
     ce = jnp.mean(jax.nn.logsumexp(logits, axis=-1)
                   - jnp.take_along_axis(logits, batch["targets"][:, None], axis=1)[:, 0])
     return ce + cl + kl, (model_state, {"ce": ce, "cl": cl, "kl": kl,
-                                            **views.scale_metrics(scales)})
+                                            **contrast_metrics})
 
   return loss_fn
 

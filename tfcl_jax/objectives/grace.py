@@ -17,7 +17,6 @@ import jax
 from tfcl_jax import losses, mappings
 from tfcl_jax.augment import graph as graph_augment
 from tfcl_jax.models import gcn
-from tfcl_jax.objectives import views
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +72,9 @@ def make_grace_loss(
                                feature_rate=feature_rate)[1]
                    for view_key in jax.random.split(key)]
 
-    value, scale = loss.with_scale(*projections, params=params["loss"], step=step,
-                                   negatives="all", block_size=block_size)
-    return value, (model_state, views.scale_metrics(scale))
+    evaluation = loss.evaluate(*projections, params=params["loss"], step=step,
+                               negatives="all", block_size=block_size)
+    return evaluation.value, (model_state, evaluation.metrics)
 
   return loss_fn
 

@@ -73,14 +73,14 @@ def make_msc_loss(
         lambda x: (encoder.apply({"params": params["model"], **variables}, x, train=False), None),
         *augment(key, batch["image"]))
     s1, s2 = msc.mean_shift(z1, center_vector), msc.mean_shift(z2, center_vector)
-    contrastive, scale = loss.with_scale(s1, s2, params=params["loss"], step=step,
-                                         negatives="all")
+    evaluation = loss.evaluate(s1, s2, params=params["loss"], step=step, negatives="all")
+    contrastive = evaluation.value
     angular_term = jnp.mean(jnp.sum(s1 * s1, -1)) + jnp.mean(jnp.sum(s2 * s2, -1))
     value = contrastive + angular_term if angular else contrastive
     unit = losses.l2_normalize(jnp.concatenate([z1, z2]))
     metrics = {"contrastive": contrastive, "angular": angular_term,
                "center_cos": jnp.mean(unit @ center_vector), **views.cosine_diagnostics(s1, s2),
-               **views.scale_metrics(scale)}
+               **evaluation.metrics}
     return value, (model_state, metrics)
 
   return loss_fn

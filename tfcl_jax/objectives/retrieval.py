@@ -18,7 +18,6 @@ import flax.linen as nn
 import jax
 
 from tfcl_jax import losses, mappings
-from tfcl_jax.objectives import views
 
 
 def gather(features: Mapping[str, jax.Array], rows: jax.Array) -> dict[str, jax.Array]:
@@ -97,8 +96,8 @@ def make_retrieval_loss(
       batch_log_q = log_q[batch["item"]]
       if both and users_log_q is not None:
         batch_log_q = (batch_log_q, users_log_q[batch["user"]])
-    value, scale = loss.with_scale(q, c, params=params["loss"], step=step, log_q=batch_log_q,
-                                   negatives="cross", where=batch["valid"], reduction=reduction)
-    return value, (model_state, views.scale_metrics(scale))
+    evaluation = loss.evaluate(q, c, params=params["loss"], step=step, log_q=batch_log_q,
+                               negatives="cross", where=batch["valid"], reduction=reduction)
+    return evaluation.value, (model_state, evaluation.metrics)
 
   return loss_fn

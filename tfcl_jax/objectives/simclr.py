@@ -113,14 +113,13 @@ def make_simclr_loss(
 
     z1, z2, new_model_state = views_lib.encode_two_views(apply, *augment(key, batch["image"]))
     if form is None:
-      value, scale = loss.with_scale(z1, z2, params=params["loss"], step=step,
-                                     negatives=negatives)
+      evaluation = loss.evaluate(z1, z2, params=params["loss"], step=step, negatives=negatives)
     else:
       labels = jnp.concatenate([batch["label"], batch["label"]])
-      value, scale = loss.supervised_with_scale(jnp.concatenate([z1, z2]), labels, form=form,
-                                                params=params["loss"], step=step)
-    return value, (new_model_state, {**views_lib.cosine_diagnostics(z1, z2),
-                                     **views_lib.scale_metrics(scale)})
+      evaluation = loss.supervised(jnp.concatenate([z1, z2]), labels, form=form,
+                                   params=params["loss"], step=step)
+    return evaluation.value, (new_model_state, {**views_lib.cosine_diagnostics(z1, z2),
+                                                **evaluation.metrics})
 
   return loss_fn
 

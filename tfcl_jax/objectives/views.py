@@ -53,19 +53,6 @@ def encode_two_views(
   return first, second, aux
 
 
-def scale_metrics(scale: jax.Array | None) -> dict[str, jax.Array]:
-  """`{"loss/scale": mean scale}` for the scale a batch-scaled mapping solved (`Loss.with_scale`;
-  the mean over anchors of a per-anchor one), `{}` for None (every other mapping).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from tfcl_jax.objectives import views
-    >>> views.scale_metrics(jnp.array([1.0, 3.0])), views.scale_metrics(None)
-    ({'loss/scale': Array(2., dtype=float32)}, {})
-  """
-  return {} if scale is None else {"loss/scale": jnp.mean(scale)}
-
-
 def cosine_diagnostics(z1: jax.typing.ArrayLike, z2: jax.typing.ArrayLike) -> dict[str, jax.Array]:
   """Mean cosine of positive pairs (`z1[i], z2[i]`) and of negative pairs (`z1[i], z2[j]`, i != j).
 

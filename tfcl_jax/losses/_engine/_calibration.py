@@ -1,18 +1,18 @@
-r"""A batch-scaled mapping inside a loss: its scale solved from the loss's own batch, and handed to
-the tiles (the one parameter of the tiles' mapping, or a per-anchor `Side.scale`).
+r"""A batch-scaled mapping inside a loss (`mappings.BatchScaled`): its scale solved from the loss's
+own batch, and handed to the tiles (the one parameter of the tiles' mapping, or a per-anchor
+`Side.scale`).
 
 The solve is one forward-only pass of `ScaleMoments` over the loss's similarity matrix through the
-loss's own tile reduction (`tile_reduce`, or the devices' all-gather / ring `device_reduce`), the
-bank included, under `stop_gradient`; each anchor's positive is then merged in analytically
-(`l_{i,i+} = 2 artanh(cos_{i,i+})`), and the scale solved on the grid
-(`mappings._batch_scaled`).
+loss's own tile reduction (`tile_reduce`, or the devices' all-gather / ring `device_reduce`: the
+loss's `Devices`), the bank included, under `stop_gradient`; each anchor's positive is then merged
+in analytically (`l_{i,i+} = 2 artanh(cos_{i,i+})`), and the scale solved on the grid
+(`_solves`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import cast
 
 import jax
@@ -20,6 +20,8 @@ import jax.numpy as jnp
 
 from tfcl_jax import mappings
 from tfcl_jax.losses._engine import _arguments, _layout, _moments
+from tfcl_jax.losses._engine._devices import ONE_DEVICE, Devices, sum_over_anchors
+from tfcl_jax.losses._engine._solves import accuracy_scale, calibrated_scale, perplexity_scale
 from tfcl_jax.losses._engine._sums import PositiveSum
 from tfcl_jax.losses._engine._tiled import tile_reduce
 from tfcl_jax.losses._engine._tiles import (
@@ -30,26 +32,29 @@ from tfcl_jax.losses._engine._tiles import (
   mask,
   stats_dtype,
 )
-from tfcl_jax.mappings._batch_scaled import (
-  BatchScaled,
-  accuracy_scale,
-  calibrated_scale,
-  perplexity_scale,
-  with_scale_parameter,
-)
 
 _FREE = mappings.temperature_free()
 
 
-def sum_over_anchors(x: jax.Array) -> jax.Array:
-  """The sum over a single-device loss's anchors (`axis=0`)."""
-  return jnp.sum(x, axis=0)
+@dataclasses.dataclass(frozen=True)
+class _ScaleParameter(mappings.MappingFunction):
+  """`params["scale"] 2 artanh(c)`: a solved global scale as the losses hand it to their tiles,
+  a parameter, as a learnt scale is (the engine's custom VJP and the fused kernels take it; a
+  closed-over value inside `shard_map` would vary unlike the tiles'). It takes no gradient: the
+  losses stop it. `free`: Eq. 11 as the free mapping computes it, or in its kernel form."""
+
+  free: mappings.MappingFunction = _FREE.fn
+
+  def __call__(self, cos, params, step):
+    return jnp.asarray(params["scale"], cos.dtype) * self.free(cos, {}, step)
+
+  def kernel_form(self) -> mappings.MappingFunction:
+    return _ScaleParameter(self.free.kernel_form())
 
 
-@functools.cache  # one function per axis: a static argument of the jitted solve (`_scale`)
-def total_across(axis_name) -> Callable[[jax.Array], jax.Array]:
-  """The sum over anchors of a sharded loss: this device's, then over the devices."""
-  return lambda x: jax.lax.psum(jnp.sum(x, axis=0), axis_name)
+def with_scale_parameter(mapping: mappings.Mapping, scale: jax.Array) -> mappings.Mapping:
+  """`mapping`'s `s 2 artanh(c)` with `s = scale` (a scalar) as its parameter `"scale"`."""
+  return mappings.Mapping(mapping.spec, _ScaleParameter(), {"scale": scale}, bound=True)
 
 
 def anchor_scale(layout: _layout.Layout) -> jax.Array | None:
@@ -112,12 +117,13 @@ def _negatives(layout: _layout.Layout, bank: Side | None, *, bias: bool, reduce_
 
 
 def solve(target: str, layout: _layout.Layout, *, bank: Side | None = None,
-          positive_bias: jax.Array | None = None, block_size=None, reduce_fn=tile_reduce,
-          total: Callable[[jax.Array], jax.Array] = sum_over_anchors) -> jax.Array:
-  """The scale of `target` (`mappings._batch_scaled.TARGETS`) for the loss's anchors: a scalar,
-  or `[M]` for `"perplexity"`; the candidate bias enters the softmax for `"calibrated"` only."""
+          positive_bias: jax.Array | None = None, block_size=None,
+          devices: Devices = ONE_DEVICE) -> jax.Array:
+  """The scale of `target` (`mappings.BatchScaled.target`) for the loss's anchors on its
+  `devices`: a scalar, or `[M]` for `"perplexity"`; the candidate bias enters the softmax for
+  `"calibrated"` only."""
   with_bias = target == "calibrated" and positive_bias is not None
-  negatives, shift = _negatives(layout, bank, bias=with_bias, reduce_fn=reduce_fn,
+  negatives, shift = _negatives(layout, bank, bias=with_bias, reduce_fn=devices.reduce_fn,
                                 block_size=block_size)
   positive = _FREE(jax.lax.stop_gradient(layout.positive_cos))
   own_bias = None
@@ -125,7 +131,7 @@ def solve(target: str, layout: _layout.Layout, *, bank: Side | None = None,
     own_bias = jax.lax.stop_gradient(positive_bias) - shift
   moments = _moments.merge(negatives, _moments.single(positive, own_bias))
   correct = positive > negatives.top  # accuracy: the positive strictly above every negative
-  return _scale(target, total, moments, positive, correct, _layout.anchor_valid(layout))
+  return _scale(target, devices.total, moments, positive, correct, _layout.anchor_valid(layout))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -147,7 +153,8 @@ def _count(layout: _layout.Layout) -> int:
   return layout.positive_cos.shape[0]
 
 
-def check_scale(fn: BatchScaled, scale: jax.Array, anchors: int, *, what: str) -> jax.Array:
+def check_scale(fn: mappings.BatchScaled, scale: jax.Array, anchors: int, *, what: str
+                ) -> jax.Array:
   """A bound per-anchor scale checked against the loss's `anchors`."""
   if fn.per_anchor and scale.shape != (anchors,):
     raise ValueError(
@@ -157,18 +164,18 @@ def check_scale(fn: BatchScaled, scale: jax.Array, anchors: int, *, what: str) -
   return jax.lax.stop_gradient(scale)
 
 
-def solve_batch(fn: BatchScaled, batch, *, reduce_fn=tile_reduce,
-                total: Callable[[jax.Array], jax.Array] = sum_over_anchors) -> jax.Array:
-  """`fn`'s scale on an InfoNCE `batch` (`_info_nce.Batch` or the sharded loss's): the bound one
-  checked, else solved (`solve`)."""
+def solve_batch(fn: mappings.BatchScaled, batch, *, devices: Devices = ONE_DEVICE
+                ) -> jax.Array:
+  """`fn`'s scale on a loss's `batch` (`_batch.Batch`) on its `devices`: the bound one checked,
+  else solved (`solve`)."""
   if fn.scale is not None:
     return check_scale(fn, fn.scale, batch.layout.positive_cos.shape[0],
                        what="the loss's anchors")
   return solve(fn.target, batch.layout, bank=batch.bank, positive_bias=batch.bias,
-               block_size=batch.block_size, reduce_fn=reduce_fn, total=total)
+               block_size=batch.block_size, devices=devices)
 
 
-def supervised_scale(fn: BatchScaled, z, labels, *, block_size=None) -> jax.Array:
+def supervised_scale(fn: mappings.BatchScaled, z, labels, *, block_size=None) -> jax.Array:
   """`fn`'s scale on the supervised batch `z [B, D]`, `labels [B]` (`supervised_batch_scale`),
   the arguments checked."""
   z = _arguments.check_embeddings(z, name="z", rows="B")
@@ -184,21 +191,23 @@ def supervised_scale(fn: BatchScaled, z, labels, *, block_size=None) -> jax.Arra
 
 
 def for_loss(mapping: mappings.Mapping, layout: _layout.Layout, **solve_kwargs
-             ) -> tuple[mappings.Mapping, _layout.Layout]:
-  """`(mapping, layout)` for the tiles: a global scale `s` as the mapping's one parameter
+             ) -> tuple[mappings.Mapping, _layout.Layout, jax.Array | None]:
+  """`(mapping, layout, scale)` for the tiles: a global scale `s` as the mapping's one parameter
   (`s 2 artanh(c)`), a per-anchor one on the anchors' sides with the free mapping; anything else
-  as it is. Unbound, the scale is solved (`solve`); it takes no gradient."""
+  as it is, its scale None. Unbound, the scale is solved (`solve`, `solve_kwargs`: the loss's
+  bank, positive bias, block size and devices); it takes no gradient. `scale` is what the loss
+  reports (`Evaluation.scale`): the solved or bound scale, as `solve` gives it."""
   fn = mapping.fn
-  if not isinstance(fn, BatchScaled):
-    return mapping, layout
+  if not isinstance(fn, mappings.BatchScaled):
+    return mapping, layout, None
   if fn.scale is None:
     scale = solve(fn.target, layout, **solve_kwargs)
   else:
     scale = check_scale(fn, fn.scale, _count(layout),
                         what="N rows for one direction, 2N for CLIP's loss and for 'all'")
   if fn.per_anchor:
-    return _FREE, with_anchor_scale(layout, scale.astype(layout.rows.vectors.dtype))
-  return with_scale_parameter(mapping, scale), layout
+    return _FREE, with_anchor_scale(layout, scale.astype(layout.rows.vectors.dtype)), scale
+  return with_scale_parameter(mapping, scale), layout, scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,17 +269,18 @@ def supervised_solve(target: str, u: jax.Array, labels: jax.Array, *, block_size
 
 
 def supervised_for_loss(mapping: mappings.Mapping, u: jax.Array, labels: jax.Array, *,
-                        block_size) -> tuple[mappings.Mapping, jax.Array | None]:
-  """`(mapping bound to its scale, the per-anchor scale or None)` for `supervised_info_nce`;
-  anything but a batch-scaled mapping as it is."""
+                        block_size
+                        ) -> tuple[mappings.Mapping, jax.Array | None, jax.Array | None]:
+  """`(mapping bound to its scale, the per-anchor scale or None, the scale the loss reports)` for
+  `supervised_info_nce`; anything but a batch-scaled mapping as it is (no scale)."""
   fn = mapping.fn
-  if not isinstance(fn, BatchScaled):
-    return mapping, None
+  if not isinstance(fn, mappings.BatchScaled):
+    return mapping, None, None
   if fn.scale is None:
-    scale = supervised_solve(fn.target, u, labels, block_size=block_size)
+    solved = supervised_solve(fn.target, u, labels, block_size=block_size)
   else:
-    scale = check_scale(fn, fn.scale, u.shape[0], what="one per row of z")
-  scale = scale.astype(stats_dtype(u))
+    solved = check_scale(fn, fn.scale, u.shape[0], what="one per row of z")
+  scale = solved.astype(stats_dtype(u))
   if fn.per_anchor:  # the dense form calls the mapping on [B, B] cosines: rows are anchors
-    return mapping.bind(scale=scale), scale
-  return with_scale_parameter(mapping, scale), None
+    return mapping.bind(scale=scale), scale, solved
+  return with_scale_parameter(mapping, scale), None, solved

@@ -1,5 +1,6 @@
-"""The device layer of the sharded losses: negatives from every device, by all-gather or a ring
-of `ppermute`, inside `jax.shard_map`; shared by InfoNCE (`_sharded`) and the sigmoid loss.
+"""The devices a loss runs on (`Devices`: one, or a share of the batch on each device of a mesh
+axis), and the device layer of the sharded losses: negatives from every device, by all-gather or a
+ring of `ppermute`, inside `jax.shard_map`; shared by every loss family.
 
 A device's rows are the anchors and every device's rows the candidates; `device_reduce` gives
 the engine's tile reduction over them (gathered, or passed round the ring with their column
@@ -9,13 +10,17 @@ statistics and gradients), `reduce_across_devices` the global mean, and `on_mesh
 
 from __future__ import annotations
 
+import abc
+import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tfcl_jax.losses._engine import _arguments, _pure, _tiled
+from tfcl_jax import _checks
+from tfcl_jax.losses._engine import _arguments, _layout, _pure, _tiled
 from tfcl_jax.losses._engine._tiles import LogSumExp, Side, TileReduction
 
 #: How the sharded losses reach other devices' candidates: gather them all, or pass them round.
@@ -143,9 +148,10 @@ def _explicitly_sharded(x) -> bool:
       t == jax.sharding.AxisType.Explicit for t in mesh.axis_types))
 
 
-def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where, reduction, extra_negatives=None,
-            extra_where=None, **kwargs):
-  """Runs `local_loss` (a sharded loss) under `jax.shard_map` on global `[N, D]` views."""
+def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where=None, reduction="mean",
+            extra_negatives=None, extra_where=None, **kwargs):
+  """Runs `local_loss` (a sharded loss) under `jax.shard_map` on global `[N, D]` views: `z1`,
+  `z2` and `where` split over `axis_name`, the bank replicated, the rest as it is."""
   if axis_name not in mesh.axis_names:
     raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}.")
   z1, z2 = _arguments.check_pair(z1, z2)
@@ -160,7 +166,8 @@ def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where, reduction, extra_nega
   extra = {} if bank is None else dict(extra_negatives=bank, extra_where=bank_where)
 
   def local(a, b, mask, extra):
-    return local_loss(a, b, axis_name=axis_name, where=mask, reduction=reduction, **extra,
+    masked = {} if mask is None else {"where": mask}  # a loss may take no mask
+    return local_loss(a, b, axis_name=axis_name, reduction=reduction, **masked, **extra,
                       **kwargs)
 
   in_specs = (batch, batch, batch, replicated)
@@ -187,3 +194,129 @@ def on_mesh(local_loss, z1, z2, *, mesh, axis_name, where, reduction, extra_nega
     # Per device: its first rows then its second rows; reorder to all first, then all second.
     result = result.reshape(size, 2, -1).transpose(1, 0, 2).reshape(-1)
   return result
+
+
+def sum_over_anchors(x: jax.Array) -> jax.Array:
+  """The sum over a single-device loss's anchors (`axis=0`)."""
+  return jnp.sum(x, axis=0)
+
+
+@functools.cache  # one function per axis: a static argument of the jitted solve
+def total_across(axis_name) -> Callable[[jax.Array], jax.Array]:
+  """The sum over anchors of a sharded loss: this device's, then over the devices."""
+  return lambda x: jax.lax.psum(jnp.sum(x, axis=0), axis_name)
+
+
+class Devices(abc.ABC):
+  """Where a loss runs: the whole batch on one device (`ONE_DEVICE`), or each device's share of
+  it inside `jax.shard_map` (`Sharded`). A loss family is written once against it: its checks,
+  its layout, the tile reductions over its candidates and the reduction of its row losses."""
+
+  #: Whether `z1, z2` are a device's share of the batch (`_arguments.check_pair(local=...)`).
+  local: bool
+
+  @abc.abstractmethod
+  def name(self, family: str) -> str:
+    """The public name of `family`'s loss here (`info_nce`, `sharded_info_nce`)."""
+
+  @abc.abstractmethod
+  def size(self, family: str) -> int:
+    """How many devices hold the batch (an error naming the loss where the axis is not bound)."""
+
+  @abc.abstractmethod
+  def check(self) -> None:
+    """Checks the devices' own arguments (a sharded loss's `strategy`)."""
+
+  @abc.abstractmethod
+  def layout(self, z1, z2, *, negatives: str, symmetric: bool, valid, size: int
+             ) -> _layout.Layout:
+    """The rows of `z1, z2` laid out as their share of the batch (`_layout.layout`)."""
+
+  @property
+  @abc.abstractmethod
+  def reduce_fn(self) -> Callable:
+    """`_tiled.tile_reduce`'s contract over every device's candidates."""
+
+  @property
+  @abc.abstractmethod
+  def total(self) -> Callable[[jax.Array], jax.Array]:
+    """The sum over every device's anchors (`axis=0`)."""
+
+  @abc.abstractmethod
+  def reduce(self, per_row: jax.Array, valid: jax.Array, *, reduction: str, masked: bool
+             ) -> jax.Array:
+    """The row losses as `reduction` over the batch (`_layout.reduce`)."""
+
+
+class _OneDevice(Devices):
+  local = False
+
+  def name(self, family: str) -> str:
+    return family
+
+  def size(self, family: str) -> int:
+    return 1
+
+  def check(self) -> None:
+    return None
+
+  def layout(self, z1, z2, *, negatives, symmetric, valid, size):
+    return _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid)
+
+  @property
+  def reduce_fn(self):
+    return _tiled.tile_reduce
+
+  @property
+  def total(self):
+    return sum_over_anchors
+
+  def reduce(self, per_row, valid, *, reduction, masked):
+    return _layout.reduce(per_row, valid, reduction, masked=masked)
+
+
+#: The whole batch on one device.
+ONE_DEVICE = _OneDevice()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharded(Devices):
+  """Each device's share of the batch on the mesh axis `axis_name`, inside `jax.shard_map`; the
+  candidates of other devices reached by `strategy` (`STRATEGIES`)."""
+
+  axis_name: str
+  strategy: str
+  local = True
+
+  def name(self, family: str) -> str:
+    return f"sharded_{family}"
+
+  def size(self, family: str) -> int:
+    return axis_size(self.axis_name, loss=self.name(family), wrapper=f"{family}_on_mesh")
+
+  def check(self) -> None:
+    _checks.one_of(self.strategy, STRATEGIES, name="strategy")
+
+  def layout(self, z1, z2, *, negatives, symmetric, valid, size):
+    """This device's `n` pairs as its share of the global batch of `n * size` pairs: ids offset
+    by the device's index on `axis_name`."""
+    n = z1.shape[0]
+    if n * size < 2:
+      raise ValueError(f"the global batch needs N >= 2 pairs to have a negative, got N = "
+                       f"{n * size}.")
+    rows_per_device = n if negatives == "cross" else 2 * n
+    offset = jax.lax.axis_index(self.axis_name) * rows_per_device
+    return _layout.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid,
+                          offset=offset)
+
+  @property
+  def reduce_fn(self):
+    return device_reduce(self.axis_name, self.strategy)
+
+  @property
+  def total(self):
+    return total_across(self.axis_name)
+
+  def reduce(self, per_row, valid, *, reduction, masked):
+    return reduce_across_devices(per_row, valid, reduction=reduction, masked=masked,
+                                 axis_name=self.axis_name, size=jax.lax.axis_size(self.axis_name))

@@ -2,7 +2,7 @@ r"""The moments of every anchor's softmax on a grid of scales, in one forward pa
 what the batch-scaled mappings' scales are solved from (`_calibration`).
 
 For row `i` and its candidates `j` (the engine's mask: its negatives), with `m_i = max_j l_ij`,
-`d_ij = l_ij - m_i <= 0` and, at each grid scale `s_k = 2^k` (`mappings.GRID_EXPONENTS`),
+`d_ij = l_ij - m_i <= 0` and, at each grid scale `s_k = 2^k` (`GRID_EXPONENTS`),
 `w_ijk = exp(s_k d_ij + b_j)` (`b_j` the candidate's bias where the side has one, shifted to
 `<= 0` by the caller), the statistics are `m_i`, the count, the weight of the candidates at the
 top, `T_i = sum_{j: l_ij = m_i} e^{b_j}` (their number without a bias), and
@@ -29,14 +29,40 @@ from tfcl_jax.losses._engine._tiles import (
   cosines,
   mask,
 )
-from tfcl_jax.mappings._batch_scaled import GRID_EXPONENTS, GridMoments
 
+#: The exponents `k` of the grid of scales `s_k = 2^k` the pass takes the moments at: 15 points
+#: covering the bounds of a solved scale, `[mappings.S_MIN, mappings.S_MAX] = [1/100, 100]`.
+GRID_EXPONENTS = tuple(range(-7, 8))
 _SCALES = tuple(2.0 ** k for k in GRID_EXPONENTS)
 #: Each chain is one `exp` at its first scale, then squarings (`exp(2x) = exp(x)^2`); three at
 #: most, so that a weight's relative error stays within 8 of the `exp`'s.
 _CHAINS = ((-7, 4), (-3, 4), (1, 4), (5, 3))
 _POWERS = 5  # R (the weight below the top), then d, d^2, d^3, d^4 weighted
 _ROWS = 32  # rows of a tile summed at a time
+
+
+class GridMoments(NamedTuple):
+  r"""Per anchor, its softmax over its candidates at every grid scale `s_k = 2^k`.
+
+  With `M_i = max_{j in K_i} l_ij` and weights `w_ij(s) = exp(s (l_ij - M_i) [+ b_j - beta])`,
+  `psi_i(u) = log sum_j w_ij(e^u)` (`log Z_i(s) - s M_i` up to the bias shift), a function of
+  `u = log s` whose derivatives are the softmax's cumulants `k_1 .. k_4` of `l - M_i`:
+  `psi' = s k_1`, `psi'' = s k_1 + s^2 k_2`, `psi''' = s k_1 + 3 s^2 k_2 + s^3 k_3`,
+  `psi'''' = s k_1 + 7 s^2 k_2 + 6 s^3 k_3 + s^4 k_4`. So `E_p[l] = M_i + psi' / s`,
+  `Var_p[l] = (psi'' - psi') / s^2`, and the entropy (without a bias)
+  `H_i = log Z_i - s E_p[l] = psi - psi'`, whose `n`-th derivative is `psi^(n) - psi^(n+1)`.
+
+  Attributes:
+    psi: `[M, K, 5]`, `psi_i` and its first four `u`-derivatives at the `K` grid points.
+    top: `[M]`, `M_i`.
+    count: `[M]`, `N_i` (float).
+  """
+
+  psi: jax.Array
+  top: jax.Array
+  count: jax.Array
+
+
 
 
 class Moments(NamedTuple):
@@ -200,7 +226,7 @@ class ScaleMoments(TileReduction):
 
 
 def grid_moments(moments: Moments) -> GridMoments:
-  r"""`GridMoments` (`mappings._batch_scaled`) from the statistics: `psi = log(T + R)` and its
+  r"""`GridMoments` from the statistics: `psi = log(T + R)` and its
   `u`-derivatives from the cumulants of `d` (`S_0 = T + R`, `m_p = S_p / S_0`):
   `k_1 = m_1`, `k_2 = m_2 - m_1^2`, `k_3 = m_3 - 3 m_1 m_2 + 2 m_1^3`,
   `k_4 = m_4 - 4 m_1 m_3 - 3 m_2^2 + 12 m_1^2 m_2 - 6 m_1^4`. Rows without a candidate get

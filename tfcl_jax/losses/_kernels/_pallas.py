@@ -60,7 +60,6 @@ from tfcl_jax.losses._kernels import (
 )
 from tfcl_jax.losses._kernels._kernel_math import INDEX, KernelMapping
 from tfcl_jax.losses._kernels._protocol import Kernels, PairKernels, Tiles
-from tfcl_jax.mappings._scaled_free import kernel_form
 
 BACKENDS: dict[str, Kernels] = {"triton": _kernel_triton, "mosaic_tpu": _kernel_tpu}
 PAIRS: dict[str, PairKernels] = {"triton": _kernel_triton_pairs}
@@ -231,16 +230,16 @@ def _kernel_mapping(mapping, dtype, tile_shapes) -> tuple[KernelMapping, jax.Arr
   """
   params = jax.tree.map(lambda x: _typed(x, dtype), dict(mapping.params))
   step = _typed(mapping.bound_step(), dtype)
-  # One jaxpr per tile shape the kernels use (a mapping may broadcast to its input's shape);
-  # Eq. 11 with a scale (`learnable_free`, a solved scale) in its kernel form. A function of
-  # its own, traced afresh: `make_jaxpr` caches traces by function, and a trace of `mapping.fn`
-  # made outside `kernel_form` would otherwise be reused here.
-  def fn(cos, params, step):
-    return mapping.fn(cos, params, step)
+  # One jaxpr per tile shape the kernels use (a mapping may broadcast to its input's shape), of
+  # the mapping in its kernel form (`MappingFunction.kernel_form`: Eq. 11 with a scale,
+  # `learnable_free` or a solved scale, as one log of the odds).
+  kernel_form = mapping.kernel_form().fn
 
-  with kernel_form():
-    traced = {shape: jax.make_jaxpr(fn)(jnp.zeros(shape, dtype), params, step)
-              for shape in tile_shapes}
+  def fn(cos, params, step):
+    return kernel_form(cos, params, step)
+
+  traced = {shape: jax.make_jaxpr(fn)(jnp.zeros(shape, dtype), params, step)
+            for shape in tile_shapes}
   closed = next(iter(traced.values()))
   shapes = [jnp.shape(c) for c in closed.consts]
   if any(shape != () for shape in shapes):

@@ -1,6 +1,10 @@
-"""Cross-device negatives (all-gather, ring) against the single-device loss, 8 CPU devices."""
+"""A loss family declared once (`_family`): its derived forms' signatures, docstrings and errors
+against the public ones written before them; cross-device negatives (all-gather, ring) against the
+single-device loss, 8 CPU devices; a family declared from the decorator alone."""
 
 from __future__ import annotations
+
+import inspect
 
 import chex
 import jax
@@ -176,3 +180,83 @@ def test_free_n_takes_the_global_candidate_count(loss_on_mesh):
             num_candidates=n))])  # one program: compiled once, not run op by op
     got, want = both(z1, z2)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# The keywords of each public form, as they were written by hand before the forms were derived.
+SIGNATURES = {
+    "info_nce": ["mapping", "negatives", "symmetric", "reduction", "where", "block_size",
+                 "extra_negatives", "extra_where", "implementation", "candidate_bias",
+                 "check_finite"],
+    "sharded_info_nce": ["mapping", "negatives", "symmetric", "axis_name", "strategy",
+                         "block_size", "where", "reduction", "extra_negatives", "extra_where"],
+    "sigmoid_loss": ["mapping", "bias", "relative_bias", "negatives", "reduction", "where",
+                     "block_size", "check_finite"],
+    "sharded_sigmoid_loss": ["mapping", "bias", "relative_bias", "negatives", "axis_name",
+                             "strategy", "block_size", "where", "reduction"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_the_derived_forms_take_the_keywords_written_before(name):
+  parameters = inspect.signature(getattr(losses, name)).parameters
+  assert list(parameters)[:2] == ["z1", "z2"]
+  assert sorted(list(parameters)[2:]) == sorted(SIGNATURES[name])
+  strategy = parameters.get("strategy")
+  if strategy is not None:  # each family's default: SigLIP's ring, InfoNCE's gather
+    assert strategy.default == ("ring" if "sigmoid" in name else "all_gather")
+
+
+@pytest.mark.parametrize("family", ["info_nce", "sigmoid_loss"])
+def test_the_mesh_form_takes_the_sharded_keywords_and_the_mesh(family):
+  sharded = inspect.signature(getattr(losses, f"sharded_{family}")).parameters
+  meshed = inspect.signature(getattr(losses, f"{family}_on_mesh")).parameters
+  assert set(meshed) == set(sharded) | {"mesh"}
+  for form in (family, f"sharded_{family}", f"{family}_on_mesh"):
+    function = getattr(losses, form)
+    assert function.__name__ == form and "Examples:" in function.__doc__, form
+    extra = {"mesh": None} if form.endswith("_on_mesh") else {}
+    with pytest.raises(TypeError, match=f"{form}\\(\\) got an unexpected keyword argument 'axes'"):
+      function(jnp.ones((4, 2)), jnp.ones((4, 2)), axes=1, **extra)
+
+
+def test_the_one_device_form_shows_the_declared_source():
+  source = inspect.getsource(losses.info_nce)
+  assert source.lstrip().startswith("@family(") and "devices.reduce(" in source
+
+
+def test_evaluation_metrics():
+  assert losses.Evaluation(jnp.float32(1.0)).metrics == {}
+  metrics = losses.Evaluation(jnp.float32(1.0), jnp.array([1.0, 3.0])).metrics
+  np.testing.assert_allclose(metrics["loss/scale"], 2.0)
+
+
+def test_a_family_from_its_declaration_alone_runs_on_every_device():
+  """A family written against `Devices` only (an alignment loss, `1 - cos` of each pair): its
+  sharded and mesh forms, derived, equal it on the whole batch, values and gradients."""
+  from tfcl_jax.losses._engine import _arguments, _layout  # noqa: PLC0415
+  from tfcl_jax.losses._family import Evaluation, family  # noqa: PLC0415
+
+  @family(strategy="ring")
+  def alignment(z1, z2, *, devices, reduction: str = "mean", where=None):
+    """`1 - cos(z1_i, z2_i)` per pair."""
+    devices.size("alignment")
+    z1, z2 = _arguments.check_pair(z1, z2, local=devices.local)
+    valid = _arguments.check_where(where, z1.shape[0])
+    valid = jnp.ones(z1.shape[:1], bool) if valid is None else valid
+    per_row = 1.0 - jnp.sum(_layout.l2_normalize(z1) * _layout.l2_normalize(z2), axis=1)
+    return Evaluation(devices.reduce(per_row, valid, reduction=reduction,
+                                     masked=where is not None))
+
+  z1, z2, where, _ = _views()
+  cos = np.sum(np.asarray(losses.l2_normalize(z1)) * np.asarray(losses.l2_normalize(z2)), 1)
+  w = np.asarray(where)
+  np.testing.assert_allclose(alignment(z1, z2, where=where), np.sum((1 - cos) * w) / w.sum(),
+                             rtol=1e-6)
+  mesh = _mesh()
+  on_mesh = alignment.family.on_mesh
+  grads = [jax.grad(lambda a, f=f: f(a))(z1) for f in (
+      lambda a: alignment(a, z2, where=where),
+      lambda a: on_mesh(a, z2, mesh=mesh, where=where))]
+  chex.assert_trees_all_close(*grads, atol=1e-6)
+  np.testing.assert_allclose(on_mesh(z1, z2, mesh=mesh, reduction="none"),
+                             alignment(z1, z2, reduction="none"), rtol=1e-6)
