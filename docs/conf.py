@@ -84,6 +84,9 @@ nitpick_ignore_regex = [
                r"tensorflow_datasets|matplotlib|sklearn|torch|nbformat)(\..*)?"),
     (r"py:.*", r"(abc|collections\.abc|contextlib|typing|os|pathlib|numbers|re)\..*"),  # the stdlib
     (r"py:class", r"ArrayTree"),  # chex.ArrayTree (optax's state types) prints without its module
+    # The private base of every family's Loss object (`losses.Loss` is the public one), named
+    # unlinked among the bases of `InfoNCELoss` and `SigmoidLoss`.
+    (r"py:class", r"tfcl_jax\.losses\._loss\.FamilyLoss"),
 ]
 
 # Notebooks: never executed here (the tests run them).

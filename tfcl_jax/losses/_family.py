@@ -50,8 +50,8 @@ class Evaluation(NamedTuple):
 
   @property
   def metrics(self) -> dict[str, jax.Array]:
-    """What a train step logs of it: `{"loss/scale": the mean scale}` where a scale was solved,
-    else `{}`."""
+    """What a train step logs of it, the mean solved scale under the key `"loss/scale"`, or an
+    empty dict where no scale was solved."""
     return {} if self.scale is None else {"loss/scale": jnp.mean(self.scale)}
 
 

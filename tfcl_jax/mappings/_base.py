@@ -94,9 +94,9 @@ class Mapping:
 
   @property
   def params_given(self) -> bool:
-    """Whether its params are the caller's, not the values it was built with: bound
-    (`bind(params=...)`), or rebuilt by JAX from leaves it was given (the mapping is an argument
-    of `jax.grad`, `jit`, `vmap`, or the result of a tree map or an optax update).
+    """True where its params are the caller's and not the values it was built with, that is
+    bound (`bind(params=...)`) or rebuilt by JAX from leaves it was given (the mapping is an
+    argument of `jax.grad`, `jit`, `vmap`, or the result of a tree map or an optax update).
 
     The losses take a learnable mapping only then: a learnable mapping built inside the loss
     function (`mappings.from_spec(...)` in a Flax module's call, under `jit` or not) or closed

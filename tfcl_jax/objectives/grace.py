@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 
@@ -101,4 +101,5 @@ def encode_view(model: gcn.GRACE, model_params: Any, batch: GraphBatch, key: jax
                                   feature_rate=feature_rate)
   propagation = gcn.gcn_normalize(batch.edge_index, num_nodes=num_nodes,
                                   edge_weight=view.edge_weight)
-  return model.apply({"params": model_params}, view.features, propagation)
+  return cast(tuple[jax.Array, jax.Array],
+              model.apply({"params": model_params}, view.features, propagation))

@@ -85,7 +85,7 @@ class Registry:
     `T0`, or `<name>`) and `[optional]` groups, which nest; a trailing `[+word]` is a flag. The
     builder gets each metavariable's value by its arg's name, each flag as a bool and the
     keywords `fixed` (what the form sets, e.g. `symmetric=True` for `clip:`). Without `build`, a
-    decorator that registers the function or class it decorates, beside its code:
+    decorator that registers the function or class it decorates, beside its code::
 
       @SPECS.register("free", help="temperature-free 2 artanh(cos) (Eq. 11)")
       def temperature_free() -> Mapping:

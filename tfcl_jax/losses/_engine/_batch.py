@@ -92,7 +92,8 @@ def setup(z1, z2, *, devices: Devices, family: str, mapping, negatives: str, sym
   if check_finite and bias is not None:
     names = ("candidate_bias[0]", "candidate_bias[1]") if symmetric else ("candidate_bias",)
     for name, side_bias in zip(names, bias, strict=False):
-      _arguments.check_finite(side_bias, name=name, mode=check_finite)
+      if side_bias is not None:
+        _arguments.check_finite(side_bias, name=name, mode=check_finite)
   rows = devices.layout(z1, z2, negatives=negatives, symmetric=symmetric, valid=valid, size=size)
   dtype = _checks.compute_dtype(z1.dtype, z2.dtype)
   positive_bias = None
