@@ -267,6 +267,17 @@ FORWARD_MODE_HELP = (
     "jax.jvp(jax.grad(f), (x,), (v,)) or jax.grad(lambda x: jnp.vdot(jax.grad(f)(x), v))(x).")
 
 
+def _top_trace():
+  """The trace the loss is called under (`jax.extend.core.find_top_trace`, public from jax 0.9;
+  jax 0.8 has it in its core only)."""
+  find = getattr(jax.extend.core, "find_top_trace", None)
+  if find is None:
+    from jax._src import core  # noqa: PLC0415 - jax < 0.9: not exported yet
+
+    find = core.find_top_trace
+  return find(())
+
+
 def refuse_forward_mode(*values, loss: str) -> None:
   """Refuses forward-mode differentiation of `loss` (`jax.jvp`, `jax.jacfwd`) by name.
 
@@ -283,7 +294,7 @@ def refuse_forward_mode(*values, loss: str) -> None:
   Raises:
     TypeError: an argument is a forward-mode tracer (naming the loss and what works).
   """
-  forward = isinstance(jax.extend.core.find_top_trace(()), ad.JVPTrace)
+  forward = isinstance(_top_trace(), ad.JVPTrace)
   if forward and any(isinstance(leaf, ad.JVPTracer) for leaf in jax.tree.leaves(values)):
     raise TypeError(
         f"{loss} cannot be differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize, or "
