@@ -14,7 +14,9 @@ Suites (`--suite`, default all four, in this order):
   compilation takes a minute a shape), and for CLIP Inf-CL's `cal_flash_loss` one way and
   both ways when `inf_cl` imports;
 * `sweep`: tiled XLA with each of `--blocks` and of `--unrolls` (tiles per step of its tile
-  loops, `_blocks._UNROLL`), and the fused kernels with each of
+  loops, `_blocks._UNROLL`), with the diagonal tiles of NT-Xent's symmetric matrix in a scan
+  of their own and in the one scan (`_blocks._DIAGONAL_APART`; `--no_diagonals` skips them),
+  and the fused kernels with each of
   `--launches` (the gradient kernels' `block:warps:stages`) at `--sweep_sizes`, and the
   fastest of each per `N`: the measurement that `losses.auto_block_size` and
   `_triton_tiles.LAUNCH` take;
@@ -115,11 +117,11 @@ def _time(variants: dict, args) -> dict:
 
 
 def _jax_contenders(loss, spec, n, z1, z2, args, *, blocks=(), launches=(), unrolls=(),
-                    dense=True) -> dict:
+                    dense=True, diagonals=False) -> dict:
   shape = jax.ShapeDtypeStruct(z1.shape, z1.dtype)
   mapping = mappings.from_spec(spec)
   found = dv.jax_variants(loss, pallas=_pallas_runs(n, args), dense=dense, blocks=blocks,
-                          launches=launches, unrolls=unrolls)
+                          launches=launches, unrolls=unrolls, diagonals=diagonals)
   variants = {}
   for name, (fn, launch) in found.items():
     variant, note = dv.guarded(lambda fn=fn, launch=launch: dv.build_jax(
@@ -211,7 +213,8 @@ def sweep(args, report) -> list[dict]:
   for dtype, n, (_, _, z1, z2) in _cases(args, report, "sweep", args.sweep_dtypes,
                                          args.sweep_sizes):
     variants = _jax_contenders("ntxent", args.mapping, n, z1, z2, args, blocks=args.blocks,
-                               launches=launches, unrolls=args.unrolls, dense=False)
+                               launches=launches, unrolls=args.unrolls, dense=False,
+                               diagonals=not args.no_diagonals)
     rows.append({"n": n, "dtype": dtype, "variants": _time(variants, args)})
     print(f"  sweep, N = {n}, {dtype}: done", flush=True)
   names = list(dict.fromkeys(name for row in rows for name in row["variants"]))
@@ -225,10 +228,11 @@ def sweep(args, report) -> list[dict]:
              if name.startswith(prefix) and value[0] is not None]
     return min(timed)[1] if timed else "-"
 
-  report.table("Sweep: the fastest per N (auto_block_size's GPU table, the kernels' LAUNCH)",
-               ["N", "dtype", "tiled XLA", "Pallas"],
-               [[r["n"], r["dtype"], fastest(r, "tiled XLA, block"), fastest(r, "Pallas, ")]
-                for r in rows])
+  report.table("Sweep: the fastest per N (auto_block_size's GPU table, where the diagonal "
+               "tiles go, the kernels' LAUNCH)",
+               ["N", "dtype", "tiled XLA", "diagonal tiles", "Pallas"],
+               [[r["n"], r["dtype"], fastest(r, "tiled XLA, block"),
+                 fastest(r, "tiled XLA, diagonal"), fastest(r, "Pallas, ")] for r in rows])
   report.note(_as_tables(rows, fastest))
   return rows
 
@@ -246,8 +250,14 @@ def _as_tables(rows, fastest) -> str:
     name = fastest(sized[-1], "Pallas, ") if sized else "-"
     if name != "-":
       launch.append(dv.launch_rows(dtype, tuple(int(x) for x in name.split()[-1].split(":"))))
-  return (f"Measured rows: `_blocks._BLOCKS['gpu'] = {tuple(blocks)!r}`; "
-          + "; ".join(f"`{row}`" for rows_ in launch for row in rows_))
+  apart = [fastest(r, "tiled XLA, diagonal") == "tiled XLA, diagonal apart" for r in rows
+           if fastest(r, "tiled XLA, diagonal") != "-"]
+  found = [f"`_blocks._BLOCKS['gpu'] = {tuple(blocks)!r}`"] if blocks else []
+  if apart:
+    found.append(f"`_blocks._DIAGONAL_APART['{jax.default_backend()}'] = {all(apart)}` (apart "
+                 f"faster at {sum(apart)} of {len(apart)} sizes)")
+  found += [f"`{row}`" for rows_ in launch for row in rows_]
+  return "Measured rows: " + ("; ".join(found) or "none")
 
 
 def _cases(args, report, label: str, dtypes, sizes):
@@ -299,6 +309,8 @@ def parse(argv: list[str] | None):
   parser.add_argument("--unrolls", type=int, nargs="*", default=[2, 4],
                       help="tiles per step of the XLA engine's tile loops to sweep (the default "
                            "tiles; `_blocks._UNROLL`)")
+  parser.add_argument("--no_diagonals", action="store_true",
+                      help="skip the sweep's two placements of NT-Xent's diagonal tiles")
   parser.add_argument("--launches", nargs="*",
                       default=["64:4:1", "64:4:2", "64:8:2", "128:8:2"],
                       help="the gradient kernels' block:warps:stages to sweep")

@@ -125,15 +125,19 @@ GRADIENT_FAMILIES = ("backward", "pairs")  # the `_triton_tiles.LAUNCH` rows a l
 
 
 @contextlib.contextmanager
-def kernel_options(*, columns=None, launch=None, unroll=None):
+def kernel_options(*, columns=None, launch=None, unroll=None, diagonal_apart=None):
   """The fused kernels traced with `columns`, `(forward, backward)` of
   `_triton_tiles.COLUMN_SIDE`, and `launch`, `(block, warps)` or `(block, warps, stages)` of
   the gradient kernels for every dtype and GPU (`LAUNCH_BEFORE_HOPPER` too); the XLA engine's
-  tile loops with `unroll` tiles a step (`_blocks._UNROLL`, every tile side); None keeps the
-  tables'."""
+  tile loops with `unroll` tiles a step (`_blocks._UNROLL`, every tile side) and, with
+  `diagonal_apart`, a symmetric matrix's diagonal tiles in a scan of their own or not
+  (`_blocks._DIAGONAL_APART`, every backend); None keeps the tables'."""
   saved_unroll = _blocks._UNROLL
+  saved_apart = dict(_blocks._DIAGONAL_APART)
   if unroll is not None:
     _blocks._UNROLL = ((None, unroll),)
+  if diagonal_apart is not None:
+    _blocks._DIAGONAL_APART.update(dict.fromkeys(saved_apart, diagonal_apart))
   tables = (_triton_tiles.LAUNCH, _triton_tiles.LAUNCH_BEFORE_HOPPER)
   saved = [dict(table) for table in tables]
   saved_columns = dict(_triton_tiles.COLUMN_SIDE)
@@ -154,6 +158,7 @@ def kernel_options(*, columns=None, launch=None, unroll=None):
       table.update(before)
     _triton_tiles.COLUMN_SIDE.update(saved_columns)
     _blocks._UNROLL = saved_unroll
+    _blocks._DIAGONAL_APART.update(saved_apart)
 
 
 def default_columns() -> tuple[str, str]:
@@ -187,8 +192,10 @@ def compiled(loss_fn, shape, mapping):
 
 
 def jax_variants(loss: str, *, pallas: bool, dense: bool, blocks=(), launches=(),
-                 unrolls=()) -> dict:
-  """name -> `(loss_fn, kernel_options or None)` of the JAX contenders for `loss`."""
+                 unrolls=(), diagonals=False) -> dict:
+  """name -> `(loss_fn, kernel_options or None)` of the JAX contenders for `loss`; with
+  `diagonals`, NT-Xent's default tiles with its diagonal tiles in a scan of their own and in
+  the one scan (`_blocks._DIAGONAL_APART`)."""
   mapping_kw = LOSSES[loss]
   out = {"tiled XLA": (functools.partial(call_info_nce, kw=mapping_kw), None)}
   for block in blocks:
@@ -197,6 +204,10 @@ def jax_variants(loss: str, *, pallas: bool, dense: bool, blocks=(), launches=()
   for unroll in unrolls:  # the default tiles, `unroll` of them a step of the tile loops
     out[f"tiled XLA, unroll {unroll}"] = (functools.partial(call_info_nce, kw=mapping_kw),
                                           {"unroll": unroll})
+  if diagonals and mapping_kw.get("negatives") == "all":
+    for apart, name in ((True, "diagonal apart"), (False, "diagonal in one scan")):
+      out[f"tiled XLA, {name}"] = (functools.partial(call_info_nce, kw=mapping_kw),
+                                   {"diagonal_apart": apart})
   if pallas:
     out["Pallas"] = (functools.partial(call_info_nce, kw=dict(mapping_kw,
                                                           implementation="pallas")), None)

@@ -94,6 +94,7 @@ def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):
       assert row["floor"] > 0
   (sweep,) = results["sweep"]
   assert set(sweep["variants"]) == {"tiled XLA", "tiled XLA, block 16", "tiled XLA, unroll 2",
+                                    "tiled XLA, diagonal apart", "tiled XLA, diagonal in one scan",
                                     "Pallas", "Pallas, 16:4:2"}
   out = capsys.readouterr().out
   written = (tmp_path / "device_bench.md").read_text()
@@ -103,6 +104,7 @@ def test_device_bench_fills_every_table_on_cpu_and_writes_it(tmp_path, capsys):
   assert "| 32 | bfloat16 |" in written
   # The sweep's winners in the form of the tables they would replace.
   assert "_blocks._BLOCKS['gpu'] = ((None, " in written
+  assert "_blocks._DIAGONAL_APART['cpu'] = " in written
   assert "LAUNCH['backward', 4] = Launch(16, " in written
 
 
@@ -116,6 +118,19 @@ def test_the_unroll_option_sets_the_engines_tile_loops_and_restores_them():
   with device_variants.kernel_options(unroll=2):
     assert scan_unrolls() == {"2"}
   assert scan_unrolls() == {"1"}
+
+
+def test_the_diagonal_option_places_the_diagonal_tiles_and_restores_the_table():
+  z = jax.ShapeDtypeStruct((256, 16), jnp.float32)
+
+  def tile_loops():  # scans over tiles in the CPU program's loss + gradient
+    grad = jax.grad(lambda a, b: losses.info_nce(a, b, negatives="all", block_size=128))
+    return jax.jit(grad).lower(z, z).as_text().count("stablehlo.while")
+
+  assert tile_loops() == 2  # a CPU's default: the diagonal tiles in the one scan, each way
+  with device_variants.kernel_options(diagonal_apart=True):
+    assert tile_loops() == 4
+  assert tile_loops() == 2
 
 
 def test_device_bench_reports_out_of_memory_and_goes_on(tmp_path, monkeypatch):

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import collections
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
 
+from tests.helpers import dense_info_nce
 from tests.helpers.marks import widest
 from tfcl_jax import losses, mappings
+from tfcl_jax.losses._engine import _blocks
 from tfcl_jax.training import lowering
 
 N, D, BANK = 16384, 256, 4096
@@ -149,3 +152,50 @@ def test_a_bfloat16_batch_against_a_float32_bank_takes_float32_unit_rows():
       _view(jnp.bfloat16), _view(jnp.bfloat16), _view(jnp.float32, BANK), platform="cuda")
   assert set(found) == {(("bf16", "bf16"), "f32"), (("f32", "f32"), "f32")}
   assert found[("f32", "f32"), "f32"] == 3 * N * BANK * D  # the bank's tiles only
+
+
+def test_on_a_cpu_negatives_all_is_one_scan_its_diagonal_tiles_whole():
+  """docs/losses.md: on a CPU the tiles on and above the diagonal of `"all"` share one scan (the
+  diagonal tiles computed whole, 4 products each): `(2 T^2 + 2 T) b^2 D = 8 N^2 D + 4 N b D`,
+  one tile loop forward and one backward; on GPU and TPU the diagonal tiles take a scan of
+  their own (two loops each way)."""
+  view = _view(jnp.float32)
+  fn = _losses(MAPPINGS["free"])["all"][0]
+  block = losses.auto_block_size(2 * N, 2 * N, "cpu")
+  tiles = 2 * N // block
+  found = _tile_products(fn, view, view, platform="cpu")
+  assert sum(found.values()) == (2 * tiles**2 + 2 * tiles) * block**2 * D
+  assert sum(found.values()) == 8 * N * N * D + 4 * N * block * D
+  grad = jax.value_and_grad(fn, argnums=(0, 1))
+  loops = {platform: lowering.lower(grad, view, view, platform=platform).as_text().count(
+      "stablehlo.while") for platform in ("cpu", "cuda", "tpu")}
+  assert loops == {"cpu": 2, "cuda": 4, "tpu": 4}
+
+
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("block_size", widest(3, 4, 7, quick=(4,)))
+def test_both_places_of_the_diagonal_tiles_equal_dense_autodiff(apart, block_size, monkeypatch):
+  """`negatives="all"` with the diagonal tiles in the one scan (a CPU's choice) and in a scan
+  of their own (GPU's and TPU's), run on a CPU host: loss and gradients of a closed form, a
+  fixed, a learnable and a dynamic temperature against autodiff of the dense `[2N, 2N]`
+  logits, with tiles that divide the rows and tiles that do not."""
+  monkeypatch.setitem(_blocks._DIAGONAL_APART, "cpu", apart)
+  rng = np.random.default_rng(7)
+  z1 = rng.normal(size=(11, 6))
+  z2 = z1 + 0.3 * rng.normal(size=z1.shape)
+  with jax.enable_x64(True):
+    learnable = mappings.learnable_temperature(tau=0.07)  # its `t` in float64
+    logits_of = {
+        "free": (mappings.temperature_free(), lambda c: jnp.log1p(c) - jnp.log1p(-c)),
+        "tau": (mappings.temperature(0.1), lambda c: c / 0.1),
+        "learnable": (learnable.bind(params=learnable.params),
+                      lambda c: c * jnp.exp(learnable.params["t"])),
+        "dynamic": (mappings.dynamic_temperature(0.1, 0.3), lambda c: c / jax.lax.stop_gradient(
+            0.1 + 0.1 * (1 + jnp.cos(jnp.pi * (1 + c))))),
+    }
+    for name, (mapping, reference) in logits_of.items():
+      got = jax.jit(jax.value_and_grad(lambda a, b, mapping=mapping: losses.info_nce(
+          a, b, mapping=mapping, negatives="all", block_size=block_size), argnums=(0, 1)))(z1, z2)
+      expected = jax.value_and_grad(lambda a, b, reference=reference: dense_info_nce.row_losses(
+          a, b, reference, "all").mean(), argnums=(0, 1))(z1, z2)
+      chex.assert_trees_all_close(got, expected, rtol=1e-9, atol=1e-11, custom_message=name)

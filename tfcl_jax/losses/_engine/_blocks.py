@@ -7,6 +7,7 @@ is called with `block_size=None`, for the platform the program is lowered for.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 
@@ -23,6 +24,13 @@ _BLOCKS = {"cpu": ((None, 512),), "gpu": ((2 ** 14 - 1, 4096), (None, 8192)),
 # for a longer program. 1 everywhere until a device sweep measures otherwise
 # (`benchmarks.device_bench --suite sweep`).
 _UNROLL = ((None, 1),)
+# Whether the diagonal tiles of a symmetric matrix (InfoNCE's `negatives="all"`) take a scan of
+# their own, per backend. Apart, a diagonal tile's gradient is one product (3 per diagonal tile
+# where the others take 4): on GPU and TPU, where the products are the cost. On CPU one scan over
+# the tiles on and above the diagonal: the second scan measured slower there (NT-Xent's loss and
+# gradient 1.03-1.12x as long, float32 and bfloat16, N = 1,024-8,192 pairs, D = 128, 2 cores;
+# `benchmarks/results/diagonal_sweep_cpu.md`). `benchmarks.device_bench --suite sweep` times both.
+_DIAGONAL_APART = {"cpu": False, "gpu": True, "tpu": True}
 # The platforms a program can be lowered for, and the backend whose default each takes.
 _PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
@@ -87,14 +95,28 @@ def scan_unroll(block_rows: int, block_cols: int) -> int:
   return next(unroll for side, unroll in _UNROLL if side is None or largest <= side)
 
 
-def by_platform(num_rows: int, num_cols: int, fn, *args):
-  """`fn(block_size, *args)` with the automatic tile side of the platform the program is
-  lowered for (`jax.lax.platform_dependent`): one branch per distinct choice, resolved at
+class Tiling(NamedTuple):
+  """How the engine tiles one matrix: the largest tile side, and (a symmetric matrix only)
+  whether its diagonal tiles take a scan of their own (`_DIAGONAL_APART`)."""
+
+  block: int
+  diagonal_apart: bool = True
+
+
+def by_platform(num_rows: int, num_cols: int, fn, *args, block_size: int | None = None,
+                symmetric: bool = False):
+  """`fn(tiling, *args)` with the `Tiling` of the platform the program is lowered for
+  (`jax.lax.platform_dependent`): the automatic tile side unless `block_size` is given, and for
+  a `symmetric` matrix where its diagonal tiles go. One branch per distinct choice, resolved at
   lowering, so the compiled program holds only its platform's."""
-  choices = {platform: auto_block_size(num_rows, num_cols, backend)
-             for platform, backend in _PLATFORMS.items()}
+  choices = {}
+  for platform, backend in _PLATFORMS.items():
+    block = auto_block_size(num_rows, num_cols, backend) if block_size is None else block_size
+    # One tile a side is one diagonal tile: apart it takes 3 products and no second scan.
+    apart = not symmetric or _DIAGONAL_APART[backend] or num_rows <= block
+    choices[platform] = Tiling(block, apart)
   if len(set(choices.values())) == 1:
     return fn(choices["cpu"], *args)
-  branches = {block: functools.partial(fn, block) for block in set(choices.values())}
+  branches = {tiling: functools.partial(fn, tiling) for tiling in set(choices.values())}
   return jax.lax.platform_dependent(
-      *args, **{platform: branches[block] for platform, block in choices.items()})
+      *args, **{platform: branches[tiling] for platform, tiling in choices.items()})

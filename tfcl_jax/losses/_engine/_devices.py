@@ -112,12 +112,12 @@ def device_reduce(axis_name, strategy):
         n = columns.ids.shape[0]
         col_out = jax.lax.dynamic_slice_in_dim(col_out, jax.lax.axis_index(axis_name) * n, n)
       return row_out, col_out
-    return _tiled.with_block_size(block_size, functools.partial(
+    return _tiled.with_tiling(block_size, functools.partial(
         ring, kind=kind, mapping=mapping, tile_reduction=tile_reduction), rows, columns)
 
-  def ring(block_size, rows, columns, *, kind, mapping, tile_reduction):
+  def ring(tiling, rows, columns, *, kind, mapping, tile_reduction):
     plan, args, padded_rows, padded_cols = _tiled.planned(
-        block_size, rows, columns, mapping=mapping, kind=kind, tile_reduction=tile_reduction)
+        tiling, rows, columns, mapping=mapping, kind=kind, tile_reduction=tile_reduction)
     return _tiled.unpadded(_ring_reduce(plan, axis_name, padded_rows, padded_cols, args), rows,
                            columns)
 

@@ -8,16 +8,18 @@ Inf-CL). Three kinds of matrix:
 * `"rows_and_columns"`: the same tiles also give every candidate column its statistics
   (CLIP's symmetric two-tower loss: both directions in one pass);
 * `"symmetric"`: `S = U U^T` (InfoNCE `all`): each off-diagonal tile is computed once and used
-  for its rows and, transposed, for its columns, forward and backward: half the work. The
-  diagonal tiles run in a scan of their own: a diagonal tile's cotangent `G` gives its rows'
-  gradient in one product, `(G + G^T) U_i`.
+  for its rows and, transposed, for its columns, forward and backward: half the work. On GPU
+  and TPU the diagonal tiles run in a scan of their own: a diagonal tile's cotangent `G` gives
+  its rows' gradient in one product, `(G + G^T) U_i`. On CPU they share the one scan, computed
+  whole with their column shares masked (`_blocks.Tiling`: one product more per diagonal tile,
+  one scan fewer).
 
 Tile products take the sides' own dtype with float32 accumulation (`_tiles.cosines`,
 `_tiles.weighted_rows`): raw 16-bit rows are normalised inside the custom VJP (their float32
 inverse norms scale each product), and their gradient is carried through the normalisation in
 float32 and rounded once (`_layout.through_norm`). Per tile of `b x b` rows of `D` entries: one
 product forward, three backward (the cosines again, then the rows' and the columns' gradients);
-a diagonal tile of `"symmetric"` two backward.
+a diagonal tile of `"symmetric"` in a scan of its own two backward.
 
 Dense logits are the one-tile case.
 """
@@ -33,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfcl_jax.losses._engine import _layout
-from tfcl_jax.losses._engine._blocks import balanced_tile, by_platform, scan_unroll
+from tfcl_jax.losses._engine._blocks import Tiling, balanced_tile, by_platform, scan_unroll
 from tfcl_jax.losses._engine._pure import match_varying, pure_mapping
 from tfcl_jax.losses._engine._tiles import (
   LogSumExp,
@@ -59,6 +61,9 @@ class Plan:
   column_grad: bool = True  # False: candidates under stop_gradient (extra negatives)
   tile_reduction: TileReduction = LogSumExp()  # what a tile folds into per-row statistics
   unroll: int = 1  # tiles per step of the scans (`jax.lax.scan`'s unroll; `_blocks.scan_unroll`)
+  # `"symmetric"` only: the diagonal tiles in a scan of their own (3 products each, the fewest),
+  # or in the one scan with the rest (4 products each, one scan fewer; `_blocks.Tiling`).
+  diagonal_apart: bool = True
 
 
 def pad_side(side: Side, multiple: int) -> Side:
@@ -95,16 +100,28 @@ def has_scale(rows: Side, columns: Side | None) -> bool:
   return rows.scale is not None or (columns is not None and columns.scale is not None)
 
 
-def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int
-           ) -> list[tuple[np.ndarray, np.ndarray, bool | None]]:
+# How a scan's tiles use their columns: not at all (no column side, or the diagonal tiles of
+# `"symmetric"` apart: a diagonal tile's columns are its own rows), always, or off the diagonal
+# only (`"symmetric"` in one scan: the diagonal tiles' column shares masked).
+_OFF_DIAGONAL = "off_diagonal"
+
+
+def _pairs(kind: str, num_row_blocks: int, num_col_blocks: int, diagonal_apart: bool = True
+           ) -> list[tuple[np.ndarray, np.ndarray, bool | str | None]]:
   """The tiles in scan order, as scans: `(row blocks, column blocks, use_cols)` per scan, two
-  int32 vectors and whether the tiles feed their columns' statistics (None: no column side).
-  `"symmetric"` has two scans: the diagonal tiles (rows only: a diagonal tile's columns are its
-  own rows), then the tiles above the diagonal, each serving its rows and its columns."""
+  int32 vectors and whether the tiles feed their columns' statistics (None: no column side;
+  `_OFF_DIAGONAL`: where the row and column blocks differ). `"symmetric"` has two scans, the
+  diagonal tiles (rows only: a diagonal tile's columns are its own rows), then the tiles above
+  the diagonal, each serving its rows and its columns; or, unless `diagonal_apart`, one scan of
+  the tiles on and above the diagonal."""
+  if kind == "symmetric" and not diagonal_apart:
+    rows, cols = np.array([(i, j) for i in range(num_row_blocks)
+                           for j in range(i, num_row_blocks)], np.int32).T
+    return [(rows, cols, _OFF_DIAGONAL)]
   if kind == "symmetric":
     diagonal = np.arange(num_row_blocks, dtype=np.int32)
     above = [(i, j) for i in range(num_row_blocks) for j in range(i + 1, num_row_blocks)]
-    scans: list[tuple[np.ndarray, np.ndarray, bool | None]] = [(diagonal, diagonal, None)]
+    scans: list[tuple[np.ndarray, np.ndarray, bool | str | None]] = [(diagonal, diagonal, None)]
     if above:
       rows, cols = np.array(above, np.int32).T
       scans.append((rows, cols, True))
@@ -143,12 +160,13 @@ def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_sta
     col_stats = jax.tree.map(lambda x: x.reshape(-1, plan.block_cols, *x.shape[1:]), col_stats)
 
   for row_index, col_index, use_cols in _pairs(plan.kind, row_blocks.ids.shape[0],
-                                               col_blocks.ids.shape[0]):
-    used = None if use_cols is None else jnp.bool_(use_cols)
+                                               col_blocks.ids.shape[0], plan.diagonal_apart):
 
-    def step(carry, pair, used=used):
+    def step(carry, pair, use_cols=use_cols):
       row_stats, col_stats = carry
       i, j = pair
+      used = None if use_cols is None else (
+          i != j if use_cols == _OFF_DIAGONAL else jnp.bool_(use_cols))
       columns_stats = None
       if used is not None:
         columns_stats = _get(row_stats if symmetric else col_stats, j)
@@ -156,7 +174,10 @@ def accumulate(plan: Plan, args: MappingArgs, rows: Side, columns: Side, row_sta
           plan.tile_mapping, args, _get(row_blocks, i), _get(col_blocks, j), _get(row_stats, i),
           columns_stats, used)
       row_stats = _set(row_stats, i, new_rows)
-      if used is not None and symmetric:  # above the diagonal: block j's rows are the columns
+      if used is not None and symmetric:  # block j's rows are the columns
+        if use_cols == _OFF_DIAGONAL:  # on the diagonal `new_cols` is block i's old statistics
+          new_cols = jax.tree.map(lambda new, now: jnp.where(used, new, now), new_cols,
+                                  _get(row_stats, j))
         row_stats = _set(row_stats, j, new_cols)
       elif used is not None:
         col_stats = _set(col_stats, j, new_cols)
@@ -193,7 +214,7 @@ def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, r
   dcols = None if dcols is None else by_cols(dcols)
 
   for row_index, col_index, use_cols in _pairs(plan.kind, row_blocks.ids.shape[0],
-                                               col_blocks.ids.shape[0]):
+                                               col_blocks.ids.shape[0], plan.diagonal_apart):
     diagonal = symmetric and use_cols is None
 
     def step(carry, pair, use_cols=use_cols, diagonal=diagonal):
@@ -203,6 +224,8 @@ def accumulate_grads(plan: Plan, args: MappingArgs, rows: Side, columns: Side, r
       if use_cols is None:  # no column side, or a diagonal tile: the columns take no share
         c_out = jnp.zeros((plan.block_cols,), row_out.dtype)
         c_g = c_out
+      elif use_cols == _OFF_DIAGONAL:  # a diagonal tile's columns take no share
+        c_out, c_g = _get(col_out, j), jnp.where(i != j, _get(col_g, j), 0.0)
       else:
         c_out, c_g = _get(col_out, j), _get(col_g, j)
       dcos, dp, dk = plan.tile_reduction.backward(plan.tile_mapping, args, a, b,
@@ -328,25 +351,25 @@ def tile_reduce(rows: Side, columns: Side | None, *, mapping, kind: str,
     `row_out [M]` and `col_out [K]` (None unless `"rows_and_columns"`); for `LogSumExp`,
     `-inf` for a row without negatives.
   """
-  return with_block_size(block_size, functools.partial(
+  return with_tiling(block_size, functools.partial(
       _tile_reduce, mapping=mapping, kind=kind, column_grad=column_grad,
       tile_reduction=tile_reduction), rows, columns)
 
 
-def with_block_size(block_size: int | None, fn, rows: Side, columns: Side | None):
-  """`fn(block_size, rows, columns)`; where `block_size` is None, with the automatic tile side
-  of the platform the program is lowered for (`_blocks.by_platform`)."""
-  if block_size is not None:
-    return fn(block_size, rows, columns)
+def with_tiling(block_size: int | None, fn, rows: Side, columns: Side | None):
+  """`fn(tiling, rows, columns)` with the `_blocks.Tiling` of the platform the program is
+  lowered for (`_blocks.by_platform`): tiles of `block_size` (None: the platform's automatic
+  side); without `columns` (the symmetric kind) the platform's place for the diagonal tiles."""
   num_rows = rows.ids.shape[0]
   num_cols = num_rows if columns is None else columns.ids.shape[0]
-  return by_platform(num_rows, num_cols, fn, rows, columns)
+  return by_platform(num_rows, num_cols, fn, rows, columns, block_size=block_size,
+                     symmetric=columns is None)
 
 
-def planned(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
+def planned(tiling: Tiling, rows: Side, columns: Side | None, *, mapping, kind: str,
             tile_reduction: TileReduction, column_grad: bool = True):
   """`(plan, args, rows, columns)`: the plan of a tiled computation with tiles balanced under
-  `block_size`, the mapping's arguments, and the sides with their bias and scale constant,
+  `tiling.block`, the mapping's arguments, and the sides with their bias and scale constant,
   padded to whole tiles (`unpadded` cuts the outputs back). Two sides whose vectors differ in
   dtype, one of them raw rows (a bfloat16 batch against a float32 bank), both take unit rows in
   their common compute dtype (`_layout.unit`)."""
@@ -354,13 +377,14 @@ def planned(block_size: int, rows: Side, columns: Side | None, *, mapping, kind:
       is_raw(rows.vectors) or is_raw(columns.vectors)):
     dtype = jnp.promote_types(stats_dtype(rows.vectors), stats_dtype(columns.vectors))
     rows, columns = _as_unit(rows, dtype), _as_unit(columns, dtype)
-  block_rows = balanced_tile(block_size, rows.ids.shape[0])
-  block_cols = block_rows if columns is None else balanced_tile(block_size, columns.ids.shape[0])
+  block_rows = balanced_tile(tiling.block, rows.ids.shape[0])
+  block_cols = block_rows if columns is None else balanced_tile(tiling.block,
+                                                                columns.ids.shape[0])
   tile_mapping, args = pure_mapping(mapping, stats_dtype(rows.vectors), (block_rows, block_cols),
                                     like=rows.vectors, tile_reduction=tile_reduction,
                                     closed_form=not has_scale(rows, columns))
   plan = Plan(kind, block_rows, block_cols, tile_mapping, column_grad, tile_reduction,
-              scan_unroll(block_rows, block_cols))
+              scan_unroll(block_rows, block_cols), tiling.diagonal_apart)
   rows = pad_side(constant_bias_and_scale(rows), block_rows)
   columns = None if columns is None else pad_side(constant_bias_and_scale(columns), block_cols)
   return plan, args, rows, columns
@@ -379,10 +403,10 @@ def unpadded(outputs, rows: Side, columns: Side | None):
   return row_out[:num_rows], None if col_out is None else col_out[:num_cols]
 
 
-def _tile_reduce(block_size: int, rows: Side, columns: Side | None, *, mapping, kind: str,
+def _tile_reduce(tiling: Tiling, rows: Side, columns: Side | None, *, mapping, kind: str,
                  column_grad: bool, tile_reduction: TileReduction):
   plan, args, padded_rows, padded_cols = planned(
-      block_size, rows, columns, mapping=mapping, kind=kind, tile_reduction=tile_reduction,
+      tiling, rows, columns, mapping=mapping, kind=kind, tile_reduction=tile_reduction,
       column_grad=column_grad)
   if not column_grad:
     assert padded_cols is not None, "stop_gradient on candidates needs a column side"
